@@ -1,0 +1,46 @@
+# Set-up and checks. `make demo` and `make test` do everything on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: all venv build demo test test-pure bench clean
+
+all: test
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Installs the project with its dev extras and builds the Cython extensions in place.
+$(STAMP): $(BIN)/python pyproject.toml setup.py
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(MAKE) build
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+build: $(BIN)/python
+	$(BIN)/python setup.py --quiet build_ext --inplace
+
+demo: $(STAMP)
+	$(BIN)/python -m fxworker demo
+
+# The suite starts its own throwaway redis-server on a free port (see DEVELOPERS.md);
+# FX_TEST_REDIS_URL points it at another server instead.
+test: $(STAMP)
+	@command -v redis-server >/dev/null || [ -n "$$FX_TEST_REDIS_URL" ] || { \
+	  echo "make test needs redis-server on PATH (Debian/Ubuntu: apt-get install redis-server;" \
+	       "macOS: brew install redis) or FX_TEST_REDIS_URL=redis://host:port/db"; exit 1; }
+	$(BIN)/python setup.py --quiet build_ext --inplace
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	FXENGINE_NO_EXTENSIONS=1 $(BIN)/python -m pytest -m "not slow and not celery and not browser and not cluster" tests/engine $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python setup.py --quiet build_ext --inplace
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf build $(VENV) *.egg-info
+	find fxengine -name '*.so' -delete

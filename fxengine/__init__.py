@@ -1,0 +1,35 @@
+"""fxengine: one agent conversation in one process, with no store (DESIGN.md §9)."""
+
+from __future__ import annotations
+
+from .errors import (
+    FxError,
+    FxFencedError,
+    FxInputError,
+    FxJournalAppendError,
+    FxJournalError,
+    FxJournalVersionError,
+    FxLimitError,
+    FxProviderError,
+    FxToolDefinitionError,
+)
+from .persistence import JournalRecord, Loaded, MemoryPersistence, Persistence, StoredCheckpoint
+
+__all__ = [
+    # errors
+    "FxError",
+    "FxFencedError",
+    "FxInputError",
+    "FxJournalAppendError",
+    "FxJournalError",
+    "FxJournalVersionError",
+    "FxLimitError",
+    "FxProviderError",
+    "FxToolDefinitionError",
+    # persistence
+    "JournalRecord",
+    "Loaded",
+    "MemoryPersistence",
+    "Persistence",
+    "StoredCheckpoint",
+]

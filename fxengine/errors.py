@@ -1,0 +1,82 @@
+"""fxengine's exceptions. Every failure carries an `FX_` code.
+
+    FxError                         base of every fxengine failure (code FX_ERROR)
+    ├── FxInputError                bad input refused before anything was sent or stored
+    │   ├── FxLimitError            a documented limit was exceeded (FX_LIMIT_*)
+    │   └── FxToolDefinitionError   a tool is malformed (FX_TOOL_INVALID)
+    ├── FxProviderError             the model provider failed (FX_PROVIDER_*)
+    ├── FxJournalError              a journal or checkpoint cannot be read (FX_JOURNAL_INVALID)
+    │   └── FxJournalVersionError   written by a newer fxengine (FX_JOURNAL_VERSION)
+    ├── FxJournalAppendError        the store refused or lost an append; the turn stopped
+    └── FxFencedError               another writer heads this session (FX_FENCED)
+
+Control-flow outcomes (cancelled, yielded) are stop reasons, not exceptions.
+"""
+
+from __future__ import annotations
+
+
+class FxError(Exception):
+    """Base class; `code` is the stable machine-readable `FX_` code."""
+
+    code = "FX_ERROR"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"code": self.code, "message": self.message}
+
+
+class FxInputError(FxError, ValueError):
+    """Raised for input refused before anything was sent to a model or stored."""
+
+    code = "FX_INVALID_INPUT"
+
+
+class FxLimitError(FxInputError):
+    """Raised when input exceeds a documented limit of DESIGN.md §10."""
+
+    code = "FX_LIMIT"
+
+
+class FxToolDefinitionError(FxInputError):
+    """Raised at creation when a tool is malformed (for example, no `idempotent`)."""
+
+    code = "FX_TOOL_INVALID"
+
+
+class FxProviderError(FxError):
+    """Raised when the model provider fails in a way the turn cannot recover from."""
+
+    code = "FX_PROVIDER_ERROR"
+
+
+class FxJournalError(FxError):
+    """Raised when a journal record or checkpoint does not parse."""
+
+    code = "FX_JOURNAL_INVALID"
+
+
+class FxJournalVersionError(FxJournalError):
+    """Raised when a journal or checkpoint was written by a newer fxengine."""
+
+    code = "FX_JOURNAL_VERSION"
+
+
+class FxFencedError(FxError):
+    """Raised by a store when the writer no longer heads the session (stale `expected` or epoch)."""
+
+    code = "FX_FENCED"
+
+
+class FxJournalAppendError(FxError):
+    """Raised by a turn whose journal append failed; `__cause__` is the store's error."""
+
+    code = "FX_JOURNAL_APPEND_FAILED"

@@ -1,0 +1,3 @@
+from fxworker.cli import main
+
+main()

@@ -1,0 +1,103 @@
+"""fxworker's exceptions. Each class says when it is raised and carries its `FX_` code.
+
+    fxengine.FxError
+    ├── FxWorkerError                  base of fxworker's own failures
+    │   ├── FxInvalidSessionIdError    a session id the store cannot hold (FX_INVALID_SESSION_ID)
+    │   ├── FxInvalidMessageIdError    a message id outside §10's rule (FX_INVALID_MESSAGE_ID)
+    │   ├── FxInvalidCursorError       a cursor that is not a non-negative integer (FX_INVALID_CURSOR)
+    │   ├── FxMessageIdInUseError      a steer reusing a prompt's id, or the reverse (FX_MESSAGE_ID_IN_USE)
+    │   ├── FxUnknownSessionError      no such session in the store (FX_UNKNOWN_SESSION)
+    │   ├── FxStoreUnavailableError    Redis could not be reached or answered an error (FX_STORE_UNAVAILABLE)
+    │   ├── FxAckUnsupportedError      the acknowledgement level needs a newer Redis (FX_ACK_UNSUPPORTED)
+    │   ├── FxAgentExistsError         two Agents with one name in one process (FX_AGENT_EXISTS)
+    │   ├── FxNoAgentError             this process has no agent of the session's name (FX_NO_AGENT)
+    │   ├── FxQueueFullError           a session's steer queue is full (FX_LIMIT_QUEUE)
+    │   └── FxConfigError              a setting has a value that cannot be used (FX_CONFIG)
+    └── fxengine.FxFencedError
+        └── FxLeaseLostError           this worker no longer heads the session's epoch chain (FX_FENCED)
+
+Control-flow signals (fenced, yielded, cancelled) are kept apart from failures: a fenced
+worker stops quietly, a yield is a stop reason, not an exception.
+"""
+
+from __future__ import annotations
+
+from fxengine.errors import FxError, FxFencedError
+
+
+class FxWorkerError(FxError):
+    """Base class of fxworker's own failures."""
+
+    code = "FX_WORKER_ERROR"
+
+
+class FxInvalidSessionIdError(FxWorkerError, ValueError):
+    """Raised when a session id does not match the store's id rule (§2)."""
+
+    code = "FX_INVALID_SESSION_ID"
+
+
+class FxInvalidMessageIdError(FxWorkerError, ValueError):
+    """Raised when a message id is not 1-128 of `A-Z a-z 0-9 . _ : -` (§10)."""
+
+    code = "FX_INVALID_MESSAGE_ID"
+
+
+class FxInvalidCursorError(FxWorkerError, ValueError):
+    """Raised when a stream cursor is not a non-negative integer (§10)."""
+
+    code = "FX_INVALID_CURSOR"
+
+
+class FxMessageIdInUseError(FxWorkerError):
+    """Raised when a message id already names another kind of input (a steer reusing a prompt's id)."""
+
+    code = "FX_MESSAGE_ID_IN_USE"
+
+
+class FxUnknownSessionError(FxWorkerError, LookupError):
+    """Raised when the store holds no session with this id."""
+
+    code = "FX_UNKNOWN_SESSION"
+
+
+class FxStoreUnavailableError(FxWorkerError):
+    """Raised when Redis cannot be reached or fails mid-call; the script either ran whole or not at all."""
+
+    code = "FX_STORE_UNAVAILABLE"
+
+
+class FxAckUnsupportedError(FxWorkerError):
+    """Raised when `ack="aof"` is asked of a Redis older than 7.2."""
+
+    code = "FX_ACK_UNSUPPORTED"
+
+
+class FxAgentExistsError(FxWorkerError):
+    """Raised when a second Agent is created with a name this process already has."""
+
+    code = "FX_AGENT_EXISTS"
+
+
+class FxNoAgentError(FxWorkerError):
+    """Raised by the delivery handler when this process has no agent of the session's name."""
+
+    code = "FX_NO_AGENT"
+
+
+class FxQueueFullError(FxWorkerError):
+    """Raised when a steer would exceed the queued-steer limits of §6."""
+
+    code = "FX_LIMIT_QUEUE"
+
+
+class FxConfigError(FxWorkerError):
+    """Raised when a setting (usually an `FX_` variable) has a value that cannot be used."""
+
+    code = "FX_CONFIG"
+
+
+class FxLeaseLostError(FxFencedError):
+    """Raised when a write comes from a worker that no longer heads the epoch chain."""
+
+    code = "FX_FENCED"

@@ -1,0 +1,86 @@
+"""Settings are values: `Settings.from_env()` is the only place that reads `os.environ`.
+
+Every variable is documented here and in the README's table.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .errors import FxConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    # REDIS_URL: the session store and the Celery broker. Unset: the embedded default
+    # (fakeredis in this process), for development only.
+    redis_url: str | None = None
+    # FX_PREFIX: the prefix of every store key.
+    prefix: str = "fx"
+    # FX_AGENTS: the module that creates the agents; workers and web processes import it.
+    agents_module: str | None = None
+    # FX_DELIVERY_TIMEOUT_S: the deadline of one delivery (the task time limit).
+    delivery_timeout_s: float = 300.0
+    # FX_RESERVE_S: a turn stops before its next model request this long before the deadline.
+    reserve_s: float = 30.0
+    # FX_LEASE_S: a lease not renewed for this long is dead; renewed every lease_s / 3.
+    lease_s: float = 15.0
+    # FX_API_TOKEN: bearer token the built-in web app requires (required off loopback).
+    api_token: str | None = None
+    # FX_WAKE_SECRET: HMAC-SHA256 key of POST /v1/wake.
+    wake_secret: str | None = None
+    # AI_GATEWAY_API_KEY: the default provider's key (read by fxengine's provider too).
+    ai_gateway_api_key: str | None = None
+    # FX_LOG_LEVEL: level of fxworker's loggers.
+    log_level: str = "INFO"
+    # FX_SESSION_TTL_S: finished sessions expire after this long; unset keeps them.
+    session_ttl_s: float | None = None
+    # FX_ACK: acknowledgement level of accepted input: primary, aof or replica.
+    ack: str = "primary"
+    # FX_SWEEP_S: how often the sweeper re-wakes ready sessions with a free or dead lease.
+    sweep_s: float = 5.0
+    # FX_WORKER_CONCURRENCY: turns one worker process carries at once.
+    worker_concurrency: int = 100
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+
+        def text(name: str) -> str | None:
+            value = env.get(name, "").strip()
+            return value or None
+
+        def number(name: str, default: float, *, minimum: float = 0.0) -> float:
+            raw = text(name)
+            if raw is None:
+                return default
+            try:
+                value = float(raw)
+            except ValueError:
+                raise FxConfigError(f"{name} must be a number, got {raw!r}") from None
+            if value < minimum:
+                raise FxConfigError(f"{name} must be at least {minimum}, got {raw!r}")
+            return value
+
+        ttl = text("FX_SESSION_TTL_S")
+        ack = text("FX_ACK") or "primary"
+        if ack not in ("primary", "aof", "replica"):
+            raise FxConfigError(f"FX_ACK must be primary, aof or replica, got {ack!r}")
+        return cls(
+            redis_url=text("REDIS_URL"),
+            prefix=text("FX_PREFIX") or "fx",
+            agents_module=text("FX_AGENTS"),
+            delivery_timeout_s=number("FX_DELIVERY_TIMEOUT_S", 300.0, minimum=1.0),
+            reserve_s=number("FX_RESERVE_S", 30.0),
+            lease_s=number("FX_LEASE_S", 15.0, minimum=0.3),
+            api_token=text("FX_API_TOKEN"),
+            wake_secret=text("FX_WAKE_SECRET"),
+            ai_gateway_api_key=text("AI_GATEWAY_API_KEY"),
+            log_level=(text("FX_LOG_LEVEL") or "INFO").upper(),
+            session_ttl_s=number("FX_SESSION_TTL_S", 0.0) if ttl else None,
+            ack=ack,
+            sweep_s=number("FX_SWEEP_S", 5.0, minimum=0.1),
+            worker_concurrency=int(number("FX_WORKER_CONCURRENCY", 100, minimum=1)),
+        )

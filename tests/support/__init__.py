@@ -1,0 +1,1 @@
+"""Test support shared by every test folder: real servers started on loopback."""
