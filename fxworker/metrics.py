@@ -1,0 +1,118 @@
+"""Prometheus metrics of one fxworker process (a leaf module: it imports no other fxworker module).
+
+The durable core counts into these objects; `GET /metrics` of the web app renders them.
+They live in a registry of their own (`REGISTRY`), so importing this module twice in one
+process (a test reload) or next to an application's own metrics never collides.
+
+    from fxworker import metrics
+
+    metrics.TURNS_RUNNING.inc(); ...; metrics.TURNS_RUNNING.dec()
+    metrics.ACCEPTED.inc()
+    with metrics.store_timer("append"):
+        await store.append(...)
+
+Every metric is one process's view: a web process shows what it accepted, a worker process
+what it ran. A worker process can expose its own with `serve(port)`. Only `STORE_LATENCY`
+(by `op`) and `WAKES` (by `outcome`) have labels.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = [
+    "ACCEPTED",
+    "CONTENT_TYPE",
+    "DEADLINE_CUTOFFS",
+    "NO_AGENT_REFUSALS",
+    "REGISTRY",
+    "STORE_LATENCY",
+    "TAKEOVERS",
+    "TURNS_RUNNING",
+    "WAKES",
+    "YIELDS",
+    "render",
+    "serve",
+    "store_timer",
+]
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# Turns this process is running now (incremented when a delivery starts a turn, decremented
+# when it ends, yields, is cut off or is fenced).
+TURNS_RUNNING = Gauge(
+    "fx_turns_running",
+    "Turns running in this process now.",
+    registry=REGISTRY,
+)
+# Inputs (prompts and steers) stored by this process, repeated message ids included.
+ACCEPTED = Counter(
+    "fx_inputs_accepted",
+    "Inputs (prompts and steers) this process stored.",
+    registry=REGISTRY,
+)
+# Turns that stopped at the soft deadline (`turn_yield`) and were requeued.
+YIELDS = Counter(
+    "fx_turn_yields",
+    "Turns that yielded before the delivery deadline and were requeued.",
+    registry=REGISTRY,
+)
+# Claims that found the previous lease dead (not released): a worker died or stalled.
+TAKEOVERS = Counter(
+    "fx_session_takeovers",
+    "Claims that took over a session whose previous lease had died.",
+    registry=REGISTRY,
+)
+# Calls cut off at the hard deadline (`session.deadline`).
+DEADLINE_CUTOFFS = Counter(
+    "fx_deadline_cutoffs",
+    "Model requests or tool calls cut off at the hard delivery deadline.",
+    registry=REGISTRY,
+)
+# Deliveries refused because this process has no agent of the session's name (FX_NO_AGENT).
+NO_AGENT_REFUSALS = Counter(
+    "fx_no_agent_refusals",
+    "Deliveries refused with FX_NO_AGENT.",
+    registry=REGISTRY,
+)
+# Wake deliveries handled, by outcome: done, yielded, noop, refused, error.
+WAKES = Counter(
+    "fx_wakes",
+    "Wake deliveries handled, by outcome.",
+    ["outcome"],
+    registry=REGISTRY,
+)
+# Time of one store call, by operation (accept, claim, append, renew, release, read, ...).
+STORE_LATENCY = Histogram(
+    "fx_store_latency_seconds",
+    "Latency of one session-store call.",
+    ["op"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+    registry=REGISTRY,
+)
+
+
+@contextmanager
+def store_timer(op: str) -> Iterator[None]:
+    """Observe the duration of the block in `STORE_LATENCY` under `op`, failed calls included."""
+    started_s = time.perf_counter()
+    try:
+        yield
+    finally:
+        STORE_LATENCY.labels(op=op).observe(time.perf_counter() - started_s)
+
+
+def render() -> bytes:
+    """This process's metrics in the Prometheus text format (`CONTENT_TYPE`)."""
+    return generate_latest(REGISTRY)
+
+
+def serve(port: int, *, host: str = "127.0.0.1") -> None:
+    """Serve `/metrics` of this process on `host:port` from a daemon thread (for worker processes)."""
+    start_http_server(port, addr=host, registry=REGISTRY)
