@@ -12,7 +12,13 @@
     │   ├── FxAgentExistsError         two Agents with one name in one process (FX_AGENT_EXISTS)
     │   ├── FxNoAgentError             this process has no agent of the session's name (FX_NO_AGENT)
     │   ├── FxQueueFullError           a session's steer queue is full (FX_LIMIT_QUEUE)
-    │   └── FxConfigError              a setting has a value that cannot be used (FX_CONFIG)
+    │   ├── FxConfigError              a setting has a value that cannot be used (FX_CONFIG)
+    │   ├── FxUnknownAgentError        a request names an agent this web app does not serve (FX_UNKNOWN_AGENT)
+    │   ├── FxInvalidRequestError      an HTTP body that is not JSON or not the expected shape (FX_INVALID_REQUEST)
+    │   ├── FxBodyTooLargeError        an HTTP body over the 8 MiB cap, refused unparsed (FX_LIMIT_BODY)
+    │   ├── FxUnauthorizedError        no or a wrong bearer token (FX_UNAUTHORIZED)
+    │   ├── FxForbiddenError           the `authorize` hook refused the request (FX_FORBIDDEN)
+    │   └── FxWakeRefusedError         a wake not signed, signed wrong, too old or replayed (FX_WAKE_*)
     └── fxengine.FxFencedError
         └── FxLeaseLostError           this worker no longer heads the session's epoch chain (FX_FENCED)
 
@@ -101,3 +107,40 @@ class FxLeaseLostError(FxFencedError):
     """Raised when a write comes from a worker that no longer heads the epoch chain."""
 
     code = "FX_FENCED"
+
+
+class FxUnknownAgentError(FxWorkerError, LookupError):
+    """Raised by the web app when a request names an agent it does not serve."""
+
+    code = "FX_UNKNOWN_AGENT"
+
+
+class FxInvalidRequestError(FxWorkerError, ValueError):
+    """Raised when an HTTP request body is not JSON or does not have the documented fields."""
+
+    code = "FX_INVALID_REQUEST"
+
+
+class FxBodyTooLargeError(FxWorkerError):
+    """Raised when an HTTP request body exceeds the 8 MiB cap; it is refused before parsing."""
+
+    code = "FX_LIMIT_BODY"
+
+
+class FxUnauthorizedError(FxWorkerError):
+    """Raised when a request lacks the bearer token the web app requires, or carries a wrong one."""
+
+    code = "FX_UNAUTHORIZED"
+
+
+class FxForbiddenError(FxWorkerError):
+    """Raised when the embedder's `authorize(request, session_id, action)` hook refuses a request."""
+
+    code = "FX_FORBIDDEN"
+
+
+class FxWakeRefusedError(FxWorkerError):
+    """Raised for a wake delivery that is unsigned (FX_WAKE_UNSIGNED), signed wrong (FX_WAKE_SIGNATURE),
+    too old or too far ahead (FX_WAKE_EXPIRED) or already seen (FX_WAKE_REPLAYED)."""
+
+    code = "FX_WAKE_SIGNATURE"
