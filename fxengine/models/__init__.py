@@ -1,0 +1,1 @@
+"""Model wire formats: what an API sends and how it is decoded."""
