@@ -1,0 +1,1 @@
+"""The journal: what a turn records, and how records are encoded."""
