@@ -13,9 +13,12 @@ from .errors import (
     FxProviderError,
     FxToolDefinitionError,
 )
+from .models.sse import BUILD
 from .persistence import JournalRecord, Loaded, MemoryPersistence, Persistence, StoredCheckpoint
 
 __all__ = [
+    # which build of the hot path loaded: "compiled" or "pure"
+    "BUILD",
     # errors
     "FxError",
     "FxFencedError",
