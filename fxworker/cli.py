@@ -1,16 +1,337 @@
-"""The `fx` command: argument wiring only."""
+"""The `fx` command: argument wiring only.
+
+    fx dev                  web + in-process workers on the embedded store (no Redis, no key)
+    fx demo                 the same, plus one turn streamed in this terminal
+    fx web                  the web API (production: REDIS_URL and FX_AGENTS)
+    fx worker               a Celery worker for the agents of FX_AGENTS
+    fx prompt TEXT          send a prompt to a running web API and stream the answer
+    fx tail ID              stream a session's lines
+    fx sessions             recent sessions and their status
+
+Exit codes: 0 done; 1 the turn ended in error, cancelled or unknown; 2 bad usage or
+configuration; 3 the API refused the request; 4 the API could not be reached.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import sys
+import threading
+from typing import Any, NoReturn
+
 import click
+
+from .errors import FxConfigError
+from .settings import Settings
+
+EXIT_TURN_FAILED = 1
+EXIT_CONFIG = 2
+EXIT_REFUSED = 3
+EXIT_UNREACHABLE = 4
+
+DEMO_AGENTS = "fxworker.demo"
+DEMO_PROMPT = "Look up the weather in Lisbon"
+
+
+def _settings() -> Settings:
+    try:
+        return Settings.from_env()
+    except FxConfigError as exc:
+        _fail(exc.message, EXIT_CONFIG)
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo(f"fx: {message}", err=True)
+    sys.exit(code)
+
+
+def _check_bind(host: str, settings: Settings) -> None:
+    from .web.auth import is_loopback
+
+    if not is_loopback(host) and not settings.api_token:
+        _fail(f"refusing to serve on {host} without FX_API_TOKEN (the API would be open to anyone)", EXIT_CONFIG)
+
+
+def _use_embedded(settings: Settings) -> None:
+    # The embedded default keeps sessions in this process: an inherited REDIS_URL would
+    # send wakes to Celery workers that are not there.
+    if settings.redis_url:
+        click.echo("fx: the embedded mode ignores REDIS_URL", err=True)
+        os.environ.pop("REDIS_URL", None)
+
+
+def _import_agents(module: str) -> list[str]:
+    from .registry import import_agents_module
+
+    os.environ["FX_AGENTS"] = module
+    try:
+        names = import_agents_module(module)
+    except FxConfigError as exc:
+        _fail(exc.message, EXIT_CONFIG)
+    if not names:
+        _fail(f"{module} creates no agents", EXIT_CONFIG)
+    return names
+
+
+def _kill_worker_on_usr1() -> None:
+    from . import runtime
+
+    def kill(signum: int, frame: Any) -> None:
+        runtime.kill_embedded_worker(0, replace=True)
+        click.echo("fx: killed embedded worker 0 (SIGUSR1); a fresh one takes over its sessions", err=True)
+
+    signal.signal(signal.SIGUSR1, kill)
+
+
+def _start_dev(module: str, workers: int) -> list[str]:
+    settings = _settings()
+    _use_embedded(settings)
+    names = _import_agents(module)
+    from . import runtime
+
+    runtime.start_embedded_workers(workers)
+    if hasattr(signal, "SIGUSR1"):
+        _kill_worker_on_usr1()
+    return names
+
+
+def _uvicorn_config(host: str, port: int, log_level: str) -> Any:
+    import uvicorn
+
+    from .web import create_app
+
+    return uvicorn.Config(create_app(), host=host, port=port, log_level=log_level.lower(), lifespan="on")
 
 
 @click.group()
+@click.version_option(package_name="fxworker", prog_name="fx")
 def main() -> None:
     """fxworker: durable agent sessions on Redis and Celery."""
 
 
 @main.command()
-def demo() -> None:
-    """Run one turn end to end on the embedded default (no Redis, no API key)."""
-    click.echo("demo: not built yet")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", default=8000, show_default=True, type=int, help="Port to bind.")
+@click.option("--agents", "module", default=None, help="Agents module (default: FX_AGENTS, else the demo agent).")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64), help="In-process worker threads.")
+def dev(host: str, port: int, module: str | None, workers: int) -> None:
+    """Run the embedded default: web API and page, in-process workers, fakeredis.
+
+    Without AI_GATEWAY_API_KEY the demo agent answers from an offline scripted model.
+    `kill -USR1 <pid>` kills an embedded worker mid-turn; its replacement continues the turn.
+    """
+    import uvicorn
+
+    settings = _settings()
+    _check_bind(host, settings)
+    names = _start_dev(module or settings.agents_module or DEMO_AGENTS, workers)
+    click.echo(f"fx dev: agents {', '.join(names)}; {workers} embedded worker(s); pid {os.getpid()}")
+    click.echo(f"fx dev: open http://{host}:{port}/")
+    uvicorn.Server(_uvicorn_config(host, port, settings.log_level)).run()
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (off loopback needs FX_API_TOKEN).")
+@click.option("--port", default=None, type=int, help="Port to bind (default: $PORT, else 8000).")
+@click.option("--agents", "module", default=None, help="Agents module (default: FX_AGENTS).")
+@click.option("--processes", default=1, show_default=True, type=click.IntRange(1, 64), help="Web processes.")
+def web(host: str, port: int | None, module: str | None, processes: int) -> None:
+    """Serve the HTTP API and the page (needs REDIS_URL; workers run the turns)."""
+    import uvicorn
+
+    settings = _settings()
+    port = port or settings.port
+    _check_bind(host, settings)
+    if not settings.redis_url:
+        _fail("fx web needs REDIS_URL (for the embedded default without Redis, run fx dev)", EXIT_CONFIG)
+    module = module or settings.agents_module
+    if not module:
+        _fail("fx web needs FX_AGENTS (or --agents): the module that creates the agents", EXIT_CONFIG)
+    os.environ["FX_AGENTS"] = module
+    uvicorn.run(
+        "fxworker.web:create_app", factory=True, host=host, port=port, workers=processes,
+        log_level=settings.log_level.lower(), proxy_headers=True, lifespan="on",
+    )
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option("--agents", "module", default=None, help="Agents module (default: FX_AGENTS).")
+@click.option("--concurrency", type=click.IntRange(1), default=None, help="Concurrent turns (default: FX_WORKER_CONCURRENCY).")
+@click.option("--queues", default=None, help="Agent names to serve, comma-separated (default: every agent of the module).")
+@click.option("--print-command", is_flag=True, help="Print the Celery command instead of running it.")
+@click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
+def worker(module: str | None, concurrency: int | None, queues: str | None, print_command: bool, celery_args: tuple[str, ...]) -> None:
+    """Run a Celery worker for the agents of FX_AGENTS (threads pool, one queue per agent).
+
+    Extra arguments go to `celery worker` unchanged.
+    """
+    settings = _settings()
+    if not settings.redis_url:
+        _fail("fx worker needs REDIS_URL (the broker and the store)", EXIT_CONFIG)
+    module = module or settings.agents_module
+    if not module:
+        _fail("fx worker needs FX_AGENTS (or --agents): the module that creates the agents", EXIT_CONFIG)
+    names = [n.strip() for n in queues.split(",") if n.strip()] if queues else _import_agents(module)
+    os.environ["FX_AGENTS"] = module
+    cmd = [
+        sys.executable, "-m", "celery", "-A", "fxworker.celery_app", "worker",
+        "-P", "threads", "-c", str(concurrency or settings.worker_concurrency),
+        "-Q", ",".join(f"fx.{name}" for name in names),
+        "-l", settings.log_level, "--without-gossip", "--without-mingle",
+        *celery_args,
+    ]
+    if print_command:
+        click.echo(" ".join(cmd))
+        return
+    sys.stdout.flush()
+    os.execv(sys.executable, cmd)
+
+
+def _client(url: str | None) -> Any:
+    from .web.client import ApiClient
+
+    settings = _settings()
+    return ApiClient(url or settings.url, token=settings.api_token)
+
+
+def _api_call(fn: Any) -> Any:
+    from .web.client import ApiError
+
+    try:
+        return fn()
+    except ApiError as exc:
+        _fail(f"{exc.code}: {exc.message}", EXIT_UNREACHABLE if exc.code == "FX_CONNECT" else EXIT_REFUSED)
+
+
+def _print_turn(lines: Any, *, as_json: bool) -> int:
+    from .web.client import render_line
+
+    stop = None
+    for line in lines:
+        if as_json:
+            click.echo(json.dumps(line, ensure_ascii=False))
+        else:
+            click.echo(render_line(line), nl=False)
+        if line.get("type") == "turn_end":
+            stop = line.get("stopReason")
+    return 0 if stop == "end_turn" else EXIT_TURN_FAILED
+
+
+url_option = click.option("--url", default=None, help="The web API (default: FX_URL, http://127.0.0.1:8000).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print raw NDJSON lines.")
+
+
+@main.command()
+@click.argument("text")
+@click.option("--session", "session_id", default=None, help="Continue this session (default: a new one).")
+@click.option("--agent", default=None, help="The agent of a new session (default: the server's default).")
+@click.option("--message-id", default=None, help="An idempotency id: resending it runs nothing new.")
+@url_option
+@json_option
+def prompt(text: str, session_id: str | None, agent: str | None, message_id: str | None, url: str | None, as_json: bool) -> None:
+    """Send TEXT as a prompt and stream the answer as it comes."""
+    client = _client(url)
+    lines = client.prompt(text, session_id=session_id, agent=agent, message_id=message_id)
+
+    def run() -> int:
+        return _print_turn(_with_session_banner(client, lines, "session", err=True), as_json=as_json)
+
+    sys.exit(_api_call(run))
+
+
+@main.command()
+@click.argument("session_id")
+@click.option("--cursor", default=0, show_default=True, type=click.IntRange(0), help="Start after this cursor.")
+@click.option("--follow/--no-follow", default=True, show_default=True, help="Stay open for new lines.")
+@url_option
+@json_option
+def tail(session_id: str, cursor: int, follow: bool, url: str | None, as_json: bool) -> None:
+    """Stream a session's lines after --cursor."""
+    from .web.client import render_line
+
+    client = _client(url)
+
+    def run() -> None:
+        for line in client.stream(session_id, cursor=cursor, follow=follow):
+            click.echo(json.dumps(line, ensure_ascii=False) if as_json else render_line(line), nl=as_json)
+
+    _api_call(run)
+
+
+@main.command()
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
+@url_option
+@json_option
+def sessions(limit: int, url: str | None, as_json: bool) -> None:
+    """List recent sessions and their status."""
+    client = _client(url)
+    found = _api_call(lambda: client.sessions(limit=limit))
+    if as_json:
+        click.echo(json.dumps(found, ensure_ascii=False, indent=2))
+        return
+    if not found:
+        click.echo("no sessions")
+        return
+    for item in found:
+        click.echo(
+            f"{item.get('sessionId', '?'):32} {item.get('agent', '?'):12} {item.get('status', '?'):8} "
+            f"turns={item.get('turns', '?')} cursor={item.get('cursor', '?')}"
+        )
+
+
+@main.command()
+@click.option("--port", default=8000, show_default=True, type=int, help="Port of the page (0: any free port).")
+@click.option("--prompt", "text", default=DEMO_PROMPT, show_default=True, help="The prompt of the demo turn.")
+@click.option("--once", is_flag=True, help="Exit after the demo turn instead of serving the page.")
+def demo(port: int, text: str, once: bool) -> None:
+    """Run one turn end to end on the embedded default (no Redis, no API key), then serve the page."""
+    import uvicorn
+
+    settings = _settings()
+    _start_dev(settings.agents_module or DEMO_AGENTS, 1)
+    server = uvicorn.Server(_uvicorn_config("127.0.0.1", port, "warning"))
+    thread = threading.Thread(target=server.run, name="fx-demo-web", daemon=True)
+    thread.start()
+    from .web.client import ApiError
+
+    _wait_started(server, thread)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    base = f"http://127.0.0.1:{bound}"
+    client = _client(base)
+    click.echo(f"fx demo: the page is at {base}/")
+    try:
+        code = _print_turn(_with_session_banner(client, client.prompt(text), "fx demo: session"), as_json=False)
+    except ApiError as exc:
+        _fail(f"{exc.code}: {exc.message}", EXIT_REFUSED)
+    click.echo(f"fx demo: open {base}/?session={client.session_id} to see this turn and continue the chat")
+    if once:
+        server.should_exit = True
+        thread.join(10)
+        sys.exit(code)
+    click.echo("fx demo: serving the page; Ctrl-C stops")
+    try:
+        thread.join()
+    except KeyboardInterrupt:
+        server.should_exit = True
+        thread.join(10)
+
+
+def _with_session_banner(client: Any, lines: Any, label: str, *, err: bool = False) -> Any:
+    for i, line in enumerate(lines):
+        if i == 0:
+            click.echo(f"{label} {client.session_id}", err=err)
+        yield line
+
+
+def _wait_started(server: Any, thread: threading.Thread, timeout_s: float = 15.0) -> None:
+    import time
+
+    deadline_s = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive():
+            _fail("the demo web server did not start (is the port in use? try --port 0)", EXIT_CONFIG)
+        if time.monotonic() > deadline_s:
+            _fail("the demo web server did not start in time", EXIT_CONFIG)
+        time.sleep(0.02)

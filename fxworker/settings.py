@@ -45,6 +45,8 @@ class Settings:
     worker_concurrency: int = 100
     # FX_URL: the web API the `fx prompt`, `fx tail` and `fx sessions` commands talk to.
     url: str = "http://127.0.0.1:8000"
+    # PORT: the port `fx web` binds unless --port says otherwise (set by Heroku, Render, Fly).
+    port: int = 8000
     # FX_NO_AGENT_RETRY_S: the longest Celery retry backoff of a wake this process has no
     # agent for (FX_NO_AGENT); retries start at a quarter second and double up to this.
     no_agent_retry_s: float = 5.0
@@ -89,5 +91,6 @@ class Settings:
             sweep_s=number("FX_SWEEP_S", 5.0, minimum=0.1),
             worker_concurrency=int(number("FX_WORKER_CONCURRENCY", 100, minimum=1)),
             url=(text("FX_URL") or "http://127.0.0.1:8000").rstrip("/"),
+            port=int(number("PORT", 8000, minimum=1)),
             no_agent_retry_s=number("FX_NO_AGENT_RETRY_S", 5.0, minimum=0.1),
         )

@@ -1,0 +1,125 @@
+"""The ASGI app of §3: `create_app()` with an explicit route list and a lifespan.
+
+    uvicorn --factory fxworker.web:create_app      # what `fx web` runs
+    app = create_app(agents=[support], authorize=check)   # mounted in another app
+
+The lifespan imports the agents module (`FX_AGENTS`) when no agents were passed, and owns
+the web process's own Redis client (health checks, wake replay guard); the agents own
+their store clients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from fxworker.errors import FxConfigError
+from fxworker.settings import Settings
+
+from . import health, sessions, wake
+from .auth import Authorize, BearerAuth
+from .errors import EXCEPTION_HANDLERS
+
+STATIC_DIR = Path(__file__).parent / "static"
+
+logger = logging.getLogger("fxworker.web")
+
+
+async def index(request: Request) -> Response:
+    """The chat page (plain HTML and JS; the session id lives in `?session=`)."""
+    return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+ROUTES = [
+    Route("/", index, methods=["GET"]),
+    Route("/healthz", health.healthz, methods=["GET"]),
+    Route("/metrics", health.metrics_text, methods=["GET"]),
+    Route("/v1/sessions", sessions.create_session, methods=["POST"]),
+    Route("/v1/sessions", sessions.list_sessions, methods=["GET"]),
+    Route("/v1/sessions/{session_id}", sessions.state, methods=["GET"]),
+    Route("/v1/sessions/{session_id}/prompts", sessions.prompt, methods=["POST"]),
+    Route("/v1/sessions/{session_id}/steer", sessions.steer, methods=["POST"]),
+    Route("/v1/sessions/{session_id}/cancel", sessions.cancel, methods=["POST"]),
+    Route("/v1/sessions/{session_id}/stream", sessions.stream, methods=["GET"]),
+    Route("/v1/wake", wake.wake, methods=["POST"]),
+    Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
+]
+
+
+def _registry_agents() -> dict[str, Any]:
+    from fxworker import agents as registered
+
+    return dict(registered())
+
+
+def _fixed_agents(agents: Iterable[Any] | Mapping[str, Any]) -> Callable[[], dict[str, Any]]:
+    fixed = dict(agents) if isinstance(agents, Mapping) else {agent.name: agent for agent in agents}
+    return lambda: fixed
+
+
+def create_app(
+    agents: Iterable[Any] | Mapping[str, Any] | None = None,
+    authorize: Authorize | None = None,
+    store: Any = None,
+    *,
+    settings: Settings | None = None,
+) -> Starlette:
+    """Build the web app.
+
+    Args:
+        agents: the agents it serves (a list, or a name → agent mapping). None: every agent
+            registered in this process, after importing the `FX_AGENTS` module.
+        authorize: `authorize(request, session_id, action) -> bool` (or awaitable), called by
+            every API route; with it, the app also serves off loopback without `FX_API_TOKEN`.
+        store: the session store used to list sessions; None: the default agent's store.
+        settings: None reads the environment once (`Settings.from_env()`).
+    """
+    settings = settings or Settings.from_env()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if agents is None and settings.agents_module:
+            importlib.import_module(settings.agents_module)
+        client = None
+        if settings.redis_url:
+            import redis.asyncio as aioredis
+
+            client = aioredis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+            app.state.replay_guard = wake.RedisReplayGuard(client, prefix=settings.prefix)
+        app.state.redis = client
+        try:
+            yield
+        finally:
+            if client is not None:
+                await client.aclose()
+
+    def store_for(agent: Any) -> Any:
+        found = store if store is not None else getattr(agent, "store", None)
+        if found is None:
+            raise FxConfigError("no session store to list: pass create_app(store=...)")
+        return found
+
+    app = Starlette(
+        routes=ROUTES,
+        middleware=[Middleware(BearerAuth, token=settings.api_token, open_off_loopback=authorize is not None)],
+        exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.authorize = authorize
+    app.state.agents = _registry_agents if agents is None else _fixed_agents(agents)
+    app.state.store_for = store_for
+    app.state.redis = None
+    app.state.replay_guard = wake.MemoryReplayGuard()
+    return app

@@ -1,0 +1,166 @@
+"""A small blocking client of the HTTP API, and how the `fx` command prints stream lines.
+
+    client = ApiClient("http://127.0.0.1:8000", token=None)
+    for line in client.prompt("hello"):        # accepts, then streams the turn's lines
+        print(render_line(line), end="")
+
+`prompt()` keeps going after a dropped connection: it reconnects to the session stream
+with the last cursor it saw and stops at its turn's `turn_end`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from fxengine.errors import FxError
+
+from .ndjson import MEDIA_TYPE
+
+RECONNECTS = 5
+
+
+class ApiError(FxError):
+    """An error answer of the API (its `FX_` code and status), or no answer at all (`FX_CONNECT`)."""
+
+    code = "FX_API_ERROR"
+
+    def __init__(self, message: str, *, code: str, status: int | None = None) -> None:
+        super().__init__(message, code=code)
+        self.status = status
+
+
+class ApiClient:
+    """Blocking calls to one fxworker web app."""
+
+    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout_s, read=None))
+        self.session_id: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<ApiClient {self.base_url} session={self.session_id}>"
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _check(self, response: httpx.Response) -> None:
+        if response.status_code < 400:
+            return
+        response.read()
+        try:
+            error = response.json()["error"]
+            code, message = error["code"], error["message"]
+        except (ValueError, KeyError, TypeError):
+            code, message = "FX_HTTP", response.text[:200]
+        raise ApiError(message, code=code, status=response.status_code)
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ApiError(f"cannot reach {self.base_url}: {exc}", code="FX_CONNECT") from exc
+        self._check(response)
+        return response
+
+    def state(self, session_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", f"/v1/sessions/{session_id}").json()
+        return result
+
+    def sessions(self, *, limit: int = 20) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = self._request("GET", "/v1/sessions", params={"limit": limit}).json()["sessions"]
+        return found
+
+    def stream(self, session_id: str, *, cursor: int = 0, follow: bool = True) -> Iterator[dict[str, Any]]:
+        """The session's lines after `cursor`, as dicts."""
+        params = {"cursor": cursor, "follow": 1 if follow else 0}
+        try:
+            with self.http.stream("GET", f"/v1/sessions/{session_id}/stream", params=params) as response:
+                self._check(response)
+                for raw in response.iter_lines():
+                    if raw.strip():
+                        yield json.loads(raw)
+        except httpx.HTTPError as exc:
+            raise ApiError(f"stream of {session_id} broke: {exc}", code="FX_CONNECT") from exc
+
+    def prompt(
+        self, text: str, *, session_id: str | None = None, agent: str | None = None, message_id: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Send a prompt (a new session when `session_id` is None) and yield its turn's lines."""
+        body: dict[str, Any] = {"input": text}
+        if message_id:
+            body["messageId"] = message_id
+        if session_id is None:
+            path = "/v1/sessions"
+            if agent:
+                body["agent"] = agent
+        else:
+            path = f"/v1/sessions/{session_id}/prompts"
+        cursor = 0
+        turn_id: str | None = message_id
+        try:
+            with self.http.stream("POST", path, json=body, headers={"Accept": MEDIA_TYPE}) as response:
+                self._check(response)
+                self.session_id = response.headers.get("x-fx-session-id") or session_id
+                for raw in response.iter_lines():
+                    if not raw.strip():
+                        continue
+                    line = json.loads(raw)
+                    cursor = max(cursor, int(line.get("cursor") or 0))
+                    turn_id = turn_id or line.get("messageId")
+                    yield line
+                    if line.get("type") == "turn_end":
+                        return
+        except httpx.HTTPError as exc:
+            if self.session_id is None:
+                raise ApiError(f"cannot reach {self.base_url}: {exc}", code="FX_CONNECT") from exc
+        # The connection dropped before the turn ended: follow the session from the last cursor.
+        for _ in range(RECONNECTS):
+            try:
+                for line in self.stream(self.session_id, cursor=cursor):
+                    cursor = max(cursor, int(line.get("cursor") or 0))
+                    if turn_id is not None and line.get("messageId") != turn_id:
+                        continue
+                    yield line
+                    if line.get("type") == "turn_end":
+                        return
+            except ApiError as exc:
+                if exc.code != "FX_CONNECT":
+                    raise
+        raise ApiError(f"lost the stream of {self.session_id} {RECONNECTS} times", code="FX_CONNECT")
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def render_line(line: dict[str, Any]) -> str:
+    """How one stream line reads in a terminal ('' for lines with nothing to show)."""
+    kind = line.get("type")
+    if kind in ("text_delta", "reasoning_delta"):
+        return str(line.get("delta", ""))
+    if kind == "turn_start":
+        return f"> {_short(line['input'])}\n" if "input" in line else ""
+    if kind == "user_message":
+        return f"\n> {_short(line.get('text', ''))}\n"
+    if kind == "tool_start":
+        shown = line.get("inputPreview", "") + "…" if line.get("inputTruncated") else line.get("input")
+        return f"\n→ {line.get('name')}({_short(shown)})\n"
+    if kind == "tool_end":
+        mark = "✗" if line.get("isError") else "←"
+        return f"{mark} {_short(line.get('content', ''))}\n"
+    if kind == "turn_resume":
+        return "\n[resumed after an interruption]\n" if line.get("interrupted") else ""
+    if kind == "turn_end":
+        error = line.get("error")
+        detail = f": {error.get('code')} {error.get('message')}" if isinstance(error, dict) else ""
+        repeated = " (repeated)" if line.get("repeated") else ""
+        return f"\n[{line.get('stopReason')}{repeated}{detail}]\n"
+    if kind == "session_error":
+        return f"\n[{line.get('code')}: {line.get('message')}]\n"
+    return ""

@@ -1,0 +1,96 @@
+"""How `FX_` errors become HTTP responses: one status per code, one JSON shape.
+
+Every error the web app sends is ``{"error": {"code": "FX_...", "message": "..."}}``.
+The status comes from the exact code when it is listed here, else from the class:
+bad input (`ValueError` / `FxInputError`) is 400, anything else 500.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from fxengine.errors import FxError, FxInputError
+
+logger = logging.getLogger("fxworker.web")
+
+STATUS_BY_CODE: dict[str, int] = {
+    "FX_UNAUTHORIZED": 401,
+    "FX_WAKE_UNSIGNED": 401,
+    "FX_WAKE_SIGNATURE": 401,
+    "FX_WAKE_EXPIRED": 401,
+    "FX_FORBIDDEN": 403,
+    "FX_UNKNOWN_SESSION": 404,
+    "FX_UNKNOWN_AGENT": 404,
+    "FX_NOT_FOUND": 404,
+    "FX_METHOD_NOT_ALLOWED": 405,
+    "FX_NOT_ACCEPTABLE": 406,
+    "FX_MESSAGE_ID_IN_USE": 409,
+    "FX_WAKE_REPLAYED": 409,
+    "FX_LIMIT_BODY": 413,
+    "FX_LIMIT_QUEUE": 429,
+    "FX_CONFIG": 500,
+    "FX_ACK_UNSUPPORTED": 500,
+    "FX_INTERNAL": 500,
+    "FX_STORE_UNAVAILABLE": 503,
+    "FX_NO_AGENT": 503,
+}
+
+_HTTP_CODES = {404: "FX_NOT_FOUND", 405: "FX_METHOD_NOT_ALLOWED", 406: "FX_NOT_ACCEPTABLE"}
+
+
+def status_for(exc: FxError) -> int:
+    """The HTTP status of an `FX_` error."""
+    status = STATUS_BY_CODE.get(exc.code)
+    if status is not None:
+        return status
+    if isinstance(exc, (FxInputError, ValueError)):
+        return 400
+    return 500
+
+
+def error_body(code: str, message: str) -> dict[str, dict[str, str]]:
+    return {"error": {"code": code, "message": message}}
+
+
+def error_response(code: str, message: str, status: int) -> JSONResponse:
+    """A JSON error response; 401 says how to authenticate, 503 says when to come back."""
+    headers: dict[str, str] = {}
+    if status == 401 and code == "FX_UNAUTHORIZED":
+        headers["WWW-Authenticate"] = "Bearer"
+    if status == 503:
+        headers["Retry-After"] = "1"
+    return JSONResponse(error_body(code, message), status_code=status, headers=headers)
+
+
+def fx_error_response(exc: FxError) -> JSONResponse:
+    return error_response(exc.code, exc.message, status_for(exc))
+
+
+async def handle_fx_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, FxError)
+    status = status_for(exc)
+    if status >= 500:
+        logger.warning("%s %s failed: %s %s", request.method, request.url.path, exc.code, exc.message)
+    return fx_error_response(exc)
+
+
+async def handle_http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    code = _HTTP_CODES.get(exc.status_code, "FX_INVALID_REQUEST" if exc.status_code < 500 else "FX_INTERNAL")
+    return error_response(code, str(exc.detail), exc.status_code)
+
+
+async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    logger.exception("%s %s failed", request.method, request.url.path)
+    return error_response("FX_INTERNAL", "internal error", 500)
+
+
+EXCEPTION_HANDLERS = {
+    FxError: handle_fx_error,
+    HTTPException: handle_http_error,
+    Exception: handle_unexpected,
+}

@@ -1,0 +1,34 @@
+"""`GET /healthz` (liveness, with a Redis round trip) and `GET /metrics` (Prometheus text)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from fxworker import metrics
+
+from .errors import error_response
+
+PING_TIMEOUT_S = 2.0
+
+
+async def healthz(request: Request) -> Response:
+    """200 `{"ok": true, "store": "redis"|"embedded", "pingMs"}` when the store answers, else 503."""
+    client = request.app.state.redis
+    if client is None:
+        return JSONResponse({"ok": True, "store": "embedded"})
+    started_s = time.perf_counter()
+    try:
+        await asyncio.wait_for(client.ping(), timeout=PING_TIMEOUT_S)
+    except Exception as exc:  # any failure to answer means "not healthy", whatever raised it
+        return error_response("FX_STORE_UNAVAILABLE", f"Redis did not answer: {type(exc).__name__}", 503)
+    ping_ms = round((time.perf_counter() - started_s) * 1000, 2)
+    return JSONResponse({"ok": True, "store": "redis", "pingMs": ping_ms})
+
+
+async def metrics_text(request: Request) -> Response:
+    """This process's metrics in the Prometheus text format."""
+    return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)

@@ -1,0 +1,162 @@
+"""The session routes of §3: create, prompt, steer, cancel, stream, state, list.
+
+Each route checks access (`check_access`), reads its body through the capped reader,
+calls the library (`Agent` / `Session`) and answers JSON or NDJSON. The library raises
+`FX_` errors before anything is stored; `errors.py` turns them into statuses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from fxworker.errors import FxInvalidCursorError, FxInvalidRequestError, FxUnknownAgentError
+
+from .auth import check_access
+from .bodies import CreateSessionBody, PromptBody, SteerBody, read_json
+from .ndjson import NDJSONResponse, wants_ndjson
+
+SESSION_HEADER = "X-Fx-Session-Id"
+
+
+def _agents(request: Request) -> dict[str, Any]:
+    agents: dict[str, Any] = request.app.state.agents()
+    return agents
+
+
+def pick_agent(request: Request, name: str | None) -> Any:
+    """The agent called `name`, or the app's default one (`default`, or its only agent)."""
+    agents = _agents(request)
+    if name is not None:
+        agent = agents.get(name)
+        if agent is None:
+            raise FxUnknownAgentError(f"this server has no agent named {name!r} (it serves: {', '.join(sorted(agents)) or 'none'})")
+        return agent
+    if "default" in agents:
+        return agents["default"]
+    if len(agents) == 1:
+        return next(iter(agents.values()))
+    if not agents:
+        raise FxUnknownAgentError("this server serves no agents: set FX_AGENTS to the module that creates them")
+    raise FxUnknownAgentError(f"name the agent: this server serves {', '.join(sorted(agents))}")
+
+
+async def _existing(request: Request) -> tuple[Any, dict[str, Any]]:
+    """The session of the path and its state; `FX_UNKNOWN_SESSION` (404) when the store has none."""
+    session_id = request.path_params["session_id"]
+    probe = pick_agent(request, None)
+    state: dict[str, Any] = await probe.session(session_id).state()
+    owner = _agents(request).get(state.get("agent") or "", probe)
+    return owner.session(session_id), state
+
+
+def parse_cursor(raw: str | None) -> int:
+    """A stream cursor from the query string: a non-negative integer (§10)."""
+    if raw is None or raw == "":
+        return 0
+    if not raw.isdigit() or not raw.isascii():
+        raise FxInvalidCursorError(f"cursor must be a non-negative integer, got {raw!r}")
+    return int(raw)
+
+
+def parse_flag(raw: str | None, *, name: str, default: bool) -> bool:
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "true", "yes"):
+        return True
+    if raw.lower() in ("0", "false", "no"):
+        return False
+    raise FxInvalidRequestError(f"{name} must be 0 or 1, got {raw!r}")
+
+
+def _accepted(turn: Any) -> dict[str, Any]:
+    return {"sessionId": turn.session_id, "messageId": turn.message_id, "repeated": bool(turn.repeated), "cursor": turn.cursor}
+
+
+def _turn_response(request: Request, turn: Any) -> Response:
+    headers = {SESSION_HEADER: turn.session_id}
+    if wants_ndjson(request.headers.get("accept")):
+        return NDJSONResponse(turn.ndjson(), headers=headers)
+    return JSONResponse(_accepted(turn), status_code=202, headers=headers)
+
+
+async def create_session(request: Request) -> Response:
+    """`POST /v1/sessions` `{agent?, input, messageId?, context?}`: a new session and its first prompt."""
+    await check_access(request, None, "create")
+    body = await read_json(request, CreateSessionBody)
+    agent = pick_agent(request, body.agent)
+    session = agent.session(None, context=body.context)
+    turn = await session.prompt(body.input, message_id=body.message_id)
+    return _turn_response(request, turn)
+
+
+async def prompt(request: Request) -> Response:
+    """`POST /v1/sessions/{id}/prompts` `{input, messageId?}`: the next prompt of a session."""
+    await check_access(request, request.path_params["session_id"], "prompt")
+    body = await read_json(request, PromptBody)
+    session, _ = await _existing(request)
+    turn = await session.prompt(body.input, message_id=body.message_id)
+    return _turn_response(request, turn)
+
+
+async def steer(request: Request) -> Response:
+    """`POST /v1/sessions/{id}/steer` `{input, messageId?}`: steer the running turn (§6)."""
+    session_id = request.path_params["session_id"]
+    await check_access(request, session_id, "steer")
+    body = await read_json(request, SteerBody)
+    session, _ = await _existing(request)
+    accepted = await session.steer(body.input, message_id=body.message_id)
+    return JSONResponse(
+        {"sessionId": session_id, "messageId": accepted.message_id, "repeated": bool(accepted.repeated)}, status_code=202
+    )
+
+
+async def cancel(request: Request) -> Response:
+    """`POST /v1/sessions/{id}/cancel`: cancel the running or waiting turn."""
+    session_id = request.path_params["session_id"]
+    await check_access(request, session_id, "cancel")
+    session, _ = await _existing(request)
+    await session.cancel()
+    return JSONResponse({"sessionId": session_id, "cancelRequested": True}, status_code=202)
+
+
+async def stream(request: Request) -> Response:
+    """`GET /v1/sessions/{id}/stream?cursor=N&follow=1`: the lines after N, open for new ones."""
+    session_id = request.path_params["session_id"]
+    await check_access(request, session_id, "stream")
+    cursor = parse_cursor(request.query_params.get("cursor"))
+    follow = parse_flag(request.query_params.get("follow"), name="follow", default=True)
+    session, _ = await _existing(request)
+    return NDJSONResponse(session.stream(cursor, follow=follow), headers={SESSION_HEADER: session_id})
+
+
+async def state(request: Request) -> Response:
+    """`GET /v1/sessions/{id}`: agent, status, last cursor, turns, lease epoch."""
+    await check_access(request, request.path_params["session_id"], "state")
+    _, found = await _existing(request)
+    return JSONResponse(found)
+
+
+async def list_sessions(request: Request) -> Response:
+    """`GET /v1/sessions?limit=N`: recent sessions with their status, newest first."""
+    await check_access(request, None, "list")
+    raw = request.query_params.get("limit") or "20"
+    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+        raise FxInvalidRequestError(f"limit must be an integer from 1 to 1000, got {raw!r}")
+    store = request.app.state.store_for(pick_agent(request, None))
+    found = await store.list_sessions(int(raw))
+    return JSONResponse({"sessions": [_plain(s) for s in found]})
+
+
+def _plain(item: Any) -> Any:
+    if isinstance(item, dict):
+        return item
+    if hasattr(item, "_asdict"):
+        return item._asdict()
+    if hasattr(item, "__dataclass_fields__"):
+        from dataclasses import asdict
+
+        return asdict(item)
+    return item

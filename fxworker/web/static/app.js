@@ -1,0 +1,252 @@
+// The fxworker chat page: plain JS, no build step.
+//
+// One NDJSON stream per session (GET /v1/sessions/{id}/stream?cursor=N) stays open and
+// renders every line. Each rendered line is kept in sessionStorage with its cursor, so a
+// dropped connection reconnects from the last cursor, and a reload redraws what it had and
+// continues from there: no line is shown twice.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.search);
+let sessionId = params.get("session");
+let cursor = 0;
+let lines = [];
+let controller = null;
+let retryMs = 250;
+const turns = new Map(); // messageId -> {root, body, texts: Map(step -> element), tools: Map(id -> element)}
+
+function token() { return localStorage.getItem("fx.token") || ""; }
+function headers(extra) {
+  const h = Object.assign({}, extra || {});
+  if (token()) h["Authorization"] = "Bearer " + token();
+  return h;
+}
+function setStatus(state, text) { const s = $("status"); s.dataset.state = state; s.textContent = text || state; }
+function storageKey(kind) { return "fx." + kind + "." + sessionId; }
+
+function save() {
+  try {
+    sessionStorage.setItem(storageKey("lines"), JSON.stringify(lines));
+    sessionStorage.setItem(storageKey("cursor"), String(cursor));
+  } catch (e) {
+    // Storage full: forget the copy; a reload then redraws from the start of the stream.
+    sessionStorage.removeItem(storageKey("lines"));
+    sessionStorage.removeItem(storageKey("cursor"));
+  }
+}
+
+function restore() {
+  const stored = sessionStorage.getItem(storageKey("lines"));
+  const storedCursor = Number(sessionStorage.getItem(storageKey("cursor")) || "0");
+  if (!stored) return;
+  lines = JSON.parse(stored);
+  for (const line of lines) render(line);
+  cursor = storedCursor;
+  $("cursor").textContent = String(cursor);
+}
+
+function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+function turnFor(messageId) {
+  let t = turns.get(messageId);
+  if (!t) {
+    const root = el("section", "turn");
+    root.dataset.messageId = messageId;
+    const body = el("div", "assistant");
+    root.appendChild(body);
+    $("transcript").appendChild(root);
+    t = { root, body, texts: new Map(), tools: new Map(), lastText: null };
+    turns.set(messageId, t);
+  }
+  return t;
+}
+
+function promptText(input) {
+  if (typeof input === "string") return input;
+  if (Array.isArray(input)) return input.map((b) => (b.type === "text" ? b.text : "[" + b.type + "]")).join(" ");
+  return "";
+}
+
+function appendText(t, line, cls) {
+  // One element per model step, so a retracted step can be removed whole.
+  const key = cls + ":" + (line.step === undefined ? "" : line.step);
+  let span = t.texts.get(key);
+  if (!span || t.lastText !== span) {
+    span = el("div", cls);
+    span.dataset.step = line.step === undefined ? "" : String(line.step);
+    t.body.appendChild(span);
+    t.texts.set(key, span);
+  }
+  span.textContent += line.delta;
+  t.lastText = span;
+}
+
+function render(line) {
+  const t = line.messageId ? turnFor(line.messageId) : null;
+  switch (line.type) {
+    case "turn_start": {
+      const user = el("div", "user", line.input === undefined ? "(prompt)" : promptText(line.input));
+      t.root.insertBefore(user, t.body);
+      break;
+    }
+    case "turn_resume":
+      for (const step of line.retract || []) {
+        for (const span of t.body.querySelectorAll('[data-step="' + step + '"]')) span.remove();
+      }
+      t.lastText = null;
+      break;
+    case "user_message":
+      t.body.appendChild(el("div", "user", line.text));
+      t.lastText = null;
+      break;
+    case "text_delta": appendText(t, line, "text"); break;
+    case "reasoning_delta": appendText(t, line, "reasoning"); break;
+    case "tool_start": {
+      const box = el("div", "tool");
+      box.dataset.toolId = line.id;
+      box.appendChild(el("div", "", "→ " + line.name));
+      box.appendChild(el("pre", "", line.inputTruncated ? line.inputPreview + "…" : JSON.stringify(line.input)));
+      t.body.appendChild(box);
+      t.tools.set(line.id, box);
+      t.lastText = null;
+      break;
+    }
+    case "tool_end": {
+      const box = t.tools.get(line.id) || t.body.appendChild(el("div", "tool"));
+      if (line.isError) box.classList.add("error");
+      const content = typeof line.content === "string" ? line.content : JSON.stringify(line.content ?? "");
+      box.appendChild(el("pre", "result", "← " + content));
+      t.lastText = null;
+      break;
+    }
+    case "turn_end": {
+      const err = line.error ? " · " + (line.error.code || "") + " " + (line.error.message || "") : "";
+      t.body.appendChild(el("div", "end", line.stopReason + err));
+      t.lastText = null;
+      break;
+    }
+    case "session_error":
+      $("transcript").appendChild(el("div", "error", line.code + ": " + line.message));
+      break;
+    default:
+      break; // turn_yield, idle: nothing to show
+  }
+}
+
+function take(line) {
+  if (typeof line.cursor === "number") {
+    if (line.cursor <= cursor) return; // already shown
+    cursor = line.cursor;
+    $("cursor").textContent = String(cursor);
+  }
+  lines.push(line);
+  render(line);
+  save();
+}
+
+async function follow() {
+  if (controller) controller.abort();
+  const mine = new AbortController();
+  controller = mine;
+  while (controller === mine) {
+    try {
+      const url = "/v1/sessions/" + encodeURIComponent(sessionId) + "/stream?cursor=" + cursor;
+      const response = await fetch(url, { headers: headers(), signal: mine.signal });
+      if (response.status === 401) { askToken(); return; }
+      if (!response.ok) {
+        const body = await response.json().catch(() => ({}));
+        setStatus("offline", (body.error && body.error.code) || "HTTP " + response.status);
+        if (response.status === 404) return;
+        throw new Error("stream answered " + response.status);
+      }
+      setStatus("live");
+      retryMs = 250;
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let buffered = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffered += decoder.decode(value, { stream: true });
+        let newline;
+        while ((newline = buffered.indexOf("\n")) >= 0) {
+          const text = buffered.slice(0, newline).trim();
+          buffered = buffered.slice(newline + 1);
+          if (text) take(JSON.parse(text));
+        }
+      }
+    } catch (e) {
+      if (mine.signal.aborted) return;
+    }
+    if (controller !== mine) return;
+    setStatus("reconnecting", "reconnecting from " + cursor);
+    await new Promise((resolve) => setTimeout(resolve, retryMs));
+    retryMs = Math.min(retryMs * 2, 5000);
+  }
+}
+
+function askToken() {
+  setStatus("offline", "needs a token");
+  $("token-row").classList.add("shown");
+}
+
+function openSession(id) {
+  sessionId = id;
+  const url = new URL(location.href);
+  url.searchParams.set("session", id);
+  history.replaceState(null, "", url);
+  $("session-label").textContent = id;
+  follow();
+}
+
+async function send(text) {
+  const path = sessionId ? "/v1/sessions/" + encodeURIComponent(sessionId) + "/prompts" : "/v1/sessions";
+  const response = await fetch(path, {
+    method: "POST",
+    headers: headers({ "Content-Type": "application/json" }),
+    body: JSON.stringify({ input: text, messageId: "web_" + Date.now().toString(36) + Math.random().toString(36).slice(2, 8) }),
+  });
+  if (response.status === 401) { askToken(); return false; }
+  const body = await response.json();
+  if (!response.ok) {
+    $("transcript").appendChild(el("div", "error", body.error.code + ": " + body.error.message));
+    return false;
+  }
+  if (!sessionId) {
+    cursor = body.cursor || 0;
+    openSession(body.sessionId);
+  }
+  return true;
+}
+
+$("prompt-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const text = $("prompt").value.trim();
+  if (!text) return;
+  $("send").disabled = true;
+  try {
+    if (await send(text)) $("prompt").value = "";
+  } finally {
+    $("send").disabled = false;
+  }
+});
+$("prompt").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); $("prompt-form").requestSubmit(); }
+});
+$("save-token").addEventListener("click", () => {
+  localStorage.setItem("fx.token", $("token").value);
+  $("token-row").classList.remove("shown");
+  if (sessionId) follow();
+});
+$("new-session").addEventListener("click", () => { location.href = location.pathname; });
+
+if (sessionId) {
+  $("session-label").textContent = sessionId;
+  restore();
+  follow();
+}
