@@ -1,0 +1,184 @@
+"""µs per streamed chunk, from SSE bytes to normalized events, over a recorded stream.
+
+Records a 20,000-chunk Chat Completions stream (mostly 1-4 word text deltas, some
+reasoning, a few streamed tool calls, usage at the end) and decodes the same bytes with:
+fxengine's compiled build, its pure build, the `openai` SDK's own stream decoding (its
+`Stream` over an `httpx.MockTransport`, building `ChatCompletionChunk` objects), and a bare
+``split(b"\\n\\n")`` + `orjson.loads` loop (the floor for turning JSON chunks into Python
+objects). Run: ``.venv/bin/python bench/engine_decode.py``.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import random
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import openai
+import orjson
+
+from fxengine.models import _sse_py, sse  # importing `sse` sets up the compiled build's JSON parser
+
+try:
+    from fxengine.models import _sse_c
+except ImportError:
+    _sse_c = None  # type: ignore[assignment]
+
+CHUNKS = 20_000
+READ_BYTES = 16_384  # what one network read hands the decoder
+WORDS = (
+    "the a of to and in is it that for on with as this be at by from or an are was but not "
+    "you all can will we they if more one about which their there so what out up time into "
+    "stream chunk token model tool result weather Oslo sunny answer value"
+).split()
+
+
+def record_stream(seed: int = 7) -> tuple[bytes, int]:
+    """A realistic body of exactly CHUNKS data events (plus `[DONE]`), and its text length."""
+    rng = random.Random(seed)
+    base = {
+        "id": "chatcmpl-B2x9kQeVq7Yz3NfLmR8sTuWv1AbC",
+        "object": "chat.completion.chunk",
+        "created": 1733000000,
+        "model": "gpt-4.1-mini-2025-04-14",
+        "service_tier": "default",
+        "system_fingerprint": "fp_6f2eabb9a5",
+    }
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {**base, "choices": [choice], "usage": None}
+
+    def words() -> str:
+        return "".join(" " + rng.choice(WORDS) for _ in range(rng.randint(1, 4)))
+
+    chunks: list[dict[str, Any]] = [chunk({"role": "assistant", "content": "", "refusal": None})]
+    chunks += [chunk({"reasoning_content": words()}) for _ in range(1_500)]
+    text_chunks = CHUNKS - len(chunks) - 2 - 3 * 41
+    for i in range(text_chunks):
+        if i in (4_000, 9_000, 14_000):
+            call = 0 if i == 4_000 else (1 if i == 9_000 else 2)
+            args = json.dumps({"query": " ".join(rng.choice(WORDS) for _ in range(30)), "limit": 10})
+            size = -(-len(args) // 40)
+            chunks.append(chunk({"tool_calls": [{"index": call, "id": f"call_{call}abc", "type": "function",
+                                                 "function": {"name": "lookup", "arguments": ""}}]}))
+            chunks += [
+                chunk({"tool_calls": [{"index": call, "function": {"arguments": args[j * size : (j + 1) * size]}}]})
+                for j in range(40)
+            ]
+        chunks.append(chunk({"content": words()}))
+    chunks.append(chunk({}, "tool_calls"))
+    usage = {"prompt_tokens": 1200, "completion_tokens": 20000, "total_tokens": 21200,
+             "prompt_tokens_details": {"cached_tokens": 1024, "audio_tokens": 0},
+             "completion_tokens_details": {"reasoning_tokens": 1500, "audio_tokens": 0}}
+    chunks.append({**base, "choices": [], "usage": usage})
+    assert len(chunks) == CHUNKS, len(chunks)
+    body = b"".join(b"data: " + json.dumps(c, separators=(",", ":")).encode() + b"\n\n" for c in chunks)
+    text_len = sum(len(c["choices"][0]["delta"].get("content") or "") for c in chunks if c["choices"])
+    return body + b"data: [DONE]\n\n", text_len
+
+
+def pieces_of(body: bytes) -> list[bytes]:
+    return [body[i : i + READ_BYTES] for i in range(0, len(body), READ_BYTES)]
+
+
+def ours(module: Any, pieces: list[bytes]) -> int:
+    decoder = module.ChatStreamDecoder()
+    events: list[tuple[Any, ...]] = []
+    for piece in pieces:
+        events += decoder.feed(piece)
+    outcome = decoder.finish()
+    assert outcome.done and len(outcome.tool_calls) == 3 and outcome.usage
+    return sum(len(e[1]) for e in events if e[0] == "text_delta")
+
+
+def openai_sdk(pieces: list[bytes]) -> int:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=iter(pieces))
+
+    http = httpx.Client(transport=httpx.MockTransport(handler))
+    client = openai.OpenAI(api_key="sk-bench", base_url="http://bench.invalid/v1", http_client=http, max_retries=0)
+    text_len = 0
+    calls: dict[int, list[str]] = {}
+    try:
+        stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stream=True)
+        for c in stream:  # the SDK builds one ChatCompletionChunk per event
+            if not c.choices:
+                continue
+            delta = c.choices[0].delta
+            if delta.content:
+                text_len += len(delta.content)
+            for tc in delta.tool_calls or ():
+                calls.setdefault(tc.index, []).append(tc.function.arguments or "" if tc.function else "")
+    finally:
+        client.close()
+    assert len(calls) == 3
+    return text_len
+
+
+def bare_floor(body: bytes) -> int:
+    text_len = 0
+    loads = orjson.loads
+    for event in body.split(b"\n\n"):
+        if event and event != b"data: [DONE]":
+            obj = loads(event[6:])
+            if obj["choices"]:
+                text_len += len(obj["choices"][0]["delta"].get("content") or "")
+    return text_len
+
+
+def best_us_per_chunk(fn: Callable[[], int], runs: int, expect: int) -> float:
+    best = float("inf")
+    for _ in range(runs):
+        gc.collect()
+        start = time.perf_counter()
+        got = fn()
+        elapsed = time.perf_counter() - start
+        assert got == expect, (got, expect)
+        best = min(best, elapsed)
+    return best / CHUNKS * 1e6
+
+
+def main() -> int:
+    body, text_len = record_stream()
+    pieces = pieces_of(body)
+    print(f"fxengine default build: {sse.BUILD}")
+    print(f"stream: {CHUNKS} chunks, {len(body) / 1e6:.2f} MB, fed in {len(pieces)} reads of {READ_BYTES} B")
+    rows: dict[str, float] = {}
+    if _sse_c is not None:
+        rows["fxengine compiled"] = best_us_per_chunk(lambda: ours(_sse_c, pieces), 7, text_len)
+    rows["fxengine pure"] = best_us_per_chunk(lambda: ours(_sse_py, pieces), 5, text_len)
+    # For reading the figures: how much of the gap is the JSON parser rather than compilation.
+    _sse_py.set_json_loads(orjson.loads)
+    try:
+        rows["(pure with orjson)"] = best_us_per_chunk(lambda: ours(_sse_py, pieces), 3, text_len)
+    finally:
+        _sse_py.set_json_loads(json.loads)
+    rows["openai SDK"] = best_us_per_chunk(lambda: openai_sdk(pieces), 2, text_len)
+    rows["bare split+orjson"] = best_us_per_chunk(lambda: bare_floor(body), 7, text_len)
+    for name, us in rows.items():
+        print(f"  {name:<20} {us:8.2f} µs/chunk")
+    if _sse_c is None:
+        print("compiled build missing: run `.venv/bin/python setup.py build_ext --inplace`")
+        return 1
+    c = rows["fxengine compiled"]
+    ratios = [
+        ("pure / compiled", rows["fxengine pure"] / c, ">=", 3.0),
+        ("openai / compiled", rows["openai SDK"] / c, ">=", 40.0),
+        ("compiled / bare", c / rows["bare split+orjson"], "<=", 1.5),
+    ]
+    ok = True
+    for label, ratio, op, target in ratios:
+        met = ratio >= target if op == ">=" else ratio <= target
+        ok &= met
+        print(f"  {label:<20} {ratio:8.2f}x  (target {op} {target}x: {'met' if met else 'MISSED'})")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
