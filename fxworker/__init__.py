@@ -2,4 +2,52 @@
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from .agent import Agent, BlockingSession, BlockingTurn, Session, Turn
+from .errors import (
+    FxAckUnsupportedError,
+    FxAgentExistsError,
+    FxConfigError,
+    FxInvalidCursorError,
+    FxInvalidMessageIdError,
+    FxInvalidSessionIdError,
+    FxLeaseLostError,
+    FxMessageIdInUseError,
+    FxNoAgentError,
+    FxQueueFullError,
+    FxStoreUnavailableError,
+    FxUnknownSessionError,
+    FxWorkerError,
+)
+from .ids import new_session_id
+from .registry import agents, get_agent
+from fxengine.turn import TurnResult
+from .settings import Settings
+
+__all__ = [
+    # agents, sessions, turns
+    "Agent",
+    "BlockingSession",
+    "BlockingTurn",
+    "Session",
+    "Turn",
+    "TurnResult",
+    "agents",
+    "get_agent",
+    "new_session_id",
+    # configuration
+    "Settings",
+    # errors
+    "FxAckUnsupportedError",
+    "FxAgentExistsError",
+    "FxConfigError",
+    "FxInvalidCursorError",
+    "FxInvalidMessageIdError",
+    "FxInvalidSessionIdError",
+    "FxLeaseLostError",
+    "FxMessageIdInUseError",
+    "FxNoAgentError",
+    "FxQueueFullError",
+    "FxStoreUnavailableError",
+    "FxUnknownSessionError",
+    "FxWorkerError",
+]

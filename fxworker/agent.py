@@ -1,0 +1,524 @@
+"""`Agent`, `Session`, `Turn`: the durable Python API (§2).
+
+An `Agent` is configuration; creating one touches no network, file or process and
+registers it in this process by name. A `Session` addresses one conversation by id; its
+`prompt()` stores the input (and returns once the store acknowledged it), then wakes a
+worker. A `Turn` follows what the worker writes to the session's UI stream.
+
+Async first::
+
+    agent = Agent("support", model="openai/gpt-5", tools=[lookup])
+    session = agent.session()
+    turn = await session.prompt("Where is my order?")
+    async for event in turn:              # text_delta, tool_start, tool_end, ...
+        ...
+    result = await turn.result()          # TurnResult(stop_reason, usage, error, repeated)
+
+and a blocking twin for Django/Flask/Celery code::
+
+    session = agent.blocking_session()
+    turn = session.prompt("Where is my order?")
+    for line in session.stream(turn.cursor, follow=False): ...
+    print(turn.result().stop_reason)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
+
+from fxengine.limits import check_prompt_input, check_steer_text
+from fxengine.tools import check_tools
+
+from . import registry
+from .errors import FxConfigError, FxInvalidCursorError, FxUnknownSessionError
+from .ids import new_session_id, validate_message_id, validate_session_id
+from fxengine.turn import TurnResult
+from .settings import Settings
+from .wakers import CeleryWaker, InProcessWaker, Waker
+
+log = logging.getLogger("fxworker.agent")
+
+_AGENT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+MODEL_EVENT_TYPES = frozenset({"text_delta", "reasoning_delta", "tool_start", "tool_end", "user_message"})
+FOLLOW_BLOCK_MS = 1000
+
+OnEvent = Callable[[dict[str, Any]], Any]
+
+
+def check_cursor(cursor: object) -> int:
+    """A stream cursor: a non-negative integer (`FX_INVALID_CURSOR` otherwise)."""
+    if isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 0:
+        raise FxInvalidCursorError(f"a stream cursor is a non-negative integer, got {cursor!r}")
+    return cursor
+
+
+def new_message_id() -> str:
+    return f"msg_{uuid.uuid4().hex}"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+_default_stores: dict[tuple[str | None, str], Any] = {}
+_default_lock = threading.Lock()
+
+
+def default_store(settings: Settings) -> Any:
+    """The store of this process for `settings`: Redis at `REDIS_URL`, else the embedded one."""
+    from . import store as store_mod
+
+    key = (settings.redis_url, settings.prefix)
+    with _default_lock:
+        if key not in _default_stores:
+            if settings.redis_url:
+                _default_stores[key] = store_mod.redis_store(settings.redis_url, prefix=settings.prefix)
+            else:
+                _default_stores[key] = store_mod.embedded_store(prefix=settings.prefix)
+        return _default_stores[key]
+
+
+class Agent:
+    """Configuration of one agent: name, model, instructions, tools, provider, store, limits.
+
+    Args:
+        name: the agent's name (routing key and Celery queue `fx.<name>`).
+        model: a model id or `{"id", "effort"?, "fast"?, "ultrafast"?}`.
+        tools: fxengine tools; each must declare `idempotent`.
+        store: a `fxworker.store` store; None = Redis at `REDIS_URL`, else the embedded store.
+        waker: how wakes reach a worker; None = Celery when `REDIS_URL` is set, else the
+            in-process waker of the embedded mode.
+        reserve_s / lease_s: deadline reserve and lease length (default `FX_RESERVE_S`,
+            `FX_LEASE_S`).
+        on_event: diagnostics callback (`session.*`, `tool.rerun`, `checkpoint.mismatch`...).
+
+    Raises:
+        FxAgentExistsError: this process already has an agent of this name.
+        FxToolDefinitionError: a tool does not declare `idempotent`.
+    """
+
+    def __init__(
+        self,
+        name: str = registry.DEFAULT_AGENT_NAME,
+        *,
+        model: str | dict[str, Any],
+        instructions: str | Sequence[str] | None = None,
+        tools: Sequence[Any] = (),
+        provider: dict[str, Any] | None = None,
+        api_key: str | None = None,
+        store: Any = None,
+        waker: Waker | None = None,
+        reserve_s: float | None = None,
+        lease_s: float | None = None,
+        on_event: OnEvent | None = None,
+        max_model_turns: int = 50,
+        settings: Settings | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not _AGENT_NAME.fullmatch(name):
+            raise FxConfigError(f"agent name must be 1 to 64 of A-Z a-z 0-9 . _ -, got {name!r}")
+        self.name = name
+        self.model = model
+        self.instructions = instructions
+        self.tools = list(check_tools(tools).values())
+        self.provider = provider
+        self.api_key = api_key
+        self.on_event = on_event
+        self.max_model_turns = max_model_turns
+        self._settings = settings
+        self._store = store
+        self._waker = waker
+        self._reserve_s = reserve_s
+        self._lease_s = lease_s
+        registry.register(self)
+
+    def __repr__(self) -> str:
+        return f"<Agent {self.name!r} model={self.model!r} tools={[t.name for t in self.tools]}>"
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            self._settings = Settings.from_env()
+        return self._settings
+
+    @property
+    def reserve_s(self) -> float:
+        return self.settings.reserve_s if self._reserve_s is None else self._reserve_s
+
+    @property
+    def lease_s(self) -> float:
+        return self.settings.lease_s if self._lease_s is None else self._lease_s
+
+    @property
+    def store(self) -> Any:
+        """The session store (resolved on first use, so creating an agent does no I/O)."""
+        if self._store is None:
+            self._store = default_store(self.settings)
+        return self._store
+
+    @property
+    def waker(self) -> Waker:
+        if self._waker is None:
+            self._waker = CeleryWaker() if self.settings.redis_url else InProcessWaker()
+        return self._waker
+
+    def new_session_id(self) -> str:
+        """A new session id (`fxs_` + ULID)."""
+        return new_session_id()
+
+    def session(
+        self,
+        session_id: str | None = None,
+        *,
+        model: str | dict[str, Any] | None = None,
+        instructions: str | Sequence[str] | None = None,
+        context: Any = None,
+    ) -> Session:
+        """A session object; a new session id is assigned at once when `session_id` is None."""
+        return Session(self, session_id, model=model, instructions=instructions, context=context)
+
+    def blocking_session(
+        self,
+        session_id: str | None = None,
+        *,
+        model: str | dict[str, Any] | None = None,
+        instructions: str | Sequence[str] | None = None,
+        context: Any = None,
+    ) -> BlockingSession:
+        """The blocking twin of `session()`, for code that does not run an event loop."""
+        return BlockingSession(self.session(session_id, model=model, instructions=instructions, context=context))
+
+    def emit(self, event: dict[str, Any]) -> None:
+        """Sends a diagnostic to `on_event` (exceptions from the callback are swallowed)."""
+        if self.on_event is None:
+            return
+        try:
+            self.on_event({"timestamp": time.time(), **event})
+        except Exception:  # noqa: BLE001 - a diagnostics sink must not break a turn
+            log.debug("on_event raised", exc_info=True)
+
+    def wake(self, session_id: str, *, agent: str | None = None, reason: str) -> None:
+        """Sends one wake for `session_id` to the agent `agent` (default: this one)."""
+        self.waker.wake(session_id, agent=agent or self.name, reason=reason)
+
+    def close(self) -> None:
+        """Removes this agent from the process registry."""
+        if registry.get_agent(self.name) is self:
+            registry.unregister(self.name)
+
+
+class Session:
+    """One conversation, addressed by id; every method goes through the store."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        session_id: str | None = None,
+        *,
+        model: str | dict[str, Any] | None = None,
+        instructions: str | Sequence[str] | None = None,
+        context: Any = None,
+    ) -> None:
+        self.agent = agent
+        memory = bool(getattr(agent.store, "memory", False)) if session_id is not None else False
+        self.id = validate_session_id(session_id, memory=memory) if session_id is not None else new_session_id()
+        self.model = model
+        self.instructions = instructions
+        if context is not None:
+            try:
+                context = json.loads(json.dumps(context))
+            except (TypeError, ValueError) as exc:
+                raise FxConfigError("session context must be JSON") from exc
+        self.context = context
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id} agent={self.agent.name!r}>"
+
+    @property
+    def store(self) -> Any:
+        return self.agent.store
+
+    def _settings_payload(self) -> dict[str, Any] | None:
+        out: dict[str, Any] = {}
+        if self.model is not None:
+            out["model"] = self.model
+        if self.instructions is not None:
+            out["instructions"] = self.instructions
+        return out or None
+
+    async def _wake(self, owner: str, reason: str) -> None:
+        await asyncio.to_thread(self.agent.wake, self.id, agent=owner, reason=reason)
+
+    def _forwarded(self, owner: str | None) -> str:
+        if owner and owner != self.agent.name:
+            self.agent.emit(
+                {"type": "session.forwarded", "sessionId": self.id, "from": self.agent.name, "to": owner}
+            )
+            return owner
+        return self.agent.name
+
+    async def prompt(self, input: str | list[Any], *, message_id: str | None = None) -> Turn:
+        """Stores a prompt and wakes a worker; returns once the store acknowledged it.
+
+        A repeated `message_id` runs nothing new: the returned turn follows the original
+        (or answers at once with `repeated=True` when it ended).
+        """
+        blocks = check_prompt_input(input)
+        message_id = validate_message_id(message_id) if message_id is not None else new_message_id()
+        accepted = await self.store.accept(
+            self.id,
+            agent=self.agent.name,
+            kind="prompt",
+            message_id=message_id,
+            input=blocks,
+            context=self.context,
+            settings=self._settings_payload(),
+            now_ms=now_ms(),
+        )
+        owner = self._forwarded(getattr(accepted, "agent", None))
+        if not (accepted.repeated and accepted.status == "ended"):
+            await self._wake(owner, "prompt")
+        return Turn(self, message_id=accepted.message_id, repeated=accepted.repeated, cursor=accepted.cursor)
+
+    async def steer(self, input: str, *, message_id: str | None = None) -> Any:
+        """Stores a steer for the running turn (or the next one) and wakes a worker.
+
+        Returns the store's acknowledgement (`message_id`, `repeated`, ...).
+        """
+        text = check_steer_text(input)
+        message_id = validate_message_id(message_id) if message_id is not None else f"str_{uuid.uuid4().hex}"
+        accepted = await self.store.accept(
+            self.id,
+            agent=self.agent.name,
+            kind="steer",
+            message_id=message_id,
+            input=text,
+            context=self.context,
+            settings=self._settings_payload(),
+            now_ms=now_ms(),
+        )
+        owner = self._forwarded(getattr(accepted, "agent", None))
+        await self._wake(owner, "steer")
+        return accepted
+
+    async def cancel(self) -> None:
+        """Cancels the running or waiting turn; the running worker sees it within a second."""
+        await self.store.request_cancel(self.id)
+        state = await self.state()
+        await self._wake(state["agent"], "cancel")
+
+    async def stream(self, cursor: int = 0, *, follow: bool = True) -> AsyncIterator[dict[str, Any]]:
+        """Every stored line after `cursor` (each with `cursor`); with `follow`, stays open."""
+        cursor = check_cursor(cursor)
+        while True:
+            lines = await self.store.read_lines(self.id, cursor, block_ms=FOLLOW_BLOCK_MS if follow else None)
+            for line in lines:
+                cursor = int(line["cursor"])
+                yield line
+            if not follow and not lines:
+                return
+
+    async def resume(self) -> Turn:
+        """Wakes the session and follows whatever turn it continues (`idle` when nothing)."""
+        state = await self.state()
+        if state["status"] == "idle":
+            return Turn(self, message_id=None, repeated=False, cursor=state["cursor"], idle=True)
+        # Follow from the current end: the worker that continues writes turn_resume (an
+        # open turn) or turn_start (a waiting prompt) after it.
+        await self._wake(state["agent"], "resume")
+        return Turn(self, message_id=None, repeated=False, cursor=state["cursor"])
+
+    async def state(self) -> dict[str, Any]:
+        """`{sessionId, agent, status: idle|waiting|running, cursor, turns, epoch}`."""
+        state = await self.store.state(self.id)
+        if state is None:
+            raise FxUnknownSessionError(f"no session {self.id}")
+        return {
+            "sessionId": state.session_id,
+            "agent": state.agent,
+            "status": state.status,
+            "cursor": state.cursor,
+            "turns": state.turns,
+            "epoch": state.epoch,
+        }
+
+    async def checkpoint(self) -> bytes:
+        """A read-only export of the conversation (the engine's checkpoint bytes)."""
+        from .runner import export_checkpoint
+
+        return await export_checkpoint(self.agent, self.id)
+
+
+class Turn:
+    """One prompt and what the agent does to answer it, read from the session's UI stream.
+
+    Iterate it for the model-facing events, `await result()` for the outcome, or
+    `ndjson()` for every line of the turn as bytes. One reader per `Turn` object; a
+    turn nobody reads still runs to its end on a worker.
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        *,
+        message_id: str | None,
+        repeated: bool,
+        cursor: int,
+        idle: bool = False,
+    ) -> None:
+        self.session = session
+        self.session_id = session.id
+        self.message_id = message_id
+        self.repeated = repeated
+        self.cursor = cursor
+        self._idle = idle
+        self._end: dict[str, Any] | None = None
+        self._lines: AsyncIterator[dict[str, Any]] | None = None
+
+    def __repr__(self) -> str:
+        state = self._end.get("stopReason") if self._end else "open"
+        return f"<Turn {self.session_id}/{self.message_id} {state} repeated={self.repeated}>"
+
+    def _line_source(self) -> AsyncIterator[dict[str, Any]]:
+        if self._lines is None:
+            self._lines = self._read_lines()
+        return self._lines
+
+    async def _read_lines(self) -> AsyncIterator[dict[str, Any]]:
+        if self._idle:
+            self._end = {"type": "idle", "requestId": f"res_{uuid.uuid4().hex}"}
+            yield self._end
+            return
+        start = 0 if self.repeated else self.cursor
+        async for line in self.session.stream(start, follow=True):
+            mid = line.get("messageId")
+            if self.message_id is None:
+                # A resume follows the first turn that starts or continues after its cursor.
+                if line.get("type") in ("turn_start", "turn_resume"):
+                    self.message_id = mid
+                else:
+                    continue
+            if mid != self.message_id:
+                continue
+            if line.get("type") == "turn_end":
+                if self.repeated:
+                    line = {**line, "repeated": True}
+                self._end = line
+                yield line
+                return
+            if self.repeated:
+                continue  # an ended turn answered from the store: only its outcome
+            yield line
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        async for line in self._line_source():
+            if line.get("type") in MODEL_EVENT_TYPES:
+                yield line
+
+    async def ndjson(self) -> AsyncIterator[bytes]:
+        """Every line of this turn as one NDJSON line (`b'{...}\\n'`), with `cursor`."""
+        async for line in self._line_source():
+            yield json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+    async def result(self) -> TurnResult:
+        """Waits for the turn's end: `TurnResult(stop_reason, usage, error, repeated)`."""
+        if self._end is None:
+            async for _ in self._line_source():
+                pass
+        end = self._end or {}
+        if end.get("type") == "idle":
+            return TurnResult("idle", {}, None, False)
+        return TurnResult(
+            stop_reason=end.get("stopReason", "unknown"),
+            usage=end.get("usage") or {},
+            error=end.get("error"),
+            repeated=bool(self.repeated),
+        )
+
+
+# -------------------------------------------------------------------------- blocking twin
+
+_blocking_loop_lock = threading.Lock()
+_blocking_loop: Any = None
+
+
+def _loop() -> Any:
+    """The private loop the blocking twins run their coroutines on."""
+    global _blocking_loop
+    from .runtime import LoopThread
+
+    with _blocking_loop_lock:
+        if _blocking_loop is None or not _blocking_loop.loop.is_running():
+            _blocking_loop = LoopThread("fx-blocking")
+        return _blocking_loop
+
+
+class BlockingTurn:
+    """The blocking twin of `Turn`."""
+
+    def __init__(self, turn: Turn) -> None:
+        self._turn = turn
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._turn, name)
+
+    def __repr__(self) -> str:
+        return repr(self._turn).replace("<Turn", "<BlockingTurn", 1)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return _iterate(self._turn.__aiter__())
+
+    def ndjson(self) -> Iterator[bytes]:
+        return _iterate(self._turn.ndjson())
+
+    def result(self) -> TurnResult:
+        return _loop().run(self._turn.result())
+
+
+def _iterate(agen: AsyncIterator[Any]) -> Iterator[Any]:
+    loop = _loop()
+    while True:
+        try:
+            yield loop.run(agen.__anext__())
+        except StopAsyncIteration:
+            return
+
+
+class BlockingSession:
+    """The blocking twin of `Session`: the same methods, no `await`; `stream()` is an iterator."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self.id = session.id
+        self.agent = session.agent
+
+    def __repr__(self) -> str:
+        return f"<BlockingSession {self.id} agent={self.agent.name!r}>"
+
+    def prompt(self, input: str | list[Any], *, message_id: str | None = None) -> BlockingTurn:
+        return BlockingTurn(_loop().run(self._session.prompt(input, message_id=message_id)))
+
+    def steer(self, input: str, *, message_id: str | None = None) -> Any:
+        return _loop().run(self._session.steer(input, message_id=message_id))
+
+    def cancel(self) -> None:
+        _loop().run(self._session.cancel())
+
+    def stream(self, cursor: int = 0, *, follow: bool = True) -> Iterator[dict[str, Any]]:
+        return _iterate(self._session.stream(cursor, follow=follow))
+
+    def resume(self) -> BlockingTurn:
+        return BlockingTurn(_loop().run(self._session.resume()))
+
+    def state(self) -> dict[str, Any]:
+        return _loop().run(self._session.state())
+
+    def checkpoint(self) -> bytes:
+        return _loop().run(self._session.checkpoint())

@@ -1,0 +1,104 @@
+"""The Celery app: the wake-up channel of the durable layer (§7).
+
+Celery is only the wake-up; the lease is the truth. The broker is `REDIS_URL`, every
+broker key carries `FX_PREFIX` (kombu's `global_keyprefix`, so deployments and test runs
+sharing a Redis do not collide), and each agent name has its own queue `fx.<name>`.
+
+Run a worker with the threads pool, so one process carries many turns on one asyncio
+loop (`fxworker.runtime`):
+
+    FX_AGENTS=myapp.agents celery -A fxworker.celery_app worker -P threads -c 100 -Q fx.default
+
+Time limits come from the store's own deadline (`FX_DELIVERY_TIMEOUT_S`, counted from
+the task's start), not from Celery's prefork-only limits; the broker's visibility
+timeout is set well above it so a running wake is never handed to a second worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+from celery import Celery, signals
+
+from .settings import Settings
+
+log = logging.getLogger("fxworker.celery")
+
+
+def make_celery_app(settings: Settings | None = None) -> Celery:
+    """A Celery app configured from `settings` (from the environment when None)."""
+    settings = settings or Settings.from_env()
+    app = Celery("fxworker", include=["fxworker.tasks"])
+    app.conf.update(
+        broker_url=settings.redis_url or "memory://",
+        broker_transport_options={
+            "global_keyprefix": f"{settings.prefix}:celery:",
+            # A message not acked within this long is redelivered: keep it far above the
+            # delivery deadline, so a long turn is never run by two workers at once
+            # (the lease would refuse the second anyway).
+            "visibility_timeout": int(settings.delivery_timeout_s * 3 + 60),
+        },
+        broker_connection_retry_on_startup=True,
+        task_default_queue="fx.default",
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+        worker_concurrency=settings.worker_concurrency,
+        worker_pool="threads",
+        worker_hijack_root_logger=False,
+        task_serializer="json",
+        accept_content=["json"],
+    )
+    app.fx_settings = settings  # type: ignore[attr-defined]
+    return app
+
+
+app = make_celery_app()
+
+
+@signals.worker_init.connect
+def _import_agents(sender: Any = None, **_: Any) -> None:
+    """Imports `FX_AGENTS` once per worker process, before it takes any task."""
+    from .registry import import_agents_module
+
+    settings: Settings = app.fx_settings  # type: ignore[attr-defined]
+    logging.getLogger("fxworker").setLevel(settings.log_level)
+    names = import_agents_module(settings.agents_module)
+    log.info("worker agents: %s (module %s)", ", ".join(names) or "none", settings.agents_module)
+
+
+@signals.worker_ready.connect
+def _on_ready(sender: Any = None, **_: Any) -> None:
+    """Starts the process loop and the sweeper, then marks this worker ready in Redis."""
+    from .runtime import process_loop
+    from .sweeper import start_worker_sweeper
+
+    settings: Settings = app.fx_settings  # type: ignore[attr-defined]
+    process_loop()
+    start_worker_sweeper(settings)
+    hostname = getattr(sender, "hostname", None) or socket.gethostname()
+    if settings.redis_url:
+        from .sweeper import mark_worker_ready
+
+        mark_worker_ready(settings, hostname=hostname, pid=os.getpid())
+    log.info("worker %s ready (pid %s)", hostname, os.getpid())
+
+
+@signals.worker_shutting_down.connect
+def _on_shutting_down(**_: Any) -> None:
+    """Warm shutdown (SIGTERM): running turns yield within their reserve and requeue."""
+    from .runtime import begin_warm_shutdown
+
+    begin_warm_shutdown()
+
+
+@signals.worker_shutdown.connect
+def _on_shutdown(**_: Any) -> None:
+    from .sweeper import stop_worker_sweeper
+
+    stop_worker_sweeper()

@@ -1,0 +1,119 @@
+"""The delivery handler shared by the Celery task and `POST /v1/wake` (§7).
+
+A wake `{sessionId, agent, reason}` is a hint: it carries no input, and the session's
+lease decides who runs. The handler reads the session's owning agent from the store (a
+forged `agent` field cannot reroute a session), runs the turn on this process's agent of
+that name, and after a yield requeues a wake at once.
+
+Outcomes: "done" (the session was run until nothing was left, or found nothing to do),
+"yielded" (the deadline came first; a new wake is queued), "noop" (a live lease stands
+elsewhere — a duplicate or early wake — or this worker was fenced).
+
+Raises `FxNoAgentError` when this process has no agent of the session's name (Celery
+retries with a backoff, HTTP answers 503) and `FxUnknownSessionError` for a session the
+store does not know (refused and dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from . import metrics, registry
+from .errors import FxNoAgentError, FxUnknownSessionError
+from .settings import Settings
+
+log = logging.getLogger("fxworker.delivery")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _store_for(hint: str | None) -> tuple[Any, Any]:
+    """A store to route with, and an agent whose `on_event` hears refusals."""
+    agent = registry.get_agent(hint) if isinstance(hint, str) else None
+    if agent is None:
+        known = registry.agents()
+        agent = next(iter(known.values()), None)
+    if agent is not None:
+        return agent.store, agent
+    from .agent import default_store
+
+    return default_store(Settings.from_env()), None
+
+
+async def handle_wake(payload: dict[str, Any], *, deadline_ms: int | None = None, loop_thread: Any = None) -> str:
+    """Runs the session a wake names; see the module docstring for outcomes and errors.
+
+    Args:
+        payload: `{sessionId, agent?, reason?}`.
+        deadline_ms: when this delivery must be over (default `FX_DELIVERY_TIMEOUT_S` from now).
+        loop_thread: the `fxworker.runtime.LoopThread` this runs on (shared HTTP client,
+            warm-shutdown flag), when there is one.
+    """
+    session_id = payload.get("sessionId") if isinstance(payload, dict) else None
+    reason = str(payload.get("reason") or "wake") if isinstance(payload, dict) else "wake"
+    hint = payload.get("agent") if isinstance(payload, dict) else None
+    store, witness = _store_for(hint)
+    if not isinstance(session_id, str):
+        _refused(witness, None, "malformed wake")
+        raise FxUnknownSessionError("a wake names no session")
+    try:
+        state = await store.state(session_id)
+    except (FxUnknownSessionError, ValueError) as exc:
+        state = None
+        log.debug("state of %s: %s", session_id, exc)
+    if not state:
+        _refused(witness, session_id, "unknown session")
+        raise FxUnknownSessionError(f"no session {session_id}")
+    name = state.agent or registry.DEFAULT_AGENT_NAME
+    agent = registry.get_agent(name)
+    if agent is None:
+        metrics.NO_AGENT_REFUSALS.inc()
+        raise FxNoAgentError(f"this process has no agent named {name!r} (session {session_id})")
+    if deadline_ms is None:
+        deadline_ms = now_ms() + int(agent.settings.delivery_timeout_s * 1000)
+    if isinstance(hint, str) and hint != name:
+        log.info("wake of %s for agent %r routed to its owner %r", session_id, hint, name)
+
+    from .runner import Runner
+
+    runner = Runner(
+        agent,
+        session_id,
+        deadline_ms=deadline_ms,
+        reason=reason,
+        http_client=loop_thread.http_client if loop_thread is not None else None,
+        stopping=loop_thread.stopping if loop_thread is not None else None,
+    )
+    outcome = await runner.run()
+    if outcome == "yielded":
+        await asyncio.to_thread(agent.wake, session_id, reason="yield")
+        return "yielded"
+    if outcome == "done":
+        # An input accepted after the last look and before the release found the lease
+        # held and its wake was a no-op: wake once more rather than wait for the sweeper.
+        after = await store.state(session_id)
+        if after is not None and after.status == "waiting":
+            await asyncio.to_thread(agent.wake, session_id, reason="pending")
+        return "done"
+    return "noop"
+
+
+def _refused(agent: Any, session_id: str | None, reason: str) -> None:
+    log.warning("session.refused session=%s reason=%s", session_id, reason)
+    if agent is not None:
+        agent.emit({"type": "session.refused", "sessionId": session_id, "reason": reason})
+
+
+def handle_wake_blocking(payload: dict[str, Any], *, deadline_ms: int | None = None) -> str:
+    """`handle_wake` on this process's loop, from a worker thread (the Celery task)."""
+    from .runtime import process_loop
+
+    lp = process_loop()
+    if deadline_ms is None:
+        deadline_ms = now_ms() + int(Settings.from_env().delivery_timeout_s * 1000)
+    return lp.run(handle_wake(payload, deadline_ms=deadline_ms, loop_thread=lp))

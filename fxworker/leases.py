@@ -1,0 +1,85 @@
+"""Lease renewal while a worker runs a session (§5): every `lease_s / 3`, fenced in Lua.
+
+A refused renewal means another worker took the session over (this one froze past its
+lease, or its clock lied): the keeper calls `on_lost` at once, which detaches the running
+turn so this worker writes nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .errors import FxLeaseLostError, FxStoreUnavailableError
+
+log = logging.getLogger("fxworker.leases")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class LeaseKeeper:
+    """Renews one claimed lease until stopped; reports a lost lease through `on_lost`."""
+
+    def __init__(
+        self,
+        store: Any,
+        session_id: str,
+        epoch: int,
+        *,
+        lease_ms: int,
+        on_lost: Callable[[BaseException], None],
+    ) -> None:
+        self.store = store
+        self.session_id = session_id
+        self.epoch = epoch
+        self.lease_ms = lease_ms
+        self.on_lost = on_lost
+        self.expires_ms = now_ms() + lease_ms
+        self.lost = False
+        self._task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<LeaseKeeper session={self.session_id} epoch={self.epoch} "
+            f"expires_in_ms={self.expires_ms - now_ms()} lost={self.lost}>"
+        )
+
+    def start(self) -> LeaseKeeper:
+        self._task = asyncio.create_task(self._run(), name=f"lease:{self.session_id}")
+        return self
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    async def _run(self) -> None:
+        interval_s = self.lease_ms / 3000
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                self.expires_ms = await self.store.renew(
+                    self.session_id, self.epoch, lease_ms=self.lease_ms, now_ms=now_ms()
+                ) or (now_ms() + self.lease_ms)
+            except FxLeaseLostError as exc:
+                self.lost = True
+                log.warning("lease of %s epoch %s lost: %s", self.session_id, self.epoch, exc)
+                self.on_lost(exc)
+                return
+            except FxStoreUnavailableError as exc:
+                # Keep trying: the lease is still ours until it expires; if Redis stays
+                # away that long, the next renewal is refused and we stop then.
+                log.warning("renewing %s failed (%s); retrying", self.session_id, exc)
+                if now_ms() >= self.expires_ms:
+                    self.lost = True
+                    self.on_lost(exc)
+                    return

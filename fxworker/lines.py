@@ -1,0 +1,168 @@
+"""UI lines of a running turn: coalesced, ordered, and written with the records (§4, §5).
+
+`LineWriter` queues the lines a turn produces. Consecutive text (or reasoning) deltas of
+one step are merged while they wait (at most `COALESCE_MS` or `COALESCE_BYTES`), never
+reordered or lost; one fenced store call writes a batch. `RunnerPersistence` is the
+engine's `Persistence`: each journal record goes out in the same fenced call as the lines
+queued before it, so a step's lines are stored no later than its record — after a
+crash, a step the journal holds has all its lines in the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from fxengine.persistence import Loaded, Mark
+
+from .errors import FxLeaseLostError
+
+log = logging.getLogger("fxworker.lines")
+
+COALESCE_MS = 5
+COALESCE_BYTES = 4096
+_MERGEABLE = ("text_delta", "reasoning_delta")
+
+
+class LineWriter:
+    """Queues one runner's UI lines and writes them in order, fenced by its epoch."""
+
+    def __init__(self, store: Any, session_id: str, epoch: int, *, on_fenced: Callable[[], None] | None = None) -> None:
+        self.store = store
+        self.session_id = session_id
+        self.epoch = epoch
+        self.on_fenced = on_fenced
+        self.lock = asyncio.Lock()
+        self._queue: list[dict[str, Any]] = []
+        self._queued_bytes = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._flushing: asyncio.Task[None] | None = None
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"<LineWriter session={self.session_id} epoch={self.epoch} queued={len(self._queue)}>"
+
+    def push(self, line: dict[str, Any]) -> None:
+        if self.closed:
+            return
+        line = {**line, "epoch": self.epoch}
+        last = self._queue[-1] if self._queue else None
+        kind = line.get("type")
+        if (
+            last is not None
+            and kind in _MERGEABLE
+            and last.get("type") == kind
+            and last.get("step") == line.get("step")
+            and last.get("messageId") == line.get("messageId")
+        ):
+            last["delta"] = last["delta"] + line["delta"]
+        else:
+            self._queue.append(line)
+        self._queued_bytes += len(str(line.get("delta", ""))) + 64
+        if self._queued_bytes >= COALESCE_BYTES:
+            self._schedule(0)
+        elif self._timer is None:
+            self._schedule(COALESCE_MS / 1000)
+
+    def _schedule(self, delay_s: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(delay_s, self._background_flush)
+
+    def _background_flush(self) -> None:
+        self._timer = None
+        if self._flushing is None or self._flushing.done():
+            self._flushing = asyncio.ensure_future(self._flush_quietly())
+
+    async def _flush_quietly(self) -> None:
+        try:
+            await self.flush()
+        except FxLeaseLostError:
+            pass
+        except Exception:  # noqa: BLE001 - the next flush (or the record) retries
+            log.warning("writing lines of %s failed", self.session_id, exc_info=True)
+
+    def take(self) -> list[dict[str, Any]]:
+        """Removes and returns the queued lines (the caller writes them; hold `lock`)."""
+        lines, self._queue, self._queued_bytes = self._queue, [], 0
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        return lines
+
+    def requeue(self, lines: list[dict[str, Any]]) -> None:
+        """Puts back lines a failed write did not store, ahead of newer ones."""
+        self._queue[:0] = lines
+
+    async def flush(self) -> None:
+        """Writes every queued line now (one fenced call)."""
+        async with self.lock:
+            lines = self.take()
+            if not lines:
+                return
+            try:
+                await self.store.append(self.session_id, self.epoch, records=[], lines=lines)
+            except FxLeaseLostError:
+                self.closed = True
+                if self.on_fenced:
+                    self.on_fenced()
+                raise
+            except BaseException:
+                self.requeue(lines)
+                raise
+
+
+class RunnerPersistence:
+    """The engine's `Persistence` for one claim: the store's, with queued lines riding along."""
+
+    def __init__(self, inner: Any, writer: LineWriter, *, on_record: Callable[[], None] | None = None) -> None:
+        self.inner = inner
+        self.writer = writer
+        self.on_record = on_record
+
+    def __repr__(self) -> str:
+        return f"<RunnerPersistence {self.inner!r}>"
+
+    async def load(self) -> Loaded:
+        loaded: Loaded = await self.inner.load()
+        return loaded
+
+    async def append(
+        self,
+        *,
+        expected: str | None,
+        idempotency_key: str,
+        data: bytes,
+        barrier: bool,
+        marks: list[Mark],
+    ) -> str:
+        async with self.writer.lock:
+            lines = self.writer.take()
+            try:
+                cursor: str = await self.inner.append(
+                    expected=expected,
+                    idempotency_key=idempotency_key,
+                    data=data,
+                    barrier=barrier,
+                    marks=marks,
+                    lines=lines,
+                )
+            except FxLeaseLostError:
+                self.writer.closed = True
+                if self.writer.on_fenced:
+                    self.writer.on_fenced()
+                raise
+            except BaseException:
+                self.writer.requeue(lines)
+                raise
+        if self.on_record:
+            self.on_record()
+        return cursor
+
+    async def save_checkpoint(self, *, through: str, data: bytes) -> None:
+        save = getattr(self.inner, "save_checkpoint", None)
+        if save is not None:
+            await save(through=through, data=data)

@@ -1,0 +1,444 @@
+"""The runner: one delivery's work on one session under one lease (§5-§7).
+
+    claim → load → [resume the open turn | start the next pending input]* → release
+
+Every write is fenced by the claim's epoch. While a turn runs the runner renews the lease
+every `lease_s / 3` (`LeaseKeeper`: a refused renewal detaches the turn at once), follows
+the inbox for steers, prompts and cancels (`InboxWatcher`), and keeps two deadlines:
+
+- soft, `deadline - reserve_s`: the engine stops before its next model request
+  (`yield_at`), the runner writes `turn_yield`, releases and the delivery requeues a wake;
+- hard, `deadline - min(2 s, reserve_s / 2)`: a call still running is cut off (the turn is
+  detached, `release(cutoff=True)` counts one more cut-off of the step, `session.deadline`).
+
+The next delivery writes `turn_resume {interrupted, retract}` and continues. A step cut
+off 3 times in a row is not run again (a tool call is answered as possibly run, a model
+request cancels the turn); a turn whose workers died 3 times with no progress between is
+cancelled (poison), so the prompts behind it run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import deque
+from typing import Any
+
+from fxengine.limits import prompt_text
+
+from . import metrics
+from .errors import FxLeaseLostError
+from .leases import LeaseKeeper
+from .lines import LineWriter, RunnerPersistence
+from .watch import InboxWatcher
+
+log = logging.getLogger("fxworker.runner")
+
+MAX_CUTOFFS = 3
+MAX_DEATHS = 3
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Fenced(Exception):
+    """Internal signal: this runner's epoch is no longer the head; stop writing."""
+
+
+class Runner:
+    """Runs one session for one delivery. `run()` → "done" | "yielded" | "noop" | "fenced"."""
+
+    def __init__(
+        self,
+        agent: Any,
+        session_id: str,
+        *,
+        deadline_ms: int,
+        reason: str = "wake",
+        http_client: Any = None,
+        stopping: Any = None,
+    ) -> None:
+        self.agent = agent
+        self.store = agent.store
+        self.session_id = session_id
+        self.deadline_ms = deadline_ms
+        self.reason = reason
+        self.http_client = http_client
+        self.stopping = stopping  # threading.Event set on warm shutdown
+        self.holder = f"wkr_{uuid.uuid4().hex}"
+        self.lease_ms = int(agent.lease_s * 1000)
+        self.reserve_ms = int(agent.reserve_s * 1000)
+        self.claim: Any = None
+        self.epoch = 0
+        self.engine: Any = None
+        self.turn: Any = None
+        self.turn_id: str | None = None
+        self.pending: deque[Any] = deque()
+        self.fenced = False
+        self.progress = False  # a record was stored under this claim (cut-off counting)
+        self.cut_off = False
+        self.writer: LineWriter | None = None
+        self._engine_key: tuple[Any, Any] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<Runner session={self.session_id} epoch={self.epoch} turn={self.turn_id} "
+            f"deadline_in_ms={self.deadline_ms - now_ms()} fenced={self.fenced}>"
+        )
+
+    # ------------------------------------------------------------------ diagnostics
+
+    def emit(self, type_: str, **fields: Any) -> None:
+        event = {"type": type_, "sessionId": self.session_id, **fields}
+        log.info("%s session=%s epoch=%s %s", type_, self.session_id, self.epoch, fields)
+        self.agent.emit(event)
+
+    def _engine_event(self, event: dict[str, Any]) -> None:
+        """`on_event` of the engine: add the session and epoch, pass to the agent."""
+        if event.get("type") == "tool.rerun":
+            log.info("tool.rerun session=%s epoch=%s %s", self.session_id, self.epoch, event)
+        self.agent.emit({"sessionId": self.session_id, "epoch": self.epoch, **event})
+
+    # ------------------------------------------------------------------ the delivery
+
+    async def run(self) -> str:
+        claim = await self.store.claim(
+            self.session_id, holder=self.holder, lease_ms=self.lease_ms, now_ms=now_ms()
+        )
+        if claim is None:
+            self.emit("session.redelivered", reason=self.reason)
+            return "noop"
+        self.claim = claim
+        self.epoch = claim.epoch
+        if claim.taken_over:
+            metrics.TAKEOVERS.inc()
+            turn = claim.open_turn.message_id if claim.open_turn else None
+            self.emit("session.takeover", epoch=self.epoch, turn=turn, deaths=claim.deaths)
+        self.pending = deque(claim.pending)
+        self.writer = LineWriter(self.store, self.session_id, self.epoch, on_fenced=self._writer_fenced)
+        keeper = LeaseKeeper(self.store, self.session_id, self.epoch, lease_ms=self.lease_ms, on_lost=self._lost)
+        watcher = InboxWatcher(self.store, self.session_id, after_seq=claim.inbox_cursor, on_input=self._on_input)
+        keeper.start()
+        watcher.start()
+        hard_stop = self._arm_hard_stop()
+        outcome = "done"
+        try:
+            outcome = await self._work()
+        except (Fenced, FxLeaseLostError):
+            outcome = "fenced"
+        finally:
+            if hard_stop is not None:
+                hard_stop.cancel()
+            await watcher.stop()
+            await keeper.stop()
+            if self.fenced or outcome == "fenced":
+                self.emit("session.fenced", epoch=self.epoch)
+                outcome = "fenced"
+                if self.turn is not None:
+                    self.turn.detach()
+            await self._close_engine()
+        if outcome == "fenced":
+            return outcome
+        await self._release(cutoff=self.cut_off)
+        if outcome == "yielded":
+            metrics.YIELDS.inc()
+        return outcome
+
+    async def _release(self, *, cutoff: bool) -> None:
+        try:
+            await self.store.release(self.session_id, self.epoch, cutoff=cutoff)
+        except FxLeaseLostError:
+            self.emit("session.fenced", epoch=self.epoch)
+
+    def _writer_fenced(self) -> None:
+        self._lost(FxLeaseLostError(f"a write of epoch {self.epoch} was refused"))
+
+    def _on_record(self) -> None:
+        self.progress = True
+
+    def _lost(self, exc: BaseException) -> None:
+        """The lease keeper's renewal was refused: stop this turn here and now."""
+        self.fenced = True
+        if self.turn is not None:
+            self.turn.detach()
+
+    # ------------------------------------------------------------------ deadlines
+
+    @property
+    def yield_at_ms(self) -> int:
+        return self.deadline_ms - self.reserve_ms
+
+    @property
+    def hard_stop_ms(self) -> int:
+        return self.deadline_ms - min(2000, self.reserve_ms // 2)
+
+    def _arm_hard_stop(self) -> asyncio.TimerHandle | None:
+        if self.reserve_ms <= 0:
+            return None
+        loop = asyncio.get_running_loop()
+        delay_s = max(0.0, (self.hard_stop_ms - now_ms()) / 1000)
+        return loop.call_later(delay_s, self._hard_stop)
+
+    def _hard_stop(self) -> None:
+        """At `deadline - min(2 s, reserve/2)`: cut off whatever is still running."""
+        if self.turn is None or self.fenced:
+            return
+        self.cut_off = True
+        cutoffs = 1 if self.progress else int(self.claim.cutoffs) + 1
+        metrics.DEADLINE_CUTOFFS.inc()
+        self.emit("session.deadline", epoch=self.epoch, cutoffs=cutoffs)
+        self.turn.detach()
+
+    def _past_soft_deadline(self) -> bool:
+        return now_ms() >= self.yield_at_ms or bool(self.stopping and self.stopping.is_set())
+
+    def _yield_at_s(self) -> float:
+        """The engine's `yield_at`, in seconds on `time.time()`'s clock."""
+        return self.yield_at_ms / 1000
+
+    # ------------------------------------------------------------------ inbox
+
+    def _on_input(self, entry: Any) -> None:
+        """A new inbox entry while this runner holds the lease."""
+        if entry.kind == "cancel":
+            if self.turn is not None:
+                log.info("cancel of %s reached turn %s", self.session_id, self.turn_id)
+                self.turn.cancel()
+            return
+        if entry.kind == "steer" and self.turn is not None:
+            self.turn.steer(entry.input, id=entry.message_id)
+            return
+        self.pending.append(entry)
+
+    # ------------------------------------------------------------------ turns
+
+    async def _work(self) -> str:
+        claim = self.claim
+        if claim.open_turn is not None:
+            outcome = await self._continue_open_turn()
+            if outcome != "ended":
+                return outcome
+        while True:
+            if self.fenced:
+                raise Fenced()
+            entry = self._next_input()
+            if entry is None:
+                return "done"
+            if self._past_soft_deadline():
+                self.pending.appendleft(entry)
+                return "yielded"
+            outcome = await self._start_turn(entry)
+            if outcome != "ended":
+                return outcome
+
+    def _next_input(self) -> Any:
+        while self.pending:
+            entry = self.pending.popleft()
+            if entry.kind in ("prompt", "steer"):
+                return entry
+            # A cancel request applies to the turn open when it landed; none is open now.
+        return None
+
+    async def _open_engine(self, context: Any, settings: dict[str, Any] | None) -> Any:
+        key = (repr(context), repr(settings))
+        if self.engine is not None and self._engine_key == key:
+            return self.engine
+        if self.engine is not None:
+            # Another context or model: this claim's engine would load a stale snapshot,
+            # so hand the rest to the next delivery.
+            return None
+        from fxengine import create_engine
+
+        settings = settings or {}
+        assert self.writer is not None
+        persistence = RunnerPersistence(
+            self.store.persistence(self.session_id, self.epoch, self.claim), self.writer, on_record=self._on_record
+        )
+        self.engine = await create_engine(
+            model=settings.get("model") or self.agent.model,
+            api_key=self.agent.api_key,
+            instructions=settings.get("instructions", self.agent.instructions),
+            tools=self.agent.tools,
+            provider=self.agent.provider,
+            persistence=persistence,
+            on_event=self._engine_event,
+            event_sink=self._sink,
+            max_model_turns=self.agent.max_model_turns,
+            http_client=self.http_client,
+            session_id=self.session_id,
+            context=context,
+            epoch=self.epoch,
+        )
+        self._engine_key = key
+        return self.engine
+
+    async def _close_engine(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            try:
+                await engine.close()
+            except Exception:  # noqa: BLE001 - closing after a stop is best effort
+                log.debug("closing the engine of %s failed", self.session_id, exc_info=True)
+
+    def _sink(self, event: dict[str, Any]) -> None:
+        """The engine's `event_sink`: every event becomes a UI line of this turn."""
+        assert self.writer is not None
+        if self.cut_off or self.fenced:
+            return
+        self.writer.push({**event, "messageId": self.turn_id})
+
+    def _line(self, type_: str, **fields: Any) -> None:
+        assert self.writer is not None
+        self.writer.push({"type": type_, "messageId": self.turn_id, **fields})
+
+    async def _flush(self) -> None:
+        assert self.writer is not None
+        await self.writer.flush()
+
+    async def _start_turn(self, entry: Any) -> str:
+        engine = await self._open_engine(entry.context, entry.settings)
+        if engine is None:
+            self.pending.appendleft(entry)
+            return "yielded"
+        self.turn_id = entry.message_id
+        text_input = entry.input if isinstance(entry.input, str) else None
+        if text_input is None and isinstance(entry.input, list):
+            text_input = prompt_text(entry.input)
+        self._line("turn_start", sessionId=self.session_id, input=text_input)
+        await self._flush()
+        self.turn = engine.prompt(entry.input, yield_at=self._yield_at_s(), turn_id=entry.message_id)
+        # Steers accepted after this prompt and waiting join it (§6).
+        for later in [e for e in self.pending if e.kind == "steer"]:
+            self.pending.remove(later)
+            self.turn.steer(later.input, id=later.message_id)
+        if entry.cancelled:
+            self.turn.cancel()
+        return await self._drive()
+
+    async def _continue_open_turn(self) -> str:
+        claim = self.claim
+        open_turn = claim.open_turn
+        turn_input = open_turn.input
+        engine = await self._open_engine(
+            getattr(turn_input, "context", None), getattr(turn_input, "settings", None)
+        )
+        assert engine is not None
+        self.turn_id = open_turn.message_id
+        interrupted = not open_turn.yielded
+        in_flight = engine.in_flight
+        steps_seen = await self._steps_seen(self.turn_id)
+        recorded = engine.recorded_steps(self.turn_id)
+        retract = sorted(s for s in steps_seen if s not in recorded)
+        next_step = max([*steps_seen, *recorded, 0]) + 1
+        line: dict[str, Any] = {"sessionId": self.session_id, "interrupted": interrupted}
+        if retract:
+            line["retract"] = retract
+        self._line("turn_resume", **line)
+        await self._flush()
+        if claim.deaths >= MAX_DEATHS:
+            return await self._end_open(
+                "cancelled",
+                {
+                    "code": "FX_POISON_TURN",
+                    "message": f"the worker running this turn died {claim.deaths} times with no progress "
+                    "between; the turn was cancelled so the session can go on",
+                },
+            )
+        no_rerun = False
+        if claim.cutoffs >= MAX_CUTOFFS:
+            if in_flight is None or in_flight.get("kind") == "model":
+                return await self._end_open(
+                    "cancelled",
+                    {
+                        "code": "FX_DEADLINE_CUTOFFS",
+                        "message": f"the model request was cut off by the delivery deadline "
+                        f"{claim.cutoffs} times in a row",
+                    },
+                )
+            no_rerun = True
+        self.turn = engine.resume(yield_at=self._yield_at_s(), no_rerun=no_rerun, next_step=next_step)
+        if self.turn is None:
+            return await self._end_open("unknown", None)
+        for later in [e for e in self.pending if e.kind == "steer"]:
+            self.pending.remove(later)
+            self.turn.steer(later.input, id=later.message_id)
+        if claim.cancel_requested:
+            self.turn.cancel()
+        return await self._drive()
+
+    async def _end_open(self, stop_reason: str, error: dict[str, Any] | None) -> str:
+        assert self.engine is not None
+        result = await self.engine.end_open_turn(stop_reason, error=error)
+        usage = getattr(result, "usage", None) or {}
+        end: dict[str, Any] = {"stopReason": stop_reason, "usage": usage}
+        if error:
+            end["error"] = error
+            self.emit("session.error", epoch=self.epoch, turn=self.turn_id, error=error)
+        self._line("turn_end", **end)
+        await self._flush()
+        self.turn = None
+        self.turn_id = None
+        return "ended"
+
+    async def _drive(self) -> str:
+        """Waits for the running turn; writes its end, or its yield."""
+        assert self.turn is not None
+        metrics.TURNS_RUNNING.inc()
+        try:
+            result = await self.turn.result()
+        finally:
+            metrics.TURNS_RUNNING.dec()
+        if self.fenced:
+            raise Fenced()
+        error = result.error
+        if error and error.get("code") == "FX_JOURNAL_APPEND_FAILED" and self._fenced_cause(result):
+            raise Fenced()
+        if self.cut_off or result.stop_reason == "yielded":
+            # The turn stays open in the journal; the next delivery continues it.
+            self._line("turn_yield")
+            await self._flush()
+            self.turn = None
+            return "yielded"
+        end: dict[str, Any] = {"stopReason": result.stop_reason, "usage": result.usage or {}}
+        if error:
+            end["error"] = error
+        self._line("turn_end", **end)
+        await self._flush()
+        self.turn = None
+        self.turn_id = None
+        return "ended"
+
+    def _fenced_cause(self, result: Any) -> bool:
+        cause = result.error.get("cause") if isinstance(result.error, dict) else None
+        return bool(self.fenced or (isinstance(cause, dict) and cause.get("code") == "FX_FENCED"))
+
+    async def _steps_seen(self, turn_id: str) -> set[int]:
+        """The model steps of `turn_id` that have lines in the UI stream."""
+        steps: set[int] = set()
+        cursor = int(getattr(self.claim, "turn_cursor", 0) or 0)
+        while True:
+            lines = await self.store.read_lines(self.session_id, cursor, count=1000)
+            if not lines:
+                return steps
+            for line in lines:
+                cursor = int(line["cursor"])
+                if line.get("messageId") == turn_id and isinstance(line.get("step"), int):
+                    steps.add(line["step"])
+
+
+async def export_checkpoint(agent: Any, session_id: str) -> bytes:
+    """`session.checkpoint()`: the conversation as engine checkpoint bytes, read-only."""
+    from fxengine import create_engine
+
+    loaded = await agent.store.load(session_id)
+    engine = await create_engine(
+        model=agent.model, tools=agent.tools, provider=agent.provider, api_key=agent.api_key,
+        persistence=loaded, session_id=session_id,
+    )
+    try:
+        return engine.checkpoint()
+    finally:
+        await engine.close()

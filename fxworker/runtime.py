@@ -1,0 +1,197 @@
+"""The per-process runtime: one asyncio loop in a thread that carries many turns (§7).
+
+A Celery `threads` pool hands each delivery to this loop (`run_coroutine_threadsafe`)
+and waits on it, so one process runs 100+ turns at once while each waits on its model.
+All engines of the process share one `httpx.AsyncClient`.
+
+The embedded dev mode (no `REDIS_URL`) runs the same runner in worker threads of this
+process (`start_embedded_workers`): each has its own loop, and the loss of one is
+survivable — its lease stops being renewed, expires, and the sweeper wakes the session
+for a replacement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import httpx
+
+T = TypeVar("T")
+log = logging.getLogger("fxworker.runtime")
+
+
+class LoopThread:
+    """An asyncio loop running in a daemon thread, with the process's shared HTTP client."""
+
+    def __init__(self, name: str = "fx-loop") -> None:
+        self.name = name
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._client: httpx.AsyncClient | None = None
+        self.stopping = threading.Event()  # warm shutdown: running turns yield and requeue
+        self.killed = False
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+        self._ready.wait(10.0)
+
+    def __repr__(self) -> str:
+        tasks = len(asyncio.all_tasks(self.loop)) if self.loop.is_running() else 0
+        return f"<LoopThread {self.name} running={self.loop.is_running()} tasks={tasks}>"
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self._ready.set)
+        try:
+            self.loop.run_forever()
+        finally:
+            if not self.killed:
+                self.loop.close()
+
+    @property
+    def http_client(self) -> httpx.AsyncClient:
+        """The shared client of every engine on this loop (created on first use, on the loop)."""
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(connect=10.0, read=600.0, write=30.0, pool=600.0),
+                limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
+            )
+        return self._client
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedules `coro` on the loop from any thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], *, timeout_s: float | None = None) -> T:
+        """Runs `coro` on the loop and blocks the calling thread for its result."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("LoopThread.run() called from its own loop thread")
+        return self.submit(coro).result(timeout_s)
+
+    def close(self, *, timeout_s: float = 5.0) -> None:
+        """Closes the shared client and stops the loop."""
+        if not self.loop.is_running():
+            return
+
+        async def _aclose() -> None:
+            if self._client is not None:
+                await self._client.aclose()
+                self._client = None
+
+        try:
+            self.submit(_aclose()).result(timeout_s)
+        except Exception:  # noqa: BLE001 - closing is best effort
+            log.debug("closing the shared HTTP client failed", exc_info=True)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout_s)
+
+    def kill(self) -> None:
+        """Stops the loop abruptly, as a crash would: nothing more runs, no finally blocks.
+
+        The loop and its tasks are kept referenced for ever so that no coroutine is
+        garbage-collected (which would run its `finally` blocks and write).
+        """
+        self.killed = True
+        _graveyard.append(self)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5.0)
+
+
+_graveyard: list[LoopThread] = []
+_lock = threading.Lock()
+_process_loop: LoopThread | None = None
+
+
+def process_loop() -> LoopThread:
+    """The one loop of this process (started on first use)."""
+    global _process_loop
+    with _lock:
+        if _process_loop is None or not _process_loop.loop.is_running():
+            _process_loop = LoopThread("fx-loop")
+        return _process_loop
+
+
+def begin_warm_shutdown() -> None:
+    """Asks every running turn of this process to yield within its reserve and requeue."""
+    with _lock:
+        loops = [lp for lp in [_process_loop, *_embedded] if lp is not None]
+    for lp in loops:
+        lp.stopping.set()
+    log.info("warm shutdown: running turns yield and requeue")
+
+
+def shutdown_process_loop() -> None:
+    """Closes the process loop (tests; a worker exits without it)."""
+    global _process_loop
+    with _lock:
+        lp, _process_loop = _process_loop, None
+    if lp is not None:
+        lp.close()
+
+
+# ---------------------------------------------------------------------------- embedded mode
+
+_embedded: list[LoopThread] = []
+
+
+def start_embedded_workers(n: int = 1) -> list[LoopThread]:
+    """Starts `n` in-process worker loops for the embedded dev mode (`fx dev`), with a sweeper.
+
+    Wakes sent by the in-process waker are delivered round-robin to live workers.
+    """
+    from .sweeper import start_embedded_sweeper
+
+    with _lock:
+        while len(_embedded) < n:
+            _embedded.append(LoopThread(f"fx-embedded-{len(_embedded)}"))
+        workers = list(_embedded)
+    start_embedded_sweeper()
+    return workers
+
+
+def embedded_workers() -> list[LoopThread]:
+    """The live embedded worker loops."""
+    with _lock:
+        return [w for w in _embedded if not w.killed]
+
+
+def kill_embedded_worker(index: int = 0, *, replace: bool = True) -> None:
+    """Test hook: kills embedded worker `index` abruptly (its turns stop mid-step, nothing is
+    released); with `replace`, starts a fresh worker in its place. The killed worker's
+    leases expire after `lease_s` and the sweeper hands its sessions to a live worker."""
+    with _lock:
+        victim = _embedded[index]
+        if replace:
+            _embedded[index] = LoopThread(f"fx-embedded-{index}r")
+        else:
+            del _embedded[index]
+    victim.kill()
+
+
+def stop_embedded_workers() -> None:
+    """Stops the embedded workers and their sweeper."""
+    from .sweeper import stop_embedded_sweeper
+
+    stop_embedded_sweeper()
+    with _lock:
+        workers = list(_embedded)
+        _embedded.clear()
+    for w in workers:
+        w.close()
+
+
+_rr = 0
+
+
+def next_embedded_worker() -> LoopThread | None:
+    """A live embedded worker, round-robin (None when none is started)."""
+    global _rr
+    live = embedded_workers()
+    if not live:
+        return None
+    _rr = (_rr + 1) % len(live)
+    return live[_rr]

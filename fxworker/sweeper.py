@@ -1,0 +1,181 @@
+"""The sweeper (§7): re-wakes ready sessions whose lease is free or dead.
+
+It runs inside the workers — one thread per worker process, no separate beat — and a
+Redis `SET NX PX` guard lets one sweep at a time across the pool. Every `FX_SWEEP_S` it
+asks the store for sessions with pending work and no live lease (`ready_sessions`) and
+sends each a wake to its owner's queue. Duplicate wakes are harmless (the lease decides);
+a wake lost between accept and the broker only delays the turn until the next sweep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from .settings import Settings
+
+log = logging.getLogger("fxworker.sweeper")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def guard_key(prefix: str) -> str:
+    # STRING, PX = the sweep interval: who sweeps now. Not a session key (no hash tag).
+    return f"{prefix}:sweeper"
+
+
+def worker_ready_key(prefix: str, hostname: str) -> str:
+    # STRING, 1 h TTL: the pid of a Celery worker that finished starting (tests wait on it).
+    return f"{prefix}:workers:{hostname}"
+
+
+def mark_worker_ready(settings: Settings, *, hostname: str, pid: int) -> None:
+    """Records that this worker is consuming (the event tests wait for instead of a sleep)."""
+    import redis
+
+    client = redis.Redis.from_url(settings.redis_url or "")
+    try:
+        client.set(worker_ready_key(settings.prefix, hostname), str(pid), ex=3600)
+    finally:
+        client.close()
+
+
+class Sweeper:
+    """One sweeping loop: `sweep_once()` every `interval_s` while it holds the guard."""
+
+    def __init__(self, store: Any, *, interval_s: float, guard: Any, wake: Any) -> None:
+        self.store = store
+        self.interval_s = interval_s
+        self.guard = guard  # async callable(px_ms) -> bool: may this process sweep now?
+        self.wake = wake  # callable(session_id, agent) -> None
+        self.swept = 0
+        self._stop = threading.Event()
+
+    def __repr__(self) -> str:
+        return f"<Sweeper every {self.interval_s}s swept={self.swept}>"
+
+    async def sweep_once(self) -> int:
+        """Wakes each ready session once; returns how many were woken."""
+        if not await self.guard(int(self.interval_s * 1000 * 0.9)):
+            return 0
+        ready = await self.store.ready_sessions(now_ms=now_ms())
+        n = 0
+        for item in ready:
+            session_id, agent = item.session_id, item.agent
+            try:
+                await asyncio.to_thread(self.wake, session_id, agent)
+                n += 1
+            except Exception:  # noqa: BLE001 - the next sweep tries again
+                log.warning("sweeper could not wake %s", session_id, exc_info=True)
+        if n:
+            log.info("sweeper woke %d ready session(s)", n)
+        self.swept += n
+        return n
+
+    async def run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                await self.sweep_once()
+            except Exception:  # noqa: BLE001 - Redis away: sweep again later
+                log.warning("sweep failed", exc_info=True)
+            await asyncio.sleep(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+# ---------------------------------------------------------------- worker and embedded wiring
+
+_worker: tuple[Sweeper, Any] | None = None
+_embedded: tuple[Sweeper, Any] | None = None
+
+
+def _redis_guard(settings: Settings) -> Any:
+    import redis.asyncio as aioredis
+
+    client: Any = None
+    token = f"{os.getpid()}:{id(settings)}"
+
+    async def guard(px_ms: int) -> bool:
+        nonlocal client
+        if client is None:
+            client = aioredis.Redis.from_url(settings.redis_url or "")
+        key = guard_key(settings.prefix)
+        if await client.set(key, token, nx=True, px=max(px_ms, 50)):
+            return True
+        return (await client.get(key)) == token.encode()
+
+    return guard
+
+
+def start_worker_sweeper(settings: Settings) -> Sweeper | None:
+    """Starts this worker process's sweeper on the process loop (Celery `worker_ready`)."""
+    global _worker
+    if _worker is not None or not settings.redis_url:
+        return None
+    from .agent import default_store
+    from .runtime import process_loop
+    from .wakers import CeleryWaker
+
+    waker = CeleryWaker()
+    sweeper = Sweeper(
+        default_store(settings),
+        interval_s=settings.sweep_s,
+        guard=_redis_guard(settings),
+        wake=lambda sid, agent: waker.wake(sid, agent=agent, reason="sweep"),
+    )
+    future = process_loop().submit(sweeper.run())
+    _worker = (sweeper, future)
+    return sweeper
+
+
+def stop_worker_sweeper() -> None:
+    global _worker
+    if _worker is not None:
+        _worker[0].stop()
+        _worker = None
+
+
+def start_embedded_sweeper(settings: Settings | None = None) -> Sweeper:
+    """The embedded mode's sweeper: one process, so no guard; wakes go in-process."""
+    global _embedded
+    if _embedded is not None:
+        return _embedded[0]
+    from . import registry
+    from .agent import default_store
+    from .runtime import LoopThread
+    from .wakers import InProcessWaker
+
+    settings = settings or Settings.from_env()
+    agents = list(registry.agents().values())
+    store = agents[0].store if agents else default_store(settings)
+
+    async def always(_px_ms: int) -> bool:
+        return True
+
+    waker = InProcessWaker()
+    sweeper = Sweeper(
+        store,
+        interval_s=min(settings.sweep_s, 1.0),
+        guard=always,
+        wake=lambda sid, agent: waker.wake(sid, agent=agent, reason="sweep"),
+    )
+    loop = LoopThread("fx-sweeper")
+    _embedded = (sweeper, loop)
+    loop.submit(sweeper.run())
+    return sweeper
+
+
+def stop_embedded_sweeper() -> None:
+    global _embedded
+    if _embedded is not None:
+        sweeper, loop = _embedded
+        _embedded = None
+        sweeper.stop()
+        loop.close()

@@ -1,0 +1,61 @@
+"""Watching a running session's inbox for steers, prompts and cancels (§6).
+
+The watcher blocks on the session's inbox stream (XREAD BLOCK, a short block so a stop
+is noticed) and hands each new input to the runner, in acceptance order, so a cancel
+reaches the running turn within a second of being stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from .errors import FxStoreUnavailableError
+
+log = logging.getLogger("fxworker.watch")
+
+WATCH_BLOCK_MS = 500
+
+
+class InboxWatcher:
+    """Follows a session's inbox after `after_seq`, calling `on_input(entry)` for each entry."""
+
+    def __init__(self, store: Any, session_id: str, *, after_seq: int, on_input: Callable[[Any], None]) -> None:
+        self.store = store
+        self.session_id = session_id
+        self.after_seq = after_seq
+        self.on_input = on_input
+        self._task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<InboxWatcher session={self.session_id} after_seq={self.after_seq}>"
+
+    def start(self) -> InboxWatcher:
+        self._task = asyncio.create_task(self._run(), name=f"watch:{self.session_id}")
+        return self
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                entries = await self.store.watch_inbox(self.session_id, self.after_seq, block_ms=WATCH_BLOCK_MS)
+            except FxStoreUnavailableError as exc:
+                log.warning("watching %s failed (%s); retrying", self.session_id, exc)
+                await asyncio.sleep(0.2)
+                continue
+            for entry in entries:
+                self.after_seq = max(self.after_seq, int(entry.seq))
+                try:
+                    self.on_input(entry)
+                except Exception:  # noqa: BLE001 - one bad entry must not stop the watch
+                    log.exception("handling inbox entry %s of %s failed", entry, self.session_id)
