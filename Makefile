@@ -11,7 +11,7 @@ all: test
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --upgrade pip 'setuptools>=77' wheel 'Cython>=3.0.10'
 
 # Installs the project with its dev extras and builds the Cython extensions in place.
 $(STAMP): $(BIN)/python pyproject.toml setup.py
