@@ -1,0 +1,80 @@
+"""Session and message ids (DESIGN.md §2, §10).
+
+A session id is `fxs_` + a ULID: 26 Crockford base32 characters holding a 48-bit
+millisecond timestamp and 80 random bits, so ids sort by creation time and never collide
+in practice. Every Redis-backed store takes only that form; the memory store takes any
+1-128 of `A-Z a-z 0-9 . _ -` (handy in tests and single-process tools).
+
+Message ids are 1-128 of `A-Z a-z 0-9 . _ : -` on every store.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+from .errors import FxInvalidMessageIdError, FxInvalidSessionIdError
+
+CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+SESSION_PREFIX = "fxs_"
+MESSAGE_PREFIX = "msg_"
+
+# The first ULID character holds only the top 3 of 130 bits, so it is 0-7.
+_ULID = r"[0-7][0-9A-HJKMNP-TV-Z]{25}"
+_SESSION_ID = re.compile(rf"{SESSION_PREFIX}{_ULID}\Z")
+_MEMORY_SESSION_ID = re.compile(r"[A-Za-z0-9._-]{1,128}\Z")
+_MESSAGE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
+
+
+def new_ulid(now_ms: int | None = None) -> str:
+    """A ULID: 10 characters of millisecond time, then 16 of randomness."""
+    ms = int(time.time() * 1000) if now_ms is None else now_ms
+    value = (ms & ((1 << 48) - 1)) << 80 | int.from_bytes(os.urandom(10), "big")
+    chars = []
+    for _ in range(26):
+        chars.append(CROCKFORD[value & 31])
+        value >>= 5
+    return "".join(reversed(chars))
+
+
+def new_session_id(now_ms: int | None = None) -> str:
+    """A fresh session id, `fxs_` + ULID."""
+    return SESSION_PREFIX + new_ulid(now_ms)
+
+
+def new_message_id(now_ms: int | None = None) -> str:
+    """A fresh message id, `msg_` + ULID."""
+    return MESSAGE_PREFIX + new_ulid(now_ms)
+
+
+def validate_session_id(session_id: object, *, memory: bool = False) -> str:
+    """Returns `session_id` when the store can hold it; raises `FxInvalidSessionIdError`.
+
+    `memory=True` applies the memory store's looser rule (1-128 of `A-Za-z0-9._-`).
+    """
+    rule = _MEMORY_SESSION_ID if memory else _SESSION_ID
+    if not isinstance(session_id, str) or rule.match(session_id) is None:
+        expected = "1-128 of A-Z a-z 0-9 . _ -" if memory else "fxs_ followed by 26 Crockford base32 characters"
+        raise FxInvalidSessionIdError(f"invalid session id {session_id!r}: expected {expected}")
+    return session_id
+
+
+def validate_message_id(message_id: object) -> str:
+    """Returns `message_id` when it is 1-128 of `A-Z a-z 0-9 . _ : -`; raises `FxInvalidMessageIdError`."""
+    if not isinstance(message_id, str) or _MESSAGE_ID.match(message_id) is None:
+        raise FxInvalidMessageIdError(f"invalid message id {message_id!r}: expected 1-128 of A-Z a-z 0-9 . _ : -")
+    return message_id
+
+
+def ulid_time_ms(session_id: str) -> int:
+    """The creation time (ms since the epoch) encoded in a `fxs_` session id."""
+    value = 0
+    for char in session_id[len(SESSION_PREFIX) : len(SESSION_PREFIX) + 10]:
+        value = value * 32 + CROCKFORD.index(char)
+    return value
+
+
+def new_holder_id(now_ms: int | None = None) -> str:
+    """A fresh lease holder id, `wkr_` + ULID (one per claim attempt or worker run)."""
+    return "wkr_" + new_ulid(now_ms)

@@ -1,0 +1,102 @@
+"""The whole Redis keyspace of fxworker, in one place.
+
+Every key of session S is `<prefix>:{S}:<name>`. The braces are Redis Cluster's hash tag:
+only `S` is hashed, so all of a session's keys live in one slot and every Lua script
+(each touches one session) runs on one node. Two index keys span sessions; they share the
+tag `{~index}` (a session id never contains `~`), so they too sit in one slot together, and
+no script ever mixes them with a session's keys.
+
+Per session (all touched only by the scripts in `fxworker/lua/` unless said otherwise;
+every one gets the session TTL when a session finishes with `FX_SESSION_TTL_S` set, and
+loses it again when new input is accepted):
+
+    meta      HASH    agent, created_ms, head (last log cursor), ui (last UI cursor),
+                      inbox (last inbox seq), turn / turn_seq / yielded / cutoffs /
+                      deaths / step (the open turn), turns, last_turn, cancel (the
+                      message id a cancel targets), steers / steer_bytes (queued steers).
+                      Written by accept, append, claim, release, cancel.
+    lease     HASH    holder, epoch, expires_ms, state (held | released). The epoch
+                      never goes down, even across releases. claim, renew, release;
+                      checked by append and save_checkpoint.
+    inbox     STREAM  accepted inputs and cancel requests, id `<seq>-0`; fields k
+                      (p | s | c), id, in, cx, st, at. accept, cancel; read by claim and
+                      by a running worker's XREAD BLOCK (`watch_inbox`); trimmed by
+                      save_checkpoint below the oldest input still needed.
+    log       STREAM  engine journal records, id `<cursor>-0`; fields k (idempotency
+                      key), d (opaque bytes), e (writer epoch), m (marks JSON). append;
+                      read by claim; trimmed by save_checkpoint.
+    ui        STREAM  NDJSON lines of §4, id `<cursor>-0`, field l (the JSON text, with
+                      `epoch` and `cursor` inside). append; read with XREAD (read_lines).
+    msgs      HASH    message-id index: id -> "kind:state:seq:end_cursor:bytes" with kind
+                      p | s, state w (waiting) | r (open turn) | d (done). accept, append.
+    pending   ZSET    ids not yet consumed, scored by inbox seq (acceptance order).
+                      accept, append; read by claim, cancel, state.
+    keys      HASH    idempotency key -> "cursor:first_line:last_line" of the call that
+                      stored it. append; pruned by save_checkpoint with the records.
+    ckpt      HASH    data (opaque bytes, <= 4 MiB), through (log cursor it covers).
+                      save_checkpoint; read by claim.
+
+Across sessions (tag `{~index}`, no TTL):
+
+    ready     ZSET    session id -> ms of the last mark. Written *before* accept
+                      (mark_ready.lua), read by the sweeper, pruned by clear_ready.lua
+                      only for marks older than a grace period (see `fxworker.store`).
+    sessions  ZSET    session id -> ms first seen. mark_ready.lua; read by list_sessions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+INDEX_TAG = "{~index}"
+
+# The order scripts receive a session's keys in (KEYS[1]..KEYS[9]); every Lua header
+# repeats it.
+SESSION_KEY_NAMES = ("meta", "lease", "inbox", "log", "ui", "msgs", "pending", "keys", "ckpt")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKeys:
+    """Every key of one session, in the order `SESSION_KEY_NAMES` gives the scripts."""
+
+    meta: str
+    lease: str
+    inbox: str
+    log: str
+    ui: str
+    msgs: str
+    pending: str
+    keys: str
+    ckpt: str
+
+    def all(self) -> list[str]:
+        return [self.meta, self.lease, self.inbox, self.log, self.ui, self.msgs, self.pending, self.keys, self.ckpt]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexKeys:
+    """The two cross-session keys (one slot of their own)."""
+
+    ready: str
+    sessions: str
+
+    def all(self) -> list[str]:
+        return [self.ready, self.sessions]
+
+
+def check_prefix(prefix: str) -> str:
+    """A prefix may not contain braces or spaces: it would break the hash tags."""
+    if not prefix or any(c in prefix for c in "{} \t\r\n"):
+        raise ValueError(f"invalid key prefix {prefix!r}: no braces or whitespace")
+    return prefix
+
+
+def session_keys(prefix: str, session_id: str) -> SessionKeys:
+    """The keys of `session_id` under `prefix`, all tagged `{session_id}`."""
+    base = f"{prefix}:{{{session_id}}}:"
+    return SessionKeys(*(base + name for name in SESSION_KEY_NAMES))
+
+
+def index_keys(prefix: str) -> IndexKeys:
+    """The ready set and the session index under `prefix`, tagged `{~index}`."""
+    return IndexKeys(ready=f"{prefix}:{INDEX_TAG}:ready", sessions=f"{prefix}:{INDEX_TAG}:sessions")

@@ -1,0 +1,152 @@
+-- append.lua: the fenced write of a worker: journal records, their marks and UI lines.
+--
+-- KEYS  1 meta (HASH)  2 lease (HASH)  3 inbox (STREAM)  4 log (STREAM)  5 ui (STREAM)
+--       6 msgs (HASH)  7 pending (ZSET)  8 keys (HASH)  9 ckpt (HASH)      -- one session, one slot
+-- ARGV  1 epoch   2 now_ms   3 ttl_ms ("0" keeps finished sessions)   4 expected head
+--       ("" unchecked, "0" none yet, else a log cursor)   5 n records   6 n lines
+--       7 n store marks, then per record: idempotency key, data, marks JSON, n marks,
+--       n x (mark name, value); then n store marks x (name, value); then per line:
+--       JSON text without its closing brace, message id it ends ("" unless a turn_end).
+--       Mark names: start <turn id> | end | yield | accepted <input id> | step <name> |
+--       drop <input id> (consumed without a turn: cancelled or refused before it started).
+-- Returns {"ok", head, {record cursors}, first_line, last_line, repeated(0|1)}
+--         {"fenced", lease_epoch, lease_state, lease_expires_ms}
+--         {"conflict", head}   (expected is not the head: another engine appended)
+--
+-- Invariant: only the head of the epoch chain writes. A call whose epoch is not the
+-- lease's, or whose lease was released or expired by now_ms, stores nothing at all (log,
+-- marks and UI alike). A repeated idempotency key returns what the first call stored and
+-- stores nothing, UI lines included. Line cursors are contiguous: `N-0`, N = last + 1.
+
+local meta, lease, log, ui, msgs, pending, keys = KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local epoch, now_ms, ttl_ms = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local nrec, nlines, nmarks = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+
+local l = redis.call('HMGET', lease, 'epoch', 'state', 'expires_ms')
+if tonumber(l[1] or 0) ~= epoch or l[2] ~= 'held' or tonumber(l[3] or 0) <= now_ms then
+  return {'fenced', tonumber(l[1] or 0), l[2] or '', tonumber(l[3] or 0)}
+end
+
+local m = redis.call('HMGET', meta, 'head', 'ui', 'turn', 'step', 'cancel')
+local head, ui_last, turn, step, cancel = tonumber(m[1] or 0), tonumber(m[2] or 0), m[3] or '', m[4] or '', m[5] or ''
+
+if nrec > 0 then
+  local again = redis.call('HGET', keys, ARGV[8])
+  if again then
+    -- A retry of a call that already ran (its reply was lost): report, store nothing.
+    local cursors, i = {}, 8
+    for _ = 1, nrec do
+      local v = redis.call('HGET', keys, ARGV[i]) or again
+      cursors[#cursors + 1] = string.match(v, '^(%d+)')
+      i = i + 4 + 2 * tonumber(ARGV[i + 3])
+    end
+    local _, first, last = string.match(again, '^(%d+):(%d+):(%d+)')
+    return {'ok', head, cursors, tonumber(first), tonumber(last), 1}
+  end
+end
+if ARGV[4] ~= '' and tonumber(ARGV[4]) ~= head then return {'conflict', head} end
+
+local changed = {}
+local ended = false
+
+local function consume(id, state)
+  local v = redis.call('HGET', msgs, id)
+  if not v then return 0 end
+  local k, s, seq, endc, size = string.match(v, '^(%a):(%a):(%d+):(%d+):(%d+)')
+  if s == 'w' then
+    redis.call('ZREM', pending, id)
+    if k == 's' then
+      redis.call('HINCRBY', meta, 'steers', -1)
+      redis.call('HINCRBY', meta, 'steer_bytes', -tonumber(size))
+    end
+  end
+  redis.call('HSET', msgs, id, k .. ':' .. state .. ':' .. seq .. ':' .. endc .. ':' .. size)
+  if state == 'd' and cancel == id then cancel = ''; changed.cancel = '' end
+  return tonumber(seq)
+end
+
+local function apply(name, value)
+  if name == 'start' then
+    if turn ~= value then
+      if turn ~= '' then consume(turn, 'd') end
+      local seq = consume(value, 'r')
+      turn, step = value, ''
+      changed.turn, changed.turn_seq, changed.yielded, changed.cutoffs, changed.deaths, changed.step =
+        value, seq, 0, 0, 0, ''
+      redis.call('HINCRBY', meta, 'turns', 1)
+    end
+  elseif name == 'end' then
+    if turn ~= '' then
+      consume(turn, 'd')
+      changed.last_turn = turn
+    end
+    turn, step, ended = '', '', true
+    changed.turn, changed.turn_seq, changed.yielded, changed.cutoffs, changed.deaths, changed.step = '', 0, 0, 0, 0, ''
+  elseif name == 'yield' then
+    changed.yielded = 1
+  elseif name == 'accepted' or name == 'drop' then
+    consume(value, 'd')
+  end
+end
+
+local cursors = {}
+local i = 8
+for _ = 1, nrec do
+  local key, data, marks_json, n = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
+  head = head + 1
+  redis.call('XADD', log, head .. '-0', 'k', key, 'd', data, 'e', epoch, 'm', marks_json)
+  cursors[#cursors + 1] = tostring(head)
+  local named = nil
+  for j = 0, n - 1 do
+    local name, value = ARGV[i + 4 + 2 * j], ARGV[i + 5 + 2 * j]
+    apply(name, value)
+    if name == 'step' then named = value end
+  end
+  -- A record is progress: the death count restarts, and so does the cut-off count
+  -- unless the record names the same step as before (§6, reference §4.4).
+  changed.deaths = 0
+  if named == nil or named ~= step then
+    changed.cutoffs = 0
+    if named ~= nil then step = named; changed.step = named end
+  end
+  i = i + 4 + 2 * n
+end
+for _ = 1, nmarks do
+  apply(ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
+
+local first = ui_last + 1
+for _ = 1, nlines do
+  ui_last = ui_last + 1
+  local text = ARGV[i] .. ',"epoch":' .. epoch .. ',"cursor":' .. ui_last .. '}'
+  redis.call('XADD', ui, ui_last .. '-0', 'l', text)
+  local ends = ARGV[i + 1]
+  if ends ~= '' then
+    local v = redis.call('HGET', msgs, ends)
+    if v then
+      local k, s, seq, _, size = string.match(v, '^(%a):(%a):(%d+):(%d+):(%d+)')
+      redis.call('HSET', msgs, ends, k .. ':' .. s .. ':' .. seq .. ':' .. ui_last .. ':' .. size)
+    end
+  end
+  i = i + 2
+end
+
+-- Each key remembers its cursor and the call's line range, for a retried call.
+local j = 8
+for r = 1, nrec do
+  redis.call('HSET', keys, ARGV[j], cursors[r] .. ':' .. first .. ':' .. ui_last)
+  j = j + 4 + 2 * tonumber(ARGV[j + 3])
+end
+
+changed.head, changed.ui = head, ui_last
+local flat = {}
+for k, v in pairs(changed) do flat[#flat + 1] = k; flat[#flat + 1] = v end
+redis.call('HSET', meta, unpack(flat))
+
+-- Retention: a session whose turn ended with nothing waiting expires after ttl_ms.
+if ended and ttl_ms > 0 and turn == '' and redis.call('ZCARD', pending) == 0 then
+  for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ttl_ms) end
+end
+
+return {'ok', head, cursors, first, ui_last, 0}

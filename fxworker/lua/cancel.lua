@@ -1,0 +1,23 @@
+-- cancel.lua: ask for the open turn (or, with none, the next waiting one) to be cancelled.
+--
+-- KEYS  1 meta (HASH)  2 lease  3 inbox (STREAM)  4 log  5 ui  6 msgs  7 pending (ZSET)
+--       8 keys  9 ckpt                                                     -- one session, one slot
+-- ARGV  1 now_ms
+-- Returns {"ok", target message id, inbox seq} | {"none"} | {"unknown"}
+--
+-- Invariant: the request lands in the inbox stream, which a running worker follows with
+-- XREAD BLOCK, so it sees the cancel within its block time; `cancel` in meta names the
+-- target until that input is done, so a worker claiming later sees it too.
+
+local meta, inbox, pending = KEYS[1], KEYS[3], KEYS[7]
+if redis.call('EXISTS', meta) == 0 then return {'unknown'} end
+local target = redis.call('HGET', meta, 'turn') or ''
+if target == '' then
+  local first = redis.call('ZRANGE', pending, 0, 0)
+  if #first == 0 then return {'none'} end
+  target = first[1]
+end
+redis.call('HSET', meta, 'cancel', target)
+local seq = redis.call('HINCRBY', meta, 'inbox', 1)
+redis.call('XADD', inbox, seq .. '-0', 'k', 'c', 'id', target, 'at', ARGV[1])
+return {'ok', target, seq}

@@ -1,0 +1,69 @@
+-- claim.lua: take a session's lease and read everything a worker needs to continue it.
+--
+-- KEYS  1 meta (HASH)  2 lease (HASH)  3 inbox (STREAM)  4 log (STREAM)  5 ui (STREAM)
+--       6 msgs (HASH)  7 pending (ZSET)  8 keys (HASH)  9 ckpt (HASH)      -- one session, one slot
+-- ARGV  1 holder   2 lease_ms   3 now_ms
+-- Returns {"held", holder, epoch, expires_ms} when a live lease stands, {"unknown"} for
+-- no such session, else
+--   {"ok", epoch, expires_ms, agent, has_ckpt(0|1), ckpt_data, ckpt_through,
+--    records {cursor, data, ...}, head, pending {{seq, field, value, ...}, ...},
+--    turn, yielded, cutoffs, deaths, cancel_target, ui_cursor, taken_over(0|1),
+--    inbox_seq, turn_input {seq, field, value, ...} or {}}
+--
+-- Invariant: at most one live lease. A claim succeeds only when no lease is held or the
+-- held one expired by now_ms; it bumps the epoch (never reused, even after a release), so
+-- every later write of the previous holder is refused. A takeover (the previous lease
+-- expired while held) with a turn open counts one more death of that turn.
+
+local meta, lease, inbox, log, pending, ckpt = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7], KEYS[9]
+local holder, lease_ms, now_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+
+local l = redis.call('HMGET', lease, 'holder', 'epoch', 'expires_ms', 'state')
+local epoch = tonumber(l[2] or 0)
+local taken = 0
+if l[4] == 'held' then
+  if tonumber(l[3] or 0) > now_ms then return {'held', l[1], epoch, tonumber(l[3])} end
+  taken = 1
+end
+if redis.call('EXISTS', meta) == 0 then return {'unknown'} end
+
+epoch = epoch + 1
+local expires = now_ms + lease_ms
+redis.call('HSET', lease, 'holder', holder, 'epoch', epoch, 'expires_ms', string.format('%d', expires), 'state', 'held')
+
+local m = redis.call('HMGET', meta, 'agent', 'head', 'ui', 'inbox', 'turn', 'turn_seq', 'yielded', 'cutoffs', 'deaths', 'cancel')
+local turn = m[5] or ''
+local deaths = tonumber(m[9] or 0)
+if taken == 1 and turn ~= '' then deaths = redis.call('HINCRBY', meta, 'deaths', 1) end
+
+local function entry(seq)
+  local found = redis.call('XRANGE', inbox, seq .. '-0', seq .. '-0')
+  if #found == 0 then return {} end
+  local out = {seq}
+  for _, v in ipairs(found[1][2]) do out[#out + 1] = v end
+  return out
+end
+
+local c = redis.call('HMGET', ckpt, 'data', 'through')
+local has_ckpt, through = 0, 0
+if c[2] then has_ckpt, through = 1, tonumber(c[2]) end
+
+local records = {}
+for _, e in ipairs(redis.call('XRANGE', log, (through + 1) .. '-0', '+')) do
+  local f = e[2]
+  local data = ''
+  for i = 1, #f, 2 do if f[i] == 'd' then data = f[i + 1] end end
+  records[#records + 1] = string.match(e[1], '^(%d+)')
+  records[#records + 1] = data
+end
+
+local waiting = {}
+local ids = redis.call('ZRANGE', pending, 0, -1, 'WITHSCORES')
+for i = 1, #ids, 2 do waiting[#waiting + 1] = entry(ids[i + 1]) end
+
+local turn_input = {}
+if turn ~= '' and tonumber(m[6] or 0) > 0 then turn_input = entry(m[6]) end
+
+return {'ok', epoch, expires, m[1] or '', has_ckpt, c[1] or '', through, records,
+        tonumber(m[2] or 0), waiting, turn, tonumber(m[7] or 0), tonumber(m[8] or 0), deaths,
+        m[10] or '', tonumber(m[3] or 0), taken, tonumber(m[4] or 0), turn_input}

@@ -1,0 +1,29 @@
+-- release.lua: let a session go; optionally count a deadline cut-off of its open step.
+--
+-- KEYS  1 meta (HASH)  2 lease (HASH)  3 inbox  4 log  5 ui  6 msgs  7 pending (ZSET)
+--       8 keys  9 ckpt                                                     -- one session, one slot
+-- ARGV  1 epoch   2 cutoff ("1" the deadline cut off the open step)   3 now_ms
+--       4 ttl_ms ("0" keeps finished sessions)
+-- Returns {"ok", released_now(0|1), cutoffs} | {"fenced", lease_epoch, lease_state, lease_expires_ms}
+--
+-- Invariant: only the epoch's own holder releases, once: a second release of the same
+-- epoch changes nothing (and counts no second cut-off). A holder whose lease expired but
+-- was not claimed again still heads the chain and may release it. The epoch stays, so the
+-- next claim is epoch + 1.
+
+local meta, lease, pending = KEYS[1], KEYS[2], KEYS[7]
+local epoch, ttl_ms = tonumber(ARGV[1]), tonumber(ARGV[4])
+local l = redis.call('HMGET', lease, 'epoch', 'state', 'expires_ms')
+if tonumber(l[1] or 0) ~= epoch then
+  return {'fenced', tonumber(l[1] or 0), l[2] or '', tonumber(l[3] or 0)}
+end
+local m = redis.call('HMGET', meta, 'turn', 'cutoffs')
+local cutoffs = tonumber(m[2] or 0)
+if l[2] ~= 'held' then return {'ok', 0, cutoffs} end
+redis.call('HSET', lease, 'state', 'released', 'expires_ms', 0)
+local turn = m[1] or ''
+if ARGV[2] == '1' and turn ~= '' then cutoffs = redis.call('HINCRBY', meta, 'cutoffs', 1) end
+if ttl_ms > 0 and turn == '' and redis.call('ZCARD', pending) == 0 then
+  for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ttl_ms) end
+end
+return {'ok', 1, cutoffs}

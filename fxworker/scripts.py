@@ -1,0 +1,285 @@
+"""The Lua scripts of `fxworker/lua/`, their loader and one typed wrapper per script.
+
+Every write the store makes is one script run with EVALSHA. Redis forgets loaded scripts
+when it restarts (or on SCRIPT FLUSH); a NOSCRIPT reply makes the runner load every
+script and run the call again. A NOSCRIPT call never ran, so running it again is safe.
+
+A wrapper (`accept(...)`, `append(...)`, ...) turns typed arguments into a `Call`: the
+script, its KEYS and ARGV. `SyncRunner` and `AsyncRunner` execute calls on a redis-py
+client, one at a time or several in one pipeline (one round trip, executed in order).
+The replies are parsed by the store (`fxworker.store._replies`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Union
+
+from redis.exceptions import NoScriptError
+
+from .keys import IndexKeys, SessionKeys
+
+Arg = Union[str, bytes, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """One Lua file: its name (the file stem), source and SHA1 (what EVALSHA names)."""
+
+    name: str
+    source: str
+    sha: str
+
+
+def _load_all() -> dict[str, Script]:
+    scripts: dict[str, Script] = {}
+    for entry in resources.files("fxworker").joinpath("lua").iterdir():
+        if entry.name.endswith(".lua"):
+            source = entry.read_text(encoding="utf-8")
+            name = entry.name[: -len(".lua")]
+            scripts[name] = Script(name, source, hashlib.sha1(source.encode()).hexdigest())
+    return scripts
+
+
+SCRIPTS: dict[str, Script] = _load_all()
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One script invocation: what EVALSHA sends."""
+
+    script: Script
+    keys: Sequence[str]
+    args: Sequence[Arg]
+
+    def evalsha_args(self) -> tuple[Any, ...]:
+        return (self.script.sha, len(self.keys), *self.keys, *self.args)
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """A plain Redis command (XREAD, WAIT, ...); `key` routes it on a cluster."""
+
+    args: tuple[Arg, ...]
+    key: str | None = None
+
+
+Step = Union[Call, Command]
+
+
+class SyncRunner:
+    """Runs calls on a blocking redis-py client (`redis.Redis` or `redis.cluster.RedisCluster`)."""
+
+    def __init__(self, client: Any, *, cluster: bool = False) -> None:
+        self.client = client
+        # A cluster spreads one call's keys over nodes: steps run one by one, in order.
+        self.cluster = cluster
+
+    def load(self) -> None:
+        for script in SCRIPTS.values():
+            self.client.script_load(script.source)
+
+    def run(self, call: Call) -> Any:
+        try:
+            return self.client.evalsha(*call.evalsha_args())
+        except NoScriptError:
+            self.load()
+            return self.client.evalsha(*call.evalsha_args())
+
+    def run_all(self, steps: Sequence[Step]) -> list[Any]:
+        """Runs `steps` in order: one pipeline (one round trip) when allowed, else one by one."""
+        if self.cluster or len(steps) == 1:
+            return [self._run_step(step) for step in steps]
+        pipe = self.client.pipeline(transaction=False)
+        for step in steps:
+            _queue(pipe, step)
+        replies = list(pipe.execute(raise_on_error=False))
+        missing = _first_noscript(replies)
+        if missing is not None:
+            self.load()
+            for i in _rerun(steps, replies, missing):
+                replies[i] = self._run_step(steps[i])
+        return _raise_errors(replies)
+
+    def _run_step(self, step: Step) -> Any:
+        if isinstance(step, Call):
+            return self.run(step)
+        if self.cluster and step.key is not None:
+            return self.client.execute_command(*step.args, target_nodes=self.client.get_node_from_key(step.key))
+        return self.client.execute_command(*step.args)
+
+
+class AsyncRunner:
+    """Runs calls on an asyncio redis-py client (`redis.asyncio.Redis` or its cluster client)."""
+
+    def __init__(self, client: Any, *, cluster: bool = False) -> None:
+        self.client = client
+        # A cluster spreads one call's keys over nodes: steps run one by one, in order.
+        self.cluster = cluster
+
+    async def load(self) -> None:
+        for script in SCRIPTS.values():
+            await self.client.script_load(script.source)
+
+    async def run(self, call: Call) -> Any:
+        try:
+            return await self.client.evalsha(*call.evalsha_args())
+        except NoScriptError:
+            await self.load()
+            return await self.client.evalsha(*call.evalsha_args())
+
+    async def run_all(self, steps: Sequence[Step]) -> list[Any]:
+        """Runs `steps` in order: one pipeline (one round trip) when allowed, else one by one."""
+        if self.cluster or len(steps) == 1:
+            return [await self._run_step(step) for step in steps]
+        pipe = self.client.pipeline(transaction=False)
+        for step in steps:
+            _queue(pipe, step)
+        replies = list(await pipe.execute(raise_on_error=False))
+        missing = _first_noscript(replies)
+        if missing is not None:
+            await self.load()
+            for i in _rerun(steps, replies, missing):
+                replies[i] = await self._run_step(steps[i])
+        return _raise_errors(replies)
+
+    async def _run_step(self, step: Step) -> Any:
+        if isinstance(step, Call):
+            return await self.run(step)
+        if self.cluster and step.key is not None:
+            node = self.client.get_node_from_key(step.key)
+            return await self.client.execute_command(*step.args, target_nodes=node)
+        return await self.client.execute_command(*step.args)
+
+
+def _queue(pipe: Any, step: Step) -> None:
+    # Plain EVALSHA on the pipeline: redis-py's Script objects would add a SCRIPT EXISTS
+    # round trip before every pipeline.
+    if isinstance(step, Call):
+        pipe.execute_command("EVALSHA", *step.evalsha_args())
+    else:
+        pipe.execute_command(*step.args)
+
+
+def _first_noscript(replies: list[Any]) -> int | None:
+    for i, reply in enumerate(replies):
+        if isinstance(reply, NoScriptError):
+            return i
+    return None
+
+
+def _rerun(steps: Sequence[Step], replies: list[Any], first: int) -> list[int]:
+    # A NOSCRIPT call did not run; run it again, in order, with every plain command after
+    # the first one (a WAIT must follow the write it waits for). Calls that ran stay.
+    return [
+        i
+        for i in range(first, len(steps))
+        if isinstance(replies[i], NoScriptError) or isinstance(steps[i], Command)
+    ]
+
+
+def _raise_errors(replies: list[Any]) -> list[Any]:
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
+
+
+# -- one typed wrapper per script -------------------------------------------------------
+
+
+def accept(
+    keys: SessionKeys,
+    *,
+    kind: str,
+    message_id: str,
+    input_json: str,
+    context_json: str,
+    settings_json: str,
+    agent: str,
+    now_ms: int,
+    create: bool,
+    steer_max_bytes: int,
+    steer_max_count: int,
+    steer_max_total_bytes: int,
+) -> Call:
+    """accept.lua: store a prompt (`kind="p"`) or steer (`"s"`) once per message id."""
+    return Call(
+        SCRIPTS["accept"],
+        keys.all(),
+        [kind, message_id, input_json, context_json, settings_json, agent, now_ms, "1" if create else "0",
+         steer_max_bytes, steer_max_count, steer_max_total_bytes],
+    )
+
+
+def mark_ready(index: IndexKeys, *, session_id: str, now_ms: int) -> Call:
+    """mark_ready.lua: put a session in the ready set and the session index."""
+    return Call(SCRIPTS["mark_ready"], index.all(), [session_id, now_ms])
+
+
+def clear_ready(index: IndexKeys, *, session_id: str, older_than_ms: int, forget: bool = False) -> Call:
+    """clear_ready.lua: drop a ready mark no newer than `older_than_ms` (and the index entry if `forget`)."""
+    return Call(SCRIPTS["clear_ready"], index.all(), [session_id, older_than_ms, "1" if forget else "0"])
+
+
+def claim(keys: SessionKeys, *, holder: str, lease_ms: int, now_ms: int) -> Call:
+    """claim.lua: take the lease when no live one stands; bumps the epoch; reads the session."""
+    return Call(SCRIPTS["claim"], keys.all(), [holder, lease_ms, now_ms])
+
+
+def append(
+    keys: SessionKeys,
+    *,
+    epoch: int,
+    now_ms: int,
+    ttl_ms: int,
+    expected: str | None,
+    check_expected: bool,
+    records: Sequence[tuple[str, bytes, str, Sequence[tuple[str, str]]]],
+    marks: Sequence[tuple[str, str]],
+    lines: Sequence[tuple[str, str]],
+) -> Call:
+    """append.lua: the fenced write. `records` are (key, data, marks JSON, flat marks);
+    `marks` apply without a record; `lines` are (JSON text without its last brace, the
+    message id a `turn_end` line ends or "")."""
+    args: list[Arg] = [epoch, now_ms, ttl_ms, (expected or "0") if check_expected else "", len(records),
+                       len(lines), len(marks)]
+    for key, data, marks_json, flat in records:
+        args += [key, data, marks_json, len(flat)]
+        for name, value in flat:
+            args += [name, value]
+    for name, value in marks:
+        args += [name, value]
+    for text, ends in lines:
+        args += [text, ends]
+    return Call(SCRIPTS["append"], keys.all(), args)
+
+
+def renew(keys: SessionKeys, *, epoch: int, lease_ms: int, now_ms: int) -> Call:
+    """renew.lua: extend the head's lease; refused once released, expired or claimed again."""
+    return Call(SCRIPTS["renew"], keys.all(), [epoch, lease_ms, now_ms])
+
+
+def release(keys: SessionKeys, *, epoch: int, cutoff: bool, now_ms: int, ttl_ms: int) -> Call:
+    """release.lua: let the session go, counting a deadline cut-off when `cutoff`."""
+    return Call(SCRIPTS["release"], keys.all(), [epoch, "1" if cutoff else "0", now_ms, ttl_ms])
+
+
+def save_checkpoint(
+    keys: SessionKeys, *, epoch: int, now_ms: int, through: int, data: bytes, max_bytes: int, ttl_ms: int
+) -> Call:
+    """save_checkpoint.lua: store a checkpoint through a log cursor and trim what it covers."""
+    return Call(SCRIPTS["save_checkpoint"], keys.all(), [epoch, now_ms, through, data, max_bytes, ttl_ms])
+
+
+def cancel(keys: SessionKeys, *, now_ms: int) -> Call:
+    """cancel.lua: target the open (or next waiting) turn and notify the inbox."""
+    return Call(SCRIPTS["cancel"], keys.all(), [now_ms])
+
+
+def state(keys: SessionKeys) -> Call:
+    """state.lua: one atomic snapshot of a session."""
+    return Call(SCRIPTS["state"], keys.all(), [])

@@ -1,0 +1,159 @@
+"""The session store (DESIGN.md §5): Redis streams, leases and in-band fencing.
+
+Three ways to build one, all the same `RedisStore` (one code path, Lua included):
+
+    redis_store(url)        Redis or Redis Cluster (`cluster=True`) over redis-py
+    embedded_store()        fakeredis in this process (the default with no REDIS_URL)
+    memory_store()          a private fakeredis, looser session ids (tests, tools)
+
+Every method is async; `store.sync` has the blocking twins. The key layout is documented
+in `fxworker.keys`, each script's contract at the top of its file in `fxworker/lua/`.
+
+How the layers above use it:
+
+Sender (web process, `Session.prompt/steer/cancel`)
+    `accept(sid, agent=, kind="prompt"|"steer", message_id=, input=, context=, settings=)`
+    marks the session ready, then stores the input (one round trip on a standalone
+    Redis: both go in one pipeline, the mark first). `Accepted.repeated` with `status`
+    `waiting`/`running` means follow the original turn from `Accepted.cursor`; `done`
+    means answer from the stream (`end_cursor` points at its `turn_end`). Then send the
+    wake. `request_cancel(sid)` targets the open turn (or the next waiting one).
+
+Delivery (worker)
+    `claim(sid, holder=new_holder_id(), lease_ms=)` -> `Claim | None` (None: someone
+    else's lease is live; acknowledge the wake as a no-op). Renew every lease_ms / 3 with
+    `renew(sid, epoch, lease_ms=)`; any `FxLeaseLostError` means stop at once, quietly.
+    Build the engine on `store.persistence(sid, epoch, claim)`; queue UI lines on it
+    (`queue_lines`) so they ride with the next record, or write them with
+    `append(sid, epoch, lines=[...])`. Take pending inputs from `claim.pending` (acceptance
+    order) and mark them consumed with the engine's `{"start": id}` / `{"accepted": id}`
+    record marks, or `append(..., marks=[{"drop": id}])` for one no turn takes (cancelled,
+    refused). Follow `watch_inbox(sid, claim.inbox_cursor, block_ms=1000)` while a turn runs
+    for steers and cancels. Poison and cut-off limits read `claim.deaths` and
+    `claim.cutoffs`; a hard stop releases with `release(sid, epoch, cutoff=True)`. When no
+    work is left, `release(sid, epoch)` then `clear_ready(sid)`.
+
+Sweeper
+    `ready_sessions()` -> sessions with work and no live lease: send each a wake.
+
+Followers (stream endpoint)
+    `read_lines(sid, cursor, block_ms=)` (or `read_raw_lines` for NDJSON bytes): every
+    line after `cursor`, each carrying its `cursor` and writer `epoch`; loop on the last
+    cursor. Lines of a replaced worker are never stored, so no ranking is needed.
+
+Errors: `FxStoreUnavailableError` (FX_STORE_UNAVAILABLE) for Redis down or timing out,
+raised once at the boundary; the next call reconnects. A script either ran whole or not
+at all, so repeating a call with the same message id or idempotency key is safe.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import FxConfigError
+from ..settings import Settings
+from ._core import READY_GRACE_MS, UNCHECKED, StoreCore
+from .embedded import embedded_store
+from .memory import memory_store
+from .persistence import StorePersistence
+from .redis import RedisStore, SyncRedisStore, client_factories, map_redis_errors
+from .types import (
+    CHECKPOINT_MAX_BYTES,
+    STEER_MAX_BYTES,
+    STEER_MAX_QUEUED,
+    STEER_MAX_QUEUED_BYTES,
+    Accepted,
+    Appended,
+    Claim,
+    Input,
+    OpenTurn,
+    ReadySession,
+    Released,
+    SessionState,
+    StoreRecord,
+)
+
+log = logging.getLogger("fxworker.store")
+
+
+def redis_store(
+    url: str | None = None,
+    *,
+    prefix: str | None = None,
+    ack: str | None = None,
+    client: Any = None,
+    sync_client: Any = None,
+    cluster: bool = False,
+    session_ttl_s: float | None = None,
+    clock: Callable[[], int] | None = None,
+    socket_timeout_s: float = 5.0,
+    settings: Settings | None = None,
+) -> RedisStore:
+    """The store on Redis at `url` (default `REDIS_URL`); with neither, the embedded store.
+
+    `ack`: "primary" (default), "aof" (WAITAOF, Redis >= 7.2, else FX_ACK_UNSUPPORTED at
+    first use) or "replica" (WAIT 1). `client` / `sync_client`: redis-py clients of your
+    own (asyncio / blocking, `decode_responses=False`); `cluster=True` for Redis Cluster.
+    `clock` returns ms and stands in for wall time in every lease decision (tests).
+    Unset arguments come from `settings` (default `Settings.from_env()`).
+    """
+    settings = settings or Settings.from_env()
+    prefix = prefix or settings.prefix
+    ack = ack or settings.ack
+    ttl = session_ttl_s if session_ttl_s is not None else settings.session_ttl_s
+    url = url or settings.redis_url
+    if url is None and client is None and sync_client is None:
+        if ack != "primary":
+            raise FxConfigError(f"ack={ack!r} needs a Redis server (REDIS_URL)")
+        log.warning("REDIS_URL is not set: using the embedded store (in this process only, for development)")
+        return embedded_store(prefix=prefix, session_ttl_s=ttl, clock=clock)
+    core = StoreCore(
+        prefix=prefix, ack=ack, session_ttl_s=ttl, clock=clock, cluster=cluster,
+        max_block_ms=max(1, int(socket_timeout_s * 1000) - 500),
+    )
+    make_async: Callable[[], Any]
+    make_sync: Callable[[], Any]
+    if url is not None:
+        make_async, make_sync = client_factories(url, cluster=cluster, socket_timeout_s=socket_timeout_s)
+    else:
+        def missing() -> Any:
+            raise FxConfigError("this store was given only one client; pass both client= and sync_client=")
+
+        make_async = make_sync = missing
+    if client is not None:
+        make_async = lambda: client  # noqa: E731
+    if sync_client is not None:
+        make_sync = lambda: sync_client  # noqa: E731
+    return RedisStore(core, make_async_client=make_async, make_sync_client=make_sync, kind="cluster" if cluster else "redis")
+
+
+__all__ = [
+    # building a store
+    "redis_store",
+    "embedded_store",
+    "memory_store",
+    "RedisStore",
+    "SyncRedisStore",
+    "StoreCore",
+    "StorePersistence",
+    "map_redis_errors",
+    # results
+    "Accepted",
+    "Appended",
+    "Claim",
+    "Input",
+    "OpenTurn",
+    "ReadySession",
+    "Released",
+    "SessionState",
+    "StoreRecord",
+    # constants
+    "UNCHECKED",
+    "READY_GRACE_MS",
+    "CHECKPOINT_MAX_BYTES",
+    "STEER_MAX_BYTES",
+    "STEER_MAX_QUEUED",
+    "STEER_MAX_QUEUED_BYTES",
+]

@@ -1,0 +1,367 @@
+"""The store's operations as I/O-free plans: the calls to run and how to read their replies.
+
+`StoreCore.op_accept(...)` and its siblings validate and encode their arguments and return
+an `Op`: the steps (script calls and plain commands) to run in order, and a parser for the
+replies. `RedisStore` (async) and `SyncRedisStore` run the same `Op` on their clients, so
+the two never differ in anything but how they wait.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from fxengine.errors import FxLimitError
+
+from .. import scripts
+from ..errors import FxConfigError, FxInvalidCursorError, FxStoreUnavailableError, FxUnknownSessionError
+from ..ids import validate_message_id, validate_session_id
+from ..keys import SessionKeys, check_prefix, index_keys, session_keys
+from ..scripts import Command, Step
+from . import _replies as r
+from .types import (
+    CHECKPOINT_MAX_BYTES,
+    INPUT_MAX_BYTES,
+    STEER_MAX_BYTES,
+    STEER_MAX_QUEUED,
+    STEER_MAX_QUEUED_BYTES,
+    Accepted,
+    Appended,
+    Claim,
+    Input,
+    InputKind,
+    Mark,
+    ReadySession,
+    Released,
+    SessionState,
+    StoreRecord,
+)
+
+T = TypeVar("T")
+log = logging.getLogger("fxworker.store")
+
+# A ready mark younger than this is never cleared: it may belong to an accept still in
+# flight (the sender marks first, then accepts). Well above any accept's socket timeout.
+READY_GRACE_MS = 30_000
+
+
+class _Unchecked:
+    def __repr__(self) -> str:
+        return "UNCHECKED"
+
+
+UNCHECKED: Any = _Unchecked()
+"""`append(expected=UNCHECKED)`: the call does not compare the log head (the default)."""
+
+RecordLike = StoreRecord | tuple[str, bytes, Sequence[Mark]]
+
+
+@dataclass(frozen=True, slots=True)
+class Op(Generic[T]):
+    """Steps to run in order (one round trip when pipelined) and the parser of their replies."""
+
+    steps: list[Step]
+    parse: Callable[[list[Any]], T]
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class StoreCore:
+    """Validation, keys and operation plans shared by the sync and async Redis store."""
+
+    def __init__(
+        self,
+        *,
+        prefix: str = "fx",
+        ack: str = "primary",
+        memory_ids: bool = False,
+        session_ttl_s: float | None = None,
+        clock: Callable[[], int] | None = None,
+        cluster: bool = False,
+        ack_timeout_ms: int = 1000,
+        max_block_ms: int = 4000,
+    ) -> None:
+        if ack not in ("primary", "aof", "replica"):
+            raise FxConfigError(f"ack must be 'primary', 'aof' or 'replica', got {ack!r}")
+        if cluster and ack != "primary":
+            raise FxConfigError(f"ack={ack!r} is not supported on Redis Cluster yet; use ack='primary'")
+        self.prefix = check_prefix(prefix)
+        self.ack = ack
+        self.memory_ids = memory_ids
+        self.ttl_ms = int(session_ttl_s * 1000) if session_ttl_s else 0
+        self.clock = clock or wall_clock_ms
+        self.cluster = cluster
+        self.ack_timeout_ms = ack_timeout_ms
+        self.max_block_ms = max_block_ms
+        self.index = index_keys(self.prefix)
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def now(self, now_ms: int | None) -> int:
+        return self.clock() if now_ms is None else int(now_ms)
+
+    def keys(self, session_id: str) -> SessionKeys:
+        return session_keys(self.prefix, validate_session_id(session_id, memory=self.memory_ids))
+
+    def _ack_steps(self) -> list[Step]:
+        if self.ack == "replica":
+            return [Command(("WAIT", 1, self.ack_timeout_ms))]
+        if self.ack == "aof":
+            return [Command(("WAITAOF", 1, 0, self.ack_timeout_ms))]
+        return []
+
+    def _check_ack(self, replies: list[Any], what: str) -> None:
+        if self.ack == "replica" and int(replies[0]) < 1:
+            raise FxStoreUnavailableError(
+                f"{what} is stored on the primary but no replica acknowledged it within {self.ack_timeout_ms} ms; "
+                "repeating the call with the same ids is safe"
+            )
+        if self.ack == "aof" and int(replies[0][0]) < 1:
+            raise FxStoreUnavailableError(f"{what} is stored but not yet fsynced to the AOF within {self.ack_timeout_ms} ms")
+
+    def _block(self, block_ms: int | None) -> int | None:
+        if block_ms is None:
+            return None
+        return max(1, min(int(block_ms), self.max_block_ms))
+
+    # -- senders -----------------------------------------------------------------------
+
+    def op_accept(
+        self,
+        session_id: str,
+        *,
+        agent: str,
+        kind: InputKind,
+        message_id: str,
+        input: Any,
+        context: Any,
+        settings: Any,
+        now_ms: int | None,
+        create: bool,
+    ) -> Op[Accepted]:
+        keys = self.keys(session_id)
+        validate_message_id(message_id)
+        code = r.kind_code(kind)
+        input_json = r.dumps(input)
+        if len(input_json.encode()) > INPUT_MAX_BYTES:
+            raise FxLimitError(f"an input is limited to {INPUT_MAX_BYTES} bytes of JSON", code="FX_LIMIT_INPUT")
+        now = self.now(now_ms)
+        accept = scripts.accept(
+            keys, kind=code, message_id=message_id, input_json=input_json,
+            context_json="" if context is None else r.dumps(context),
+            settings_json="" if settings is None else r.dumps(settings),
+            agent=agent, now_ms=now, create=create, steer_max_bytes=STEER_MAX_BYTES,
+            steer_max_count=STEER_MAX_QUEUED, steer_max_total_bytes=STEER_MAX_QUEUED_BYTES,
+        )
+        # The ready mark goes first (§5): a sender that dies after the acknowledgement
+        # leaves the session for the sweeper. Pipelined, both are one round trip.
+        steps: list[Step] = [scripts.mark_ready(self.index, session_id=session_id, now_ms=now), accept]
+        steps += self._ack_steps()
+
+        def parse(replies: list[Any]) -> Accepted:
+            accepted = r.parse_accept(replies[1], session_id=session_id, message_id=message_id, kind=kind)
+            if len(replies) > 2:
+                self._check_ack(replies[2:], f"message {message_id}")
+            return accepted
+
+        return Op(steps, parse)
+
+    def op_cancel(self, session_id: str, *, now_ms: int | None) -> Op[str | None]:
+        call = scripts.cancel(self.keys(session_id), now_ms=self.now(now_ms))
+        return Op([call], lambda replies: r.parse_cancel(replies[0], session_id=session_id))
+
+    def op_mark_ready(self, session_id: str, *, now_ms: int | None) -> Op[None]:
+        validate_session_id(session_id, memory=self.memory_ids)
+        call = scripts.mark_ready(self.index, session_id=session_id, now_ms=self.now(now_ms))
+        return Op([call], lambda replies: None)
+
+    # -- workers ------------------------------------------------------------------------
+
+    def op_claim(self, session_id: str, *, holder: str, lease_ms: int, now_ms: int | None) -> Op[Claim | None]:
+        if lease_ms <= 0:
+            raise ValueError(f"lease_ms must be positive, got {lease_ms}")
+        call = scripts.claim(self.keys(session_id), holder=holder, lease_ms=int(lease_ms), now_ms=self.now(now_ms))
+        return Op([call], lambda replies: r.parse_claim(replies[0], session_id=session_id, holder=holder))
+
+    def op_append(
+        self,
+        session_id: str,
+        epoch: int,
+        *,
+        records: Sequence[RecordLike],
+        lines: Sequence[Mapping[str, Any]],
+        marks: Sequence[Mark],
+        expected: str | None | _Unchecked,
+        durable: bool,
+        now_ms: int | None,
+    ) -> Op[Appended]:
+        keys = self.keys(session_id)
+        encoded = []
+        for record in records:
+            if isinstance(record, StoreRecord):
+                key, data, record_marks = record.idempotency_key, record.data, record.marks
+            else:
+                key, data, record_marks = record
+            encoded.append((key, bytes(data), r.dumps(list(record_marks)), r.encode_marks(record_marks)))
+        check = not isinstance(expected, _Unchecked)
+        call = scripts.append(
+            keys, epoch=int(epoch), now_ms=self.now(now_ms), ttl_ms=self.ttl_ms,
+            expected=expected if check else None, check_expected=check,  # type: ignore[arg-type]
+            records=encoded, marks=r.encode_marks(marks), lines=[r.encode_line(line) for line in lines],
+        )
+        steps: list[Step] = [call]
+        if durable:
+            steps += self._ack_steps()
+        shown = None if not check else expected
+
+        def parse(replies: list[Any]) -> Appended:
+            appended = r.parse_append(replies[0], session_id=session_id, epoch=int(epoch), expected=shown)  # type: ignore[arg-type]
+            if len(replies) > 1:
+                self._check_ack(replies[1:], f"a record of session {session_id}")
+            return appended
+
+        return Op(steps, parse)
+
+    def op_renew(self, session_id: str, epoch: int, *, lease_ms: int, now_ms: int | None) -> Op[int]:
+        call = scripts.renew(self.keys(session_id), epoch=int(epoch), lease_ms=int(lease_ms), now_ms=self.now(now_ms))
+        return Op([call], lambda replies: r.parse_renew(replies[0], session_id=session_id, epoch=int(epoch)))
+
+    def op_release(self, session_id: str, epoch: int, *, cutoff: bool, now_ms: int | None) -> Op[Released]:
+        call = scripts.release(
+            self.keys(session_id), epoch=int(epoch), cutoff=cutoff, now_ms=self.now(now_ms), ttl_ms=self.ttl_ms
+        )
+        return Op([call], lambda replies: r.parse_release(replies[0], session_id=session_id, epoch=int(epoch)))
+
+    def op_save_checkpoint(
+        self, session_id: str, epoch: int, *, through: str | None, data: bytes, now_ms: int | None
+    ) -> Op[int]:
+        keys = self.keys(session_id)
+        if len(data) > CHECKPOINT_MAX_BYTES:
+            raise FxLimitError(f"a checkpoint is limited to {CHECKPOINT_MAX_BYTES} bytes", code="FX_JOURNAL_TOO_LARGE")
+        call = scripts.save_checkpoint(
+            keys, epoch=int(epoch), now_ms=self.now(now_ms), through=int(through or 0), data=bytes(data),
+            max_bytes=CHECKPOINT_MAX_BYTES, ttl_ms=self.ttl_ms,
+        )
+        return Op([call], lambda replies: r.parse_checkpoint(replies[0], session_id=session_id, epoch=int(epoch)))
+
+    def op_watch_inbox(self, session_id: str, after: int, *, block_ms: int | None, count: int | None) -> Op[list[Input]]:
+        keys = self.keys(session_id)
+        step = self._xread(keys.inbox, int(after), block_ms=block_ms, count=count)
+
+        def parse(replies: list[Any]) -> list[Input]:
+            out = []
+            for seq, fields in r.parse_stream(replies[0]):
+                flat: list[Any] = [seq]
+                for name, value in fields.items():
+                    flat += [name, value]
+                out.append(r.parse_input(flat))
+            return out
+
+        return Op([step], parse)
+
+    # -- readers ------------------------------------------------------------------------
+
+    def _xread(self, key: str, after: int, *, block_ms: int | None, count: int | None) -> Command:
+        args: list[Any] = ["XREAD"]
+        if count is not None:
+            args += ["COUNT", int(count)]
+        block = self._block(block_ms)
+        if block is not None:
+            args += ["BLOCK", block]
+        return Command((*args, "STREAMS", key, f"{after}-0"), key=key)
+
+    def op_read_raw_lines(
+        self, session_id: str, cursor: int, *, block_ms: int | None, count: int | None
+    ) -> Op[list[tuple[int, bytes]]]:
+        if isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 0:
+            raise FxInvalidCursorError(f"a stream cursor must be a non-negative integer, got {cursor!r}")
+        step = self._xread(self.keys(session_id).ui, cursor, block_ms=block_ms, count=count)
+        return Op([step], lambda replies: [(n, bytes(f[b"l"])) for n, f in r.parse_stream(replies[0])])
+
+    def op_state(self, session_id: str, *, now_ms: int | None) -> Op[SessionState]:
+        now = self.now(now_ms)
+
+        def parse(replies: list[Any]) -> SessionState:
+            state = r.parse_state(replies[0], session_id=session_id, now_ms=now)
+            if state is None:
+                raise FxUnknownSessionError(f"no session {session_id}")
+            return state
+
+        return Op([scripts.state(self.keys(session_id))], parse)
+
+    def op_states(self, session_ids: Sequence[str], *, now_ms: int | None) -> Op[list[SessionState | None]]:
+        now = self.now(now_ms)
+        steps: list[Step] = [scripts.state(self.keys(sid)) for sid in session_ids]
+        return Op(
+            steps,
+            lambda replies: [r.parse_state(rep, session_id=sid, now_ms=now) for sid, rep in zip(session_ids, replies)],
+        )
+
+    def op_index(self, key: str, limit: int, *, newest_first: bool) -> Op[list[tuple[str, int]]]:
+        command = "ZREVRANGE" if newest_first else "ZRANGE"
+        step = Command((command, key, 0, max(0, int(limit) - 1), "WITHSCORES"), key=key)
+
+        def parse(replies: list[Any]) -> list[tuple[str, int]]:
+            flat = replies[0]
+            if flat and isinstance(flat[0], (list, tuple)):
+                return [(r._text(m), int(float(s))) for m, s in flat]
+            return [(r._text(flat[i]), int(float(flat[i + 1]))) for i in range(0, len(flat), 2)]
+
+        return Op([step], parse)
+
+    def op_clear(self, session_ids: Sequence[str], *, older_than_ms: int, forget: Sequence[bool]) -> Op[list[bool]]:
+        steps: list[Step] = [
+            scripts.clear_ready(self.index, session_id=sid, older_than_ms=older_than_ms, forget=f)
+            for sid, f in zip(session_ids, forget)
+        ]
+        return Op(steps, lambda replies: [bool(x) for x in replies])
+
+    @staticmethod
+    def ready_from(session_ids: Sequence[str], states: list[SessionState | None]) -> list[ReadySession]:
+        ready = []
+        for sid, state in zip(session_ids, states):
+            if state is None or state.status != "waiting":
+                continue
+            reason = "open_turn" if state.open_turn else "pending"
+            ready.append(ReadySession(sid, state.agent, reason))  # type: ignore[arg-type]
+        return ready
+
+    @staticmethod
+    def decode_lines(raw: list[tuple[int, bytes]]) -> list[dict[str, Any]]:
+        return [json.loads(text) for _, text in raw]
+
+    def check_server(self, info: Mapping[str, Any] | None, policy: Any) -> None:
+        """Start-up checks on the answers of INFO server and CONFIG GET maxmemory-policy."""
+        if self.ack == "aof" and info is not None:
+            version = tuple(int(p) for p in str(info.get("redis_version", "0")).split(".")[:2])
+            if version < (7, 2):
+                from ..errors import FxAckUnsupportedError
+
+                raise FxAckUnsupportedError(
+                    f"ack='aof' needs WAITAOF (Redis 7.2 or newer); this server is {info.get('redis_version')}"
+                )
+        value = _find_policy(policy)
+        if value is not None and value != "noeviction":
+            log.warning(
+                "Redis maxmemory-policy is %r: under memory pressure Redis may evict session keys; "
+                "set it to 'noeviction'", value,
+            )
+
+
+def _find_policy(policy: Any) -> str | None:
+    if isinstance(policy, Mapping):
+        for key, value in policy.items():
+            k = key.decode() if isinstance(key, bytes) else key
+            if k == "maxmemory-policy":
+                return value.decode() if isinstance(value, bytes) else str(value)
+            if isinstance(value, Mapping):  # a cluster client answers per node
+                found = _find_policy(value)
+                if found is not None:
+                    return found
+    return None

@@ -1,0 +1,167 @@
+"""What the store's calls return: plain frozen records, no behaviour beyond small helpers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fxengine.persistence import JournalRecord, Loaded, StoredCheckpoint
+
+InputKind = Literal["prompt", "steer"]
+InboxKind = Literal["prompt", "steer", "cancel"]
+MessageStatus = Literal["waiting", "running", "done"]
+SessionStatus = Literal["idle", "waiting", "running"]
+Mark = dict[str, Any]
+
+# The limits of DESIGN.md §5 and §6, enforced inside the scripts.
+CHECKPOINT_MAX_BYTES = 4 * 1024 * 1024
+STEER_MAX_BYTES = 64 * 1024
+STEER_MAX_QUEUED = 64
+STEER_MAX_QUEUED_BYTES = 1024 * 1024
+INPUT_MAX_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """The answer to `accept()`: the input is stored (or was already, `repeated=True`).
+
+    `status` is the input's own: `waiting` (not taken by a turn yet), `running` (its turn is
+    open) or `done`. `cursor` is the session's last UI cursor at acceptance: a caller that
+    follows the new turn reads from it. `agent` is the session's owner, which differs from
+    the caller's agent for a forwarded session. `end_cursor` is the UI cursor of the
+    `turn_end` line of a finished prompt, when one was written.
+    """
+
+    session_id: str
+    message_id: str
+    kind: InputKind
+    repeated: bool
+    status: MessageStatus
+    cursor: int
+    agent: str
+    created: bool
+    seq: int
+    end_cursor: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Input:
+    """One inbox entry: a prompt, a steer, or a cancel request (whose `message_id` is its target)."""
+
+    seq: int
+    kind: InboxKind
+    message_id: str
+    input: Any = None
+    context: Any = None
+    settings: Any = None
+    accepted_ms: int = 0
+    cancelled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class OpenTurn:
+    """The turn a session has open: its id (the prompt's message id), whether it yielded, its input."""
+
+    message_id: str
+    yielded: bool
+    input: Input | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Everything a worker needs once it holds a session's lease (`claim()`).
+
+    `records` are the log records after the checkpoint, oldest first; `head` the cursor the
+    next append continues (`None`: nothing stored yet). `pending` are the inputs no turn has
+    consumed yet, in acceptance order. `cutoffs` counts deadline cut-offs in a row of the
+    open turn's step, `deaths` the takeovers of the open turn with no progress between
+    (poison-turn detection, §6). `taken_over`: the previous lease expired while held.
+    `inbox_cursor` is where `watch_inbox()` continues from.
+    """
+
+    session_id: str
+    holder: str
+    epoch: int
+    lease_expires_ms: int
+    agent: str
+    checkpoint: StoredCheckpoint | None
+    records: list[JournalRecord]
+    head: str | None
+    pending: list[Input]
+    open_turn: OpenTurn | None
+    cutoffs: int
+    deaths: int
+    cancel_requested: bool
+    ui_cursor: int
+    taken_over: bool
+    inbox_cursor: int
+
+    def __repr__(self) -> str:
+        return (
+            f"<Claim session={self.session_id} epoch={self.epoch} head={self.head} "
+            f"records={len(self.records)} pending={len(self.pending)} open={self.open_turn is not None}>"
+        )
+
+    def loaded(self) -> Loaded:
+        """The engine's view of this claim (`Persistence.load()`)."""
+        return Loaded(checkpoint=self.checkpoint, journal=list(self.records), head=self.head)
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """What a fenced `append()` stored: the record cursors and UI line cursors, in order."""
+
+    records: list[str]
+    lines: list[int]
+    head: str | None
+    repeated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """`release()`: whether this call let the lease go (False: it already was) and the cut-off count."""
+
+    released: bool
+    cutoffs: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionState:
+    """One consistent snapshot of a session (`state()`)."""
+
+    session_id: str
+    agent: str
+    status: SessionStatus
+    cursor: int
+    turns: int
+    epoch: int
+    open_turn: str | None
+    pending: int
+    cancel_requested: bool
+    lease_holder: str | None
+    lease_expires_ms: int | None
+    created_ms: int
+    last_turn: str | None
+    head: str | None
+
+    @property
+    def has_work(self) -> bool:
+        return self.open_turn is not None or self.pending > 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReadySession:
+    """A session the sweeper should wake: work is pending and no live lease holds it."""
+
+    session_id: str
+    agent: str
+    reason: Literal["pending", "open_turn"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreRecord:
+    """One record for `append()`: the engine's idempotency key, its bytes and its marks."""
+
+    idempotency_key: str
+    data: bytes
+    marks: list[Mark] = field(default_factory=list)
