@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .engine import Engine, create_engine
 from .errors import (
     FxError,
     FxFencedError,
@@ -13,12 +14,29 @@ from .errors import (
     FxProviderError,
     FxToolDefinitionError,
 )
+from .limits import check_prompt_input
 from .models.sse import BUILD
 from .persistence import JournalRecord, Loaded, MemoryPersistence, Persistence, StoredCheckpoint
+from .tools import Signal, Tool, ToolContext, tool
+from .turn import Turn, TurnResult
+
+__version__ = "0.1.0"
 
 __all__ = [
     # which build of the hot path loaded: "compiled" or "pure"
     "BUILD",
+    # the engine
+    "Engine",
+    "Turn",
+    "TurnResult",
+    "create_engine",
+    # tools
+    "Signal",
+    "Tool",
+    "ToolContext",
+    "tool",
+    # input checks
+    "check_prompt_input",
     # errors
     "FxError",
     "FxFencedError",

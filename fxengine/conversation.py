@@ -1,0 +1,212 @@
+"""The conversation as a fold of journal events: the same code runs live and on replay.
+
+The engine never changes its history directly: it applies an event (and journals it),
+so a new engine that replays the stored events rebuilds exactly the same state.
+Messages are kept provider-neutral:
+
+    {"role": "user", "blocks": [...]}
+    {"role": "assistant", "content", "tool_calls": [{id, name, arguments}]}
+    {"role": "tool", "id", "name", "content", "isError", "images"?}
+
+Tool results reach the history in the order the model called them, once every call of
+the response is answered; user text that arrives meanwhile (a steer, the resume notice)
+waits behind them, because a Chat Completions history must answer every call first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .models.openai_chat import RESUME_NOTICE
+from .usage import add_usage, clean_usage
+
+ENDED_UNANSWERED = "The turn ended before this call finished."
+
+
+@dataclass
+class OpenTurn:
+    """The turn that started and has not ended (it may be running, crashed or yielded)."""
+
+    id: str
+    step: int = 0
+    responses: int = 0
+    usage: dict[str, int] = field(default_factory=dict)
+    yielded: bool = False
+    requested: list[int] = field(default_factory=list)
+    responded: list[int] = field(default_factory=list)
+    pending: dict[str, Any] | None = None
+    deferred: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "step": self.step,
+            "responses": self.responses,
+            "usage": dict(self.usage),
+            "yielded": self.yielded,
+            "requested": list(self.requested),
+            "responded": list(self.responded),
+            "pending": self.pending,
+            "deferred": list(self.deferred),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> OpenTurn:
+        return cls(
+            id=raw["id"],
+            step=int(raw.get("step", 0)),
+            responses=int(raw.get("responses", 0)),
+            usage=clean_usage(raw.get("usage")),
+            yielded=bool(raw.get("yielded", False)),
+            requested=list(raw.get("requested") or []),
+            responded=list(raw.get("responded") or []),
+            pending=raw.get("pending"),
+            deferred=list(raw.get("deferred") or []),
+        )
+
+    @property
+    def unanswered(self) -> list[dict[str, Any]]:
+        """Calls of the last response that have no result yet, in call order."""
+        if not self.pending:
+            return []
+        results = self.pending["results"]
+        return [c for c in self.pending["calls"] if c["id"] not in results]
+
+    @property
+    def retract(self) -> list[int]:
+        """Steps whose request was sent but whose response was never recorded."""
+        done = set(self.responded)
+        return sorted(s for s in self.requested if s not in done)
+
+    @property
+    def step_name(self) -> str:
+        """The `{step}` mark of where the turn is: the k-th model call, or its tools."""
+        if self.pending and self.unanswered:
+            return f"tools:{self.responses}"
+        return f"model:{self.responses + 1}"
+
+
+@dataclass
+class Conversation:
+    """The whole engine state: history, the open turn, and how the last turn ended."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    open: OpenTurn | None = None
+    last_turn_id: str | None = None
+    last_end: dict[str, Any] | None = None
+    turns: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "messages": self.messages,
+            "open": self.open.to_dict() if self.open else None,
+            "lastTurnId": self.last_turn_id,
+            "lastEnd": self.last_end,
+            "turns": self.turns,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Conversation:
+        open_raw = raw.get("open")
+        return cls(
+            messages=list(raw.get("messages") or []),
+            open=OpenTurn.from_dict(open_raw) if open_raw else None,
+            last_turn_id=raw.get("lastTurnId"),
+            last_end=raw.get("lastEnd"),
+            turns=int(raw.get("turns", 0)),
+        )
+
+    # the fold
+
+    def apply(self, kind: str, body: dict[str, Any]) -> None:
+        """Applies one journal event (see `fxengine.journal.records`)."""
+        handler = getattr(self, "_on_" + kind)
+        handler(body)
+
+    def _user(self, message: dict[str, Any]) -> None:
+        if self.open is not None and self.open.unanswered:
+            self.open.deferred.append(message)
+        else:
+            self.messages.append(message)
+
+    def _settle(self) -> None:
+        """Moves the answered calls (in call order) and any deferred messages into history."""
+        turn = self.open
+        if turn is None or turn.pending is None or turn.unanswered:
+            return
+        results = turn.pending["results"]
+        for call in turn.pending["calls"]:
+            self.messages.append({"role": "tool", **results[call["id"]]})
+        turn.pending = None
+        self.messages.extend(turn.deferred)
+        turn.deferred = []
+
+    def _on_turn_start(self, body: dict[str, Any]) -> None:
+        self.open = OpenTurn(id=body["turn"])
+        self.turns += 1
+        self.messages.append({"role": "user", "blocks": body["input"]})
+
+    def _on_model_request(self, body: dict[str, Any]) -> None:
+        turn = self._require_open()
+        step = int(body["step"])
+        turn.step = max(turn.step, step)
+        turn.requested.append(step)
+
+    def _on_model_response(self, body: dict[str, Any]) -> None:
+        turn = self._require_open()
+        step = int(body["step"])
+        turn.responded.append(step)
+        turn.responses += 1
+        turn.usage = add_usage(turn.usage, body.get("usage"))
+        calls = body.get("toolCalls") or []
+        content = body.get("content") or ""
+        if content or calls:
+            self.messages.append({"role": "assistant", "content": content, "tool_calls": calls})
+        if calls:
+            turn.pending = {"step": step, "calls": calls, "results": {}}
+
+    def _on_tool_result(self, body: dict[str, Any]) -> None:
+        turn = self._require_open()
+        if turn.pending is None:
+            return
+        result: dict[str, Any] = {"id": body["id"], "name": body["name"], "content": body.get("content", ""),
+                                  "isError": bool(body.get("isError"))}
+        if body.get("images"):
+            result["images"] = body["images"]
+        turn.pending["results"][body["id"]] = result
+        self._settle()
+
+    def _on_accepted(self, body: dict[str, Any]) -> None:
+        self._user({"role": "user", "blocks": [{"type": "text", "text": body["text"]}]})
+
+    def _on_resumed(self, body: dict[str, Any]) -> None:
+        turn = self._require_open()
+        turn.yielded = False
+        if body.get("interrupted"):
+            self._user({"role": "user", "blocks": [{"type": "text", "text": RESUME_NOTICE}]})
+
+    def _on_turn_yield(self, body: dict[str, Any]) -> None:
+        self._require_open().yielded = True
+
+    def _on_turn_end(self, body: dict[str, Any]) -> None:
+        turn = self.open
+        if turn is None:
+            return
+        if turn.pending is not None:
+            for call in turn.unanswered:
+                turn.pending["results"][call["id"]] = {
+                    "id": call["id"], "name": call["name"], "content": ENDED_UNANSWERED, "isError": True}
+            self._settle()
+        self.messages.extend(turn.deferred)
+        self.last_turn_id = turn.id
+        self.last_end = {"stopReason": body.get("stopReason"), "usage": clean_usage(body.get("usage")),
+                         "error": body.get("error"), "steps": list(turn.responded)}
+        self.open = None
+
+    def _require_open(self) -> OpenTurn:
+        if self.open is None:
+            from .errors import FxJournalError
+
+            raise FxJournalError("journal event outside a turn")
+        return self.open

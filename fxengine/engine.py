@@ -1,0 +1,455 @@
+"""The engine: one conversation in one process (DESIGN §9), optionally journaled.
+
+    engine = await create_engine("scripted", provider=model.provider, tools=[lookup])
+    turn = engine.prompt("What is the order status?")
+    async for event in turn:
+        ...
+    result = await turn.result()
+
+Everything runs on the caller's asyncio loop: many engines may share one process (and
+one `httpx.AsyncClient`). With a `persistence`, every step is journaled as it happens and
+a new engine on the same store can `resume()` a turn the last process left open.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from .conversation import Conversation
+from .errors import FxError, FxInputError
+from .events import Event
+from .journal.journal import Journal
+from .journal.records import ENGINE_VERSION, decode_batch, decode_checkpoint, encode_checkpoint
+from .limits import check_prompt_input
+from .loop import OnAmbiguous, TurnRunner
+from .persistence import Mark, Persistence
+from .providers import Provider, resolve_model, resolve_provider
+from .tools.definition import Tool, check_tools
+from .turn import Turn, TurnResult
+
+INSTRUCTIONS_MAX_BYTES = 64 * 1024
+DEFAULT_MAX_MODEL_TURNS = 50
+# A streamed reply may pause for minutes (long reasoning); connecting may not.
+DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=300.0, write=30.0, pool=30.0)
+
+OnEvent = Callable[[dict[str, Any]], None]
+EventSink = Callable[[Event], None]
+_TURN_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+
+
+def _check_instructions(instructions: Any) -> str | None:
+    if instructions is None:
+        return None
+    if isinstance(instructions, (list, tuple)) and all(isinstance(i, str) for i in instructions):
+        instructions = "\n\n".join(instructions)
+    if not isinstance(instructions, str):
+        raise FxInputError("instructions must be a string or a list of strings")
+    if len(instructions.encode("utf-8")) > INSTRUCTIONS_MAX_BYTES:
+        raise FxInputError("instructions are over 64 KiB", code="FX_LIMIT_INSTRUCTIONS")
+    return instructions or None
+
+
+def _check_turn_id(turn_id: Any) -> str:
+    if not isinstance(turn_id, str) or not 1 <= len(turn_id) <= 128 or not set(turn_id) <= _TURN_ID_CHARS:
+        raise FxInputError("turn_id must be 1 to 128 of A-Z a-z 0-9 . _ -")
+    return turn_id
+
+
+def _check_yield_at(yield_at: Any) -> float | None:
+    if yield_at is None:
+        return None
+    if isinstance(yield_at, bool) or not isinstance(yield_at, (int, float)) or yield_at < 0:
+        raise FxInputError("yield_at must be a time in epoch milliseconds")
+    return float(yield_at)
+
+
+def tool_set_hash(tools: Mapping[str, Tool]) -> str:
+    """A short hash of the tool set: names, schemas and the idempotent / writes flags."""
+    described = [[t.name, t.idempotent, t.writes, dict(t.input_schema)] for t in sorted(tools.values(), key=lambda t: t.name)]
+    return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class Engine:
+    """One conversation. Create it with `create_engine()`; one prompt runs at a time."""
+
+    def __init__(
+        self,
+        *,
+        provider: Provider,
+        spec: Any,
+        tools: dict[str, Tool],
+        instructions: str | None,
+        persistence: Persistence | None,
+        on_event: OnEvent | None,
+        event_sink: EventSink | None,
+        max_model_turns: int,
+        http_client: httpx.AsyncClient | None,
+        session_id: str | None,
+        context: Any,
+        epoch: int | None,
+    ) -> None:
+        self._provider = provider
+        self._spec = spec
+        self._tools = tools
+        self._tool_list = list(tools.values())
+        self._instructions = instructions
+        self._persistence = persistence
+        self._on_event = on_event
+        self._event_sink = event_sink
+        self.max_model_turns = max_model_turns
+        self._own_client = http_client is None
+        self._client = http_client if http_client is not None else httpx.AsyncClient(timeout=DEFAULT_TIMEOUT)
+        self.session_id = session_id
+        self.context = context
+        self.epoch = epoch
+        self._conv = Conversation()
+        self._journal = Journal(persistence, head=None, diag=self._diag)
+        self._running: TurnRunner | None = None
+        self._broken: FxError | None = None
+        self._detached = False
+        self._closed = False
+        self._tools_hash = tool_set_hash(tools)
+
+    def __repr__(self) -> str:
+        running = self._running.turn_id if self._running else None
+        open_id = self._conv.open.id if self._conv.open else None
+        return (f"<Engine model={self._spec.id} provider={self._provider.name} messages={len(self._conv.messages)} "
+                f"open_turn={open_id} running={running} head={self._journal.head}>")
+
+    # diagnostics
+
+    def _diag(self, event: dict[str, Any]) -> None:
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(event)
+        except Exception:  # a diagnostics callback must never break a turn
+            pass
+
+    # loading
+
+    async def _load(self, checkpoint: bytes | None) -> None:
+        seed = checkpoint
+        head: str | None = None
+        records = []
+        if self._persistence is not None:
+            loaded = await self._persistence.load()
+            if loaded.checkpoint is not None:
+                seed = loaded.checkpoint.data
+            records = list(loaded.journal)
+            if loaded.head is not None:
+                head = loaded.head
+            elif records:
+                head = records[-1].cursor
+            elif loaded.checkpoint is not None:
+                head = loaded.checkpoint.through
+        conv = self._restore(seed) if seed is not None else Conversation()
+        for record in records:
+            for kind, body in decode_batch(record.data):
+                conv.apply(kind, body)
+        self._conv = conv
+        self._journal.head = head
+        self._diag({"type": "journal.open", "events": len(records), "checkpoint": seed is not None,
+                    "turns": conv.turns, "resumable": conv.open is not None})
+
+    def _restore(self, data: bytes) -> Conversation:
+        body = decode_checkpoint(data)
+        current = {"engineVersion": ENGINE_VERSION, "toolSchemaHash": self._tools_hash, "model": self._spec.id}
+        saved = {"engineVersion": body.get("engine"), "toolSchemaHash": body.get("tools"), "model": body.get("model")}
+        changed = [key for key in current if saved[key] != current[key]]
+        if changed:
+            self._diag({"type": "checkpoint.mismatch", "sessionId": self.session_id, "changed": changed,
+                        "saved": saved, "current": current})
+        return Conversation.from_dict(body["state"])
+
+    # the journal
+
+    def _commit(self, kind: str, body: dict[str, Any], *, marks: list[Mark] | None = None, barrier: bool = False,
+                want_ack: bool = False) -> Any:
+        """Applies one event to the conversation and queues it for the journal."""
+        self._conv.apply(kind, body)
+        all_marks = list(marks or ())
+        if self._conv.open is not None:
+            all_marks.append({"step": self._conv.open.step_name})
+        return self._journal.add(kind, body, marks=all_marks, barrier=barrier, want_ack=want_ack)
+
+    async def _save_checkpoint(self) -> None:
+        save = getattr(self._persistence, "save_checkpoint", None)
+        through = self._journal.head
+        if save is None or not self._journal.enabled or through is None:
+            return
+        try:
+            data = self.checkpoint()
+            await save(through=through, data=data)
+        except Exception as exc:  # the journal still holds everything; the next turn end tries again
+            self._diag({"type": "checkpoint.error", "error": getattr(exc, "code", type(exc).__name__),
+                        "message": str(exc)})
+            return
+        self._diag({"type": "checkpoint.save", "through": through, "bytes": len(data)})
+
+    def _on_journal_failure(self, exc: BaseException) -> None:
+        from .errors import FxJournalAppendError
+
+        error = FxJournalAppendError(f"the journal append failed: {exc}")
+        error.__cause__ = exc
+        self._broken = error
+        if self._running is not None:
+            self._running.on_journal_failure(exc)
+
+    def _turn_finished(self, runner: TurnRunner) -> None:
+        if self._running is runner:
+            self._running = None
+
+    # the public surface
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise FxError("the engine is closed", code="FX_ENGINE_CLOSED")
+        if self._broken is not None:
+            raise self._broken
+        if self._detached:
+            raise FxError("this engine detached from its session; create a new engine to continue", code="FX_DETACHED")
+        if self._running is not None:
+            raise FxError("a turn is already running on this engine (one prompt at a time)", code="FX_TURN_RUNNING")
+
+    def prompt(self, input: str | Sequence[Any], *, yield_at: float | None = None, turn_id: str | None = None) -> Turn:
+        """Starts a turn and returns it at once.
+
+        Args:
+            input: text, or a list of text and image blocks (checked by
+                `fxengine.limits.check_prompt_input`).
+            yield_at: epoch ms; the turn stops `yielded` before its next model request
+                after that time (its first request always goes).
+            turn_id: the turn's id; the open turn's id resumes it, the last ended
+                turn's id answers its result again (`repeated=True`) and runs nothing.
+
+        Raises:
+            FxInputError / FxLimitError: bad input, before anything is sent or stored.
+            FxError: `FX_TURN_RUNNING`, `FX_ENGINE_CLOSED`, `FX_DETACHED`, or the
+                journal failure that stopped this engine.
+        """
+        self._check_usable()
+        yield_at = _check_yield_at(yield_at)
+        blocks = check_prompt_input(input if isinstance(input, str) else list(input))
+        entry = self._spec.entry
+        if entry is not None and not entry.supports_images and any(b["type"] == "image" for b in blocks):
+            raise FxInputError(f"model {self._spec.id} does not take images", code="FX_MODEL_NO_IMAGES")
+        if turn_id is not None:
+            _check_turn_id(turn_id)
+            if self._conv.open is not None and turn_id == self._conv.open.id:
+                resumed = self.resume(yield_at=yield_at)
+                assert resumed is not None
+                return resumed
+            if turn_id == self._conv.last_turn_id and self._conv.last_end is not None:
+                end = self._conv.last_end
+                runner = TurnRunner(self, turn_id)
+                runner.finish_now(TurnResult(end.get("stopReason") or "end_turn", dict(end.get("usage") or {}),
+                                             end.get("error"), repeated=True))
+                return Turn(runner)
+        runner = TurnRunner(self, turn_id or f"turn_{uuid.uuid4().hex}", blocks=blocks, yield_at=yield_at)
+        self._running = runner
+        runner.start()
+        return Turn(runner)
+
+    def resume(
+        self,
+        *,
+        on_ambiguous: OnAmbiguous | None = None,
+        yield_at: float | None = None,
+        no_rerun: bool = False,
+        next_step: int | None = None,
+    ) -> Turn | None:
+        """Continues the turn the last engine left open, or returns None when there is none.
+
+        A call that finished keeps its result; an idempotent call left running is rerun
+        with the same `execution_id` (`tool.rerun` on `on_event`); any other is answered
+        to the model as possibly partly run (`tool_end` with `isError`) unless
+        ``on_ambiguous({"executionId", "name", "input"})`` returns ``"rerun"``.
+        `no_rerun=True` answers every call left running that way. The model is told
+        "Resuming from unexpected session interruption." unless the turn had yielded.
+        `next_step` sets the number of the next model step.
+        """
+        self._check_usable()
+        if on_ambiguous is not None and not callable(on_ambiguous):
+            raise FxInputError("on_ambiguous must be a function")
+        if next_step is not None and (not isinstance(next_step, int) or isinstance(next_step, bool) or next_step < 1):
+            raise FxInputError("next_step must be a positive integer")
+        yield_at = _check_yield_at(yield_at)
+        open_turn = self._conv.open
+        if open_turn is None:
+            return None
+        runner = TurnRunner(self, open_turn.id, yield_at=yield_at, resume=True, on_ambiguous=on_ambiguous,
+                            no_rerun=no_rerun, next_step=next_step)
+        self._running = runner
+        runner.start()
+        return Turn(runner)
+
+    async def end_open_turn(self, stop_reason: str = "cancelled", error: dict[str, Any] | None = None) -> TurnResult | None:
+        """Closes the open turn without running it (e.g. after 3 cut-offs of a model request).
+
+        Calls it left running are answered as unfinished. Returns None when no turn is open.
+        """
+        self._check_usable()
+        open_turn = self._conv.open
+        if open_turn is None:
+            return None
+        usage = dict(open_turn.usage)
+        body: dict[str, Any] = {"stopReason": stop_reason, "usage": usage}
+        if error is not None:
+            body["error"] = error
+        self._commit("turn_end", body, marks=[{"end": True}])
+        await self._journal.flush()
+        self._journal.raise_failure()
+        await self._save_checkpoint()
+        return TurnResult(stop_reason, usage, error)
+
+    def checkpoint(self) -> bytes:
+        """The conversation as opaque bytes (at most 4 MiB); restore with `checkpoint=`."""
+        return encode_checkpoint(state=self._conv.to_dict(), tools=self._tools_hash, model=self._spec.id)
+
+    @property
+    def open_turn(self) -> dict[str, Any] | None:
+        """The turn that started and has not ended: ``{turnId, yielded, step, responses,
+        running, inFlight}``, or None."""
+        turn = self._conv.open
+        if turn is None:
+            return None
+        return {"turnId": turn.id, "yielded": turn.yielded, "step": turn.step, "responses": turn.responses,
+                "running": self._running is not None, "inFlight": self.in_flight, "usage": dict(turn.usage)}
+
+    @property
+    def in_flight(self) -> dict[str, Any] | None:
+        """What is running now (``{"kind": "model"|"tool", "step", "calls"}``); with no turn
+        running, what the open turn had in flight when its engine stopped."""
+        if self._running is not None:
+            return self._running.in_flight
+        turn = self._conv.open
+        if turn is None:
+            return None
+        unanswered = turn.unanswered
+        if unanswered and turn.pending is not None:
+            return {"kind": "tool", "step": int(turn.pending["step"]),
+                    "calls": [{"id": c["id"], "name": c["name"]} for c in unanswered]}
+        if turn.retract:
+            return {"kind": "model", "step": turn.retract[-1], "calls": []}
+        return None
+
+    def recorded_steps(self, turn_id: str) -> set[int]:
+        """Steps of the turn whose model response is in the journal."""
+        turn = self._conv.open
+        if turn is not None and turn.id == turn_id:
+            return set(turn.responded)
+        if self._conv.last_turn_id == turn_id and self._conv.last_end is not None:
+            return set(self._conv.last_end.get("steps") or [])
+        return set()
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """A copy of the history (provider-neutral messages)."""
+        return json.loads(json.dumps(self._conv.messages))
+
+    @property
+    def model_id(self) -> str:
+        return str(self._spec.id)
+
+    async def close(self) -> None:
+        """Cancels a running turn, waits for the journal, and closes the engine's own client."""
+        if self._closed:
+            return
+        runner = self._running
+        if runner is not None:
+            runner.cancel()
+            try:
+                await runner.result_future
+            except Exception:
+                pass
+        await self._journal.flush()
+        self._closed = True
+        if self._own_client:
+            await self._client.aclose()
+
+
+async def create_engine(
+    model: str | Mapping[str, Any],
+    *,
+    api_key: str | None = None,
+    instructions: str | Sequence[str] | None = None,
+    tools: Sequence[Tool] | Mapping[str, Tool] | None = None,
+    provider: Mapping[str, Any] | Provider | None = None,
+    checkpoint: bytes | None = None,
+    persistence: Persistence | None = None,
+    on_event: OnEvent | None = None,
+    event_sink: EventSink | None = None,
+    max_model_turns: int = DEFAULT_MAX_MODEL_TURNS,
+    http_client: httpx.AsyncClient | None = None,
+    session_id: str | None = None,
+    context: Any = None,
+    epoch: int | None = None,
+    model_catalog: Mapping[str, Any] | None = None,
+) -> Engine:
+    """Creates an engine (and loads its journal when `persistence` is given).
+
+    Args:
+        model: a model id, or ``{"id", "effort"?, "fast"?, "ultrafast"?}``.
+        api_key: the provider key; for AI Gateway (the default provider) falls back to
+            `AI_GATEWAY_API_KEY`, then `VERCEL_OIDC_TOKEN`.
+        instructions: the system prompt (a string or a list of strings, ≤ 64 KiB).
+        tools: `Tool`s (a list, or a dict keyed by name; at most 64).
+        provider: None for AI Gateway, or a custom provider dict (see
+            `fxengine.providers.custom`).
+        checkpoint: bytes from `Engine.checkpoint()` to start from.
+        persistence: a `Persistence` store; every step is journaled to it.
+        on_event: diagnostics (`transport.*`, `tool.rerun`, `checkpoint.*`, ...).
+        event_sink: gets every turn event synchronously, in order.
+        max_model_turns: model requests per turn before it stops `max_model_turns`.
+        http_client: a shared `httpx.AsyncClient` (not closed by the engine).
+        session_id, context, epoch: handed to every tool call's `ctx`.
+        model_catalog: model entries for AI Gateway, to check settings offline.
+
+    Raises:
+        FxInputError: a bad model, setting, provider, tool or option (`FX_*` codes).
+        FxProviderError: `FX_PROVIDER_NO_CREDENTIALS` when AI Gateway has no key.
+        FxJournalVersionError: the journal or checkpoint is from a newer fxengine.
+        FxJournalError: the journal or checkpoint does not parse.
+    """
+    tools_by_name = check_tools(tools)
+    resolved = resolve_provider(provider, api_key=api_key, model_catalog=model_catalog)
+    spec = resolve_model(model, resolved)
+    if isinstance(max_model_turns, bool) or not isinstance(max_model_turns, int) or max_model_turns < 1:
+        raise FxInputError("max_model_turns must be a positive integer")
+    if checkpoint is not None and not isinstance(checkpoint, (bytes, bytearray, memoryview)):
+        raise FxInputError("checkpoint must be bytes from Engine.checkpoint()")
+    if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int)):
+        raise FxInputError("epoch must be an integer")
+    if context is not None:
+        try:
+            json.dumps(context)
+        except (TypeError, ValueError):
+            raise FxInputError("context must be JSON") from None
+    engine = Engine(
+        provider=resolved,
+        spec=spec,
+        tools=tools_by_name,
+        instructions=_check_instructions(instructions),
+        persistence=persistence,
+        on_event=on_event,
+        event_sink=event_sink,
+        max_model_turns=max_model_turns,
+        http_client=http_client,
+        session_id=session_id,
+        context=context,
+        epoch=epoch,
+    )
+    engine._journal.on_failure = engine._on_journal_failure
+    try:
+        await engine._load(bytes(checkpoint) if checkpoint is not None else None)
+    except BaseException:
+        await engine.close()
+        raise
+    return engine

@@ -1,0 +1,401 @@
+"""The turn loop: model step -> tool calls -> model step ... until the model ends (DESIGN §4, §6).
+
+Every change goes through `Engine._commit` (applied to the conversation, then journaled),
+so a replay rebuilds the same state. The runner is one asyncio task; `cancel()`,
+`detach()` and a failed journal append stop it through `Task.cancel()`, and the flags set
+beforehand say which of them it was. Steering cancels only the streaming sub-task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import events as ev
+from .errors import FxError, FxInputError, FxJournalAppendError
+from .journal.journal import JournalStopped
+from .limits import check_message_id, check_steer_text
+from .models.openai_chat import StepOutput, build_request, model_step
+from .tools.definition import Signal, ToolContext
+from .tools.runner import PlannedCall, ToolOutcome, parse_arguments, run_calls
+from .turn import EventBuffer, TurnResult
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+AMBIGUOUS_RESULT = (
+    "This call may have partly run: the session was interrupted while it ran, so its outcome is unknown. "
+    "Check its effects before calling it again."
+)
+
+OnAmbiguous = Callable[[dict[str, Any]], Any]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class TurnRunner:
+    """Runs one turn (a new prompt, or the resume of an open turn) on the engine's state."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        turn_id: str,
+        *,
+        blocks: list[dict[str, Any]] | None = None,
+        yield_at: float | None = None,
+        resume: bool = False,
+        on_ambiguous: OnAmbiguous | None = None,
+        no_rerun: bool = False,
+        next_step: int | None = None,
+    ) -> None:
+        self.engine = engine
+        self.turn_id = turn_id
+        self.events = EventBuffer(sink=engine._event_sink, diag=engine._diag)
+        self.result_future: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
+        self.retract_candidates: list[int] = []
+        self.signal = Signal()
+        self._blocks = blocks
+        self._yield_at = yield_at
+        self._resume = resume
+        self._on_ambiguous = on_ambiguous
+        self._no_rerun = no_rerun
+        self._next_step = next_step
+        self._steers: deque[tuple[str, str]] = deque()
+        self._steer_bytes = 0
+        self._accepting = True
+        self._finishing = False
+        self._cancel_requested = False
+        self._detached = False
+        self._failure: BaseException | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stream_task: asyncio.Task[StepOutput] | None = None
+        self._out: StepOutput | None = None
+        self._out_step = 0
+        self._in_flight: dict[str, Any] | None = None
+        self._running_calls: dict[str, dict[str, Any]] = {}
+
+    def describe(self) -> str:
+        if self.result_future.done():
+            return f"ended={self.result_future.result().stop_reason}"
+        flight = self._in_flight or {}
+        return f"running kind={flight.get('kind')} step={flight.get('step')} steers={len(self._steers)}"
+
+    # lifecycle
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._main(), name=f"fx-turn-{self.turn_id}")
+
+    def finish_now(self, result: TurnResult) -> None:
+        """Ends a turn that runs nothing (a repeated turn id)."""
+        self._accepting = False
+        self.events.close()
+        self.result_future.set_result(result)
+
+    @property
+    def in_flight(self) -> dict[str, Any] | None:
+        flight = self._in_flight
+        if flight is None:
+            return None
+        if flight["kind"] == "tool":
+            return {**flight, "calls": list(self._running_calls.values())}
+        return dict(flight)
+
+    # control from the caller
+
+    def steer(self, text: str, steer_id: str | None) -> None:
+        if not self._accepting or self.result_future.done():
+            raise FxInputError("no prompt is running", code="FX_TURN_ENDED")
+        check_steer_text(text, queued=len(self._steers), queued_bytes=self._steer_bytes)
+        if steer_id is not None:
+            check_message_id(steer_id)
+        self._steers.append((steer_id or f"str_{uuid.uuid4().hex}", text))
+        self._steer_bytes += len(text.encode("utf-8", "surrogatepass"))
+        stream = self._stream_task
+        if stream is not None and not stream.done():
+            stream.cancel()
+
+    def cancel(self) -> None:
+        if self.result_future.done() or self._finishing or self._cancel_requested or self._detached:
+            return
+        self._cancel_requested = True
+        self._accepting = False
+        self.signal.abort("cancelled")
+        self._stop_task()
+
+    def detach(self) -> None:
+        if self.result_future.done() or self._detached:
+            return
+        self._detached = True
+        self._accepting = False
+        self.engine._journal.detach()
+        self.engine._detached = True
+        self.signal.abort("detached")
+        self._stop_task()
+
+    def on_journal_failure(self, exc: BaseException) -> None:
+        if self.result_future.done():
+            return
+        self._failure = exc
+        self._accepting = False
+        self.signal.abort("journal")
+        self._stop_task()
+
+    def _stop_task(self) -> None:
+        task = self._task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+
+    # the task
+
+    async def _main(self) -> None:
+        outcome: tuple[str, dict[str, Any] | None] | None = None
+        try:
+            outcome = await self._run()
+        except (asyncio.CancelledError, JournalStopped, FxJournalAppendError):
+            task = asyncio.current_task()
+            if task is not None:
+                while task.uncancel():
+                    pass
+            if not (self._detached or self._failure is not None):
+                self._cancel_requested = True
+        except FxError as exc:
+            outcome = ("error", exc.to_dict())
+        except Exception as exc:  # a bug must end the turn visibly, not hang it
+            outcome = ("error", {"code": "FX_ERROR", "message": f"internal error: {type(exc).__name__}: {exc}"})
+        self._finishing = True
+        self._accepting = False
+        finisher = asyncio.get_running_loop().create_task(self._finish(outcome))
+        while not finisher.done():
+            try:
+                await asyncio.shield(finisher)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+
+    def _failure_result(self, usage: dict[str, int]) -> TurnResult:
+        exc = self._failure
+        cause = exc.to_dict() if isinstance(exc, FxError) else {"code": "FX_ERROR", "message": str(exc)}
+        error = {"code": "FX_JOURNAL_APPEND_FAILED", "message": f"the journal append failed: {exc}", "cause": cause}
+        return TurnResult("error", usage, error)
+
+    async def _finish(self, outcome: tuple[str, dict[str, Any] | None] | None) -> None:
+        engine = self.engine
+        usage = dict(engine._conv.open.usage) if engine._conv.open is not None else {}
+        result: TurnResult
+        try:
+            if self._failure is not None:
+                result = self._failure_result(usage)
+            elif self._detached:
+                result = TurnResult("unknown", usage, detached=True)
+            else:
+                stop, error = outcome if outcome is not None else ("cancelled", None)
+                self._record_partial()
+                if stop == "yielded":
+                    engine._commit("turn_yield", {}, marks=[{"yield": True}])
+                else:
+                    body: dict[str, Any] = {"stopReason": stop, "usage": usage}
+                    if error is not None:
+                        body["error"] = error
+                    engine._commit("turn_end", body, marks=[{"end": True}])
+                await engine._journal.flush()
+                if self._failure is not None:
+                    result = self._failure_result(usage)
+                elif self._detached:
+                    result = TurnResult("unknown", usage, detached=True)
+                else:
+                    result = TurnResult(stop, usage, error)
+                    await engine._save_checkpoint()
+        except Exception as exc:  # never leave a caller waiting on result()
+            result = TurnResult("error", usage, {"code": "FX_ERROR", "message": f"internal error: {exc!r}"})
+        engine._turn_finished(self)
+        self.events.close()
+        self.result_future.set_result(result)
+
+    def _record_partial(self) -> None:
+        """Records what a step had streamed when the turn stopped inside it."""
+        out = self._out
+        if out is None or self.engine._conv.open is None:
+            return
+        self._out = None
+        self.engine._commit("model_response", {"step": self._out_step, "content": out.content, "toolCalls": [],
+                                               "finishReason": None, "usage": out.usage, "cut": True})
+
+    async def _run(self) -> tuple[str, dict[str, Any] | None]:
+        engine = self.engine
+        conv = engine._conv
+        first_barrier: asyncio.Future[str | None] | None = None
+        if not self._resume:
+            if conv.open is not None:
+                engine._commit("turn_end", {"stopReason": "cancelled", "usage": conv.open.usage, "error": {
+                    "code": "FX_TURN_INTERRUPTED", "message": "a new prompt ended this turn, which an earlier engine left open"}},
+                    marks=[{"end": True}])
+            assert self._blocks is not None
+            first_barrier = engine._commit("turn_start", {"turn": self.turn_id, "input": self._blocks, "atMs": now_ms()},
+                                           marks=[{"start": self.turn_id}], barrier=True)
+        else:
+            turn = conv.open
+            assert turn is not None
+            self.retract_candidates = turn.retract
+            unanswered = turn.unanswered
+            pending_step = int(turn.pending["step"]) if turn.pending else 0
+            engine._commit("resumed", {"interrupted": not turn.yielded, "retract": self.retract_candidates})
+            if unanswered:
+                await self._resume_calls(pending_step, unanswered)
+        first = True
+        while True:
+            if first_barrier is not None:
+                await engine._journal.wait(first_barrier)
+                first_barrier = None
+            await self._place_steers()
+            turn = conv.open
+            assert turn is not None
+            if not first and self._yield_at is not None and now_ms() >= self._yield_at:
+                return ("yielded", None)
+            if turn.responses >= engine.max_model_turns:
+                return ("max_model_turns", None)
+            first = False
+            step = max(turn.step + 1, self._next_step or 0)
+            self._next_step = None
+            engine._commit("model_request", {"step": step})
+            out, cut = await self._model_step(step)
+            finish = out.finish_reason
+            calls = out.tool_calls if not cut and finish not in ("length", "content_filter") else []
+            response: dict[str, Any] = {"step": step, "content": out.content, "toolCalls": calls,
+                                        "finishReason": finish, "usage": out.usage, "cut": cut}
+            if out.reasoning:
+                response["reasoning"] = "".join(out.reasoning)
+            barrier = any(self._needs_barrier(c["name"]) for c in calls)
+            self._out = None
+            response_future = engine._commit("model_response", response, barrier=barrier, want_ack=bool(calls))
+            if cut:
+                continue
+            if finish == "length":
+                return ("max_output_tokens", None)
+            if finish == "content_filter":
+                return ("refused", None)
+            if not calls:
+                if self._steers:
+                    continue
+                self._accepting = False
+                return ("end_turn", None)
+            await self._run_tools(step, calls, response_future)
+
+    def _needs_barrier(self, name: str) -> bool:
+        tool = self.engine._tools.get(name)
+        return tool is not None and tool.needs_barrier
+
+    async def _place_steers(self) -> None:
+        while self._steers:
+            steer_id, text = self._steers.popleft()
+            self._steer_bytes -= len(text.encode("utf-8", "surrogatepass"))
+            self.engine._commit("accepted", {"id": steer_id, "text": text}, marks=[{"accepted": steer_id}])
+            await self.events.put(ev.user_message(text, steer_id))
+
+    async def _model_step(self, step: int) -> tuple[StepOutput, bool]:
+        engine = self.engine
+        out = StepOutput()
+        self._out = out
+        self._out_step = step
+        self._in_flight = {"kind": "model", "step": step, "calls": []}
+        body = build_request(engine._spec, engine._conv.messages, tools=engine._tool_list, instructions=engine._instructions)
+        put = self.events.put
+
+        async def on_delta(kind: str, delta: str) -> None:
+            if kind == "text_delta":
+                await put(ev.text_delta(delta, step))
+            else:
+                await put(ev.reasoning_delta(delta, step))
+
+        stream = asyncio.get_running_loop().create_task(
+            model_step(engine._client, engine._provider, body, on_delta=on_delta, diag=engine._diag, step=step, out=out)
+        )
+        self._stream_task = stream
+        try:
+            await stream
+            return out, False
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            return out, True  # a steer cut the reply short
+        finally:
+            self._stream_task = None
+            self._in_flight = None
+
+    def _ctx(self, call: PlannedCall) -> ToolContext:
+        engine = self.engine
+        return ToolContext(self.signal, call.execution_id, engine.session_id, engine.context, engine.epoch)
+
+    def _execution_id(self, step: int, call_id: str) -> str:
+        return f"{self.turn_id}:{step}:{call_id}"
+
+    async def _run_tools(self, step: int, calls: list[dict[str, Any]],
+                         response_future: asyncio.Future[str | None] | None) -> None:
+        engine = self.engine
+        planned: list[PlannedCall] = []
+        for call in calls:
+            value, error = parse_arguments(call["arguments"])
+            planned.append(PlannedCall(call["id"], call["name"], value if error is None else call["arguments"],
+                                       self._execution_id(step, call["id"]), error))
+        self._in_flight = {"kind": "tool", "step": step, "calls": []}
+
+        async def on_start(call: PlannedCall) -> None:
+            self._running_calls[call.id] = {"id": call.id, "name": call.name, "executionId": call.execution_id}
+            await self.events.put(ev.tool_start(call.id, call.name, call.input, step))
+
+        async def on_end(call: PlannedCall, outcome: ToolOutcome) -> None:
+            self._running_calls.pop(call.id, None)
+            body: dict[str, Any] = {"step": step, "id": call.id, "name": call.name, "content": outcome.content,
+                                    "isError": outcome.is_error}
+            if outcome.images:
+                body["images"] = outcome.images
+            engine._commit("tool_result", body)
+            await self.events.put(ev.tool_end(call.id, call.name, is_error=outcome.is_error, content=outcome.content,
+                                              step=step))
+
+        async def wait_barrier() -> None:
+            await engine._journal.wait(response_future)
+
+        try:
+            await run_calls(planned, tools=engine._tools, make_ctx=self._ctx, on_start=on_start, on_end=on_end,
+                            wait_barrier=wait_barrier)
+        finally:
+            self._in_flight = None
+            self._running_calls.clear()
+
+    async def _resume_calls(self, step: int, unanswered: list[dict[str, Any]]) -> None:
+        """Decides each call the crashed turn left running: rerun it or answer it as ambiguous."""
+        engine = self.engine
+        rerun: list[dict[str, Any]] = []
+        for call in unanswered:
+            tool = engine._tools.get(call["name"])
+            value, error = parse_arguments(call["arguments"])
+            execution_id = self._execution_id(step, call["id"])
+            again = False
+            if tool is not None and error is None and not self._no_rerun:
+                if tool.idempotent:
+                    again = True
+                elif self._on_ambiguous is not None:
+                    answer = self._on_ambiguous({"executionId": execution_id, "name": call["name"], "input": value})
+                    if inspect.isawaitable(answer):
+                        answer = await answer
+                    again = answer == "rerun"
+            if again:
+                engine._diag({"type": "tool.rerun", "sessionId": engine.session_id, "executionId": execution_id,
+                              "id": call["id"], "name": call["name"], "step": step})
+                rerun.append(call)
+                continue
+            engine._commit("tool_result", {"step": step, "id": call["id"], "name": call["name"],
+                                           "content": AMBIGUOUS_RESULT, "isError": True})
+            await self.events.put(ev.tool_end(call["id"], call["name"], is_error=True, content=AMBIGUOUS_RESULT,
+                                              step=step))
+        if rerun:
+            await self._run_tools(step, rerun, None)

@@ -1,0 +1,310 @@
+"""OpenAI Chat Completions over httpx: the request body, one streamed attempt, the retry.
+
+The conversation is kept in a provider-neutral form (see `fxengine.conversation`) and
+turned into Chat Completions messages here. A response body is decoded by
+`ChatStreamDecoder` (compiled or pure); text and reasoning deltas go to `on_delta` as
+they arrive, so a slow reader slows the stream (backpressure) rather than growing a buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from ..errors import FxProviderError
+from ..providers.base import ModelSpec, Provider
+from ..providers.credentials import mask_secret
+from ..tools.definition import Tool
+from ..usage import clean_usage
+from .sse import ChatStreamDecoder
+
+ACTIVITY_INTERVAL_S = 0.25
+RETRY_DELAY_S = 0.2
+RETRY_AFTER_MAX_S = 10.0
+ERROR_BODY_MAX_BYTES = 64 * 1024
+RESUME_NOTICE = "Resuming from unexpected session interruption."
+
+Diagnostic = Callable[[dict[str, Any]], None]
+OnDelta = Callable[[str, str], Awaitable[None]]
+
+
+def _user_content(blocks: Sequence[Mapping[str, Any]]) -> str | list[dict[str, Any]]:
+    if all(b.get("type") == "text" for b in blocks):
+        return "".join(b["text"] for b in blocks)
+    parts: list[dict[str, Any]] = []
+    for block in blocks:
+        if block.get("type") == "text":
+            parts.append({"type": "text", "text": block["text"]})
+        else:
+            url = f"data:{block['mimeType']};base64,{block['data']}"
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+    return parts
+
+
+def wire_messages(messages: Sequence[Mapping[str, Any]], instructions: str | None) -> list[dict[str, Any]]:
+    """Chat Completions `messages` from the conversation's neutral messages."""
+    out: list[dict[str, Any]] = []
+    if instructions:
+        out.append({"role": "system", "content": instructions})
+    for message in messages:
+        role = message["role"]
+        if role == "user":
+            out.append({"role": "user", "content": _user_content(message["blocks"])})
+        elif role == "assistant":
+            wire: dict[str, Any] = {"role": "assistant", "content": message.get("content") or None}
+            calls = message.get("tool_calls") or []
+            if calls:
+                wire["tool_calls"] = [
+                    {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                    for c in calls
+                ]
+            elif wire["content"] is None:
+                wire["content"] = ""
+            out.append(wire)
+        elif role == "tool":
+            out.append({"role": "tool", "tool_call_id": message["id"], "content": message.get("content", "")})
+            images = message.get("images") or []
+            if images:
+                # Chat Completions tool messages carry text only: images follow as a user part.
+                blocks = [{"type": "text", "text": f"Images returned by {message.get('name', 'the tool')}:"}]
+                blocks += [{"type": "image", **image} for image in images]
+                out.append({"role": "user", "content": _user_content(blocks)})
+    return out
+
+
+def build_request(
+    spec: ModelSpec,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    tools: Sequence[Tool],
+    instructions: str | None,
+) -> dict[str, Any]:
+    """The JSON body of one streaming Chat Completions request."""
+    body: dict[str, Any] = {
+        "model": spec.id,
+        "messages": wire_messages(messages, instructions),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if tools and (spec.entry is None or spec.entry.supports_tools):
+        body["tools"] = [t.describe() for t in tools]
+    if spec.effort is not None:
+        body["reasoning_effort"] = spec.effort
+    if spec.ultrafast:
+        body["service_tier"] = "priority"
+    elif spec.fast:
+        body["service_tier"] = "fast"
+    return body
+
+
+@dataclass
+class StepOutput:
+    """What one model step produced; filled as the stream arrives (read it after a cut)."""
+
+    text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    tool_calls: list[dict[str, str]] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+    model: str | None = None
+    emitted: bool = False
+
+    @property
+    def content(self) -> str:
+        return "".join(self.text)
+
+
+class AttemptFailed(Exception):
+    """One attempt failed; `error` is what the turn reports if it is not retried."""
+
+    def __init__(self, error: FxProviderError, *, retryable: bool, retry_after_s: float | None = None) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.retryable = retryable
+        self.retry_after_s = retry_after_s
+
+
+def _status_error(status: int, message: str) -> FxProviderError:
+    if status in (401, 403):
+        code = "FX_PROVIDER_AUTH"
+    elif status == 429:
+        code = "FX_PROVIDER_RATE_LIMITED"
+    elif status >= 500:
+        code = "FX_PROVIDER_UNAVAILABLE"
+    else:
+        code = "FX_PROVIDER_REJECTED"
+    error = FxProviderError(f"the model provider answered HTTP {status}: {message}", code=code)
+    error.status = status  # type: ignore[attr-defined]
+    return error
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace")[:500].strip() or "no message"
+    if isinstance(parsed, dict):
+        inner = parsed.get("error", parsed)
+        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+            return inner["message"][:2000]
+        if isinstance(inner, str):
+            return inner[:2000]
+    return json.dumps(parsed)[:500]
+
+
+def _retry_after(headers: httpx.Headers) -> float | None:
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+async def stream_attempt(
+    client: httpx.AsyncClient,
+    provider: Provider,
+    body: Mapping[str, Any],
+    out: StepOutput,
+    *,
+    on_delta: OnDelta,
+    diag: Diagnostic,
+    attempt: int,
+    step: int,
+) -> None:
+    """Sends one request and decodes its stream into `out`.
+
+    Raises:
+        AttemptFailed: the request or its stream failed (`retryable` says whether a
+            retry is allowed by the kind of failure alone).
+    """
+    secret = provider.api_key
+    started = time.monotonic()
+
+    def elapsed_ms() -> int:
+        return int((time.monotonic() - started) * 1000)
+
+    diag({"type": "transport.request", "attempt": attempt, "method": "POST", "endpoint": provider.chat_url,
+          "model": body.get("model"), "step": step})
+    decoder = ChatStreamDecoder()
+    try:
+        async with client.stream("POST", provider.chat_url, json=body, headers=provider.request_headers()) as response:
+            response_event: dict[str, Any] = {"type": "transport.response", "attempt": attempt,
+                                              "status": response.status_code, "elapsedMs": elapsed_ms(), "step": step}
+            request_id = response.headers.get("x-vercel-id") or response.headers.get("x-request-id")
+            if request_id:
+                response_event["requestId"] = request_id
+            diag(response_event)
+            if response.status_code != 200:
+                raw = b""
+                async for piece in response.aiter_bytes():
+                    raw += piece
+                    if len(raw) > ERROR_BODY_MAX_BYTES:
+                        break
+                message = mask_secret(_error_message(raw), secret)
+                status = response.status_code
+                raise AttemptFailed(
+                    _status_error(status, message),
+                    retryable=status == 429 or status >= 500,
+                    retry_after_s=_retry_after(response.headers),
+                )
+            total = 0
+            chunk_bytes = 0
+            last_activity = started
+            async for raw_chunk in response.aiter_raw():
+                total += len(raw_chunk)
+                chunk_bytes += len(raw_chunk)
+                now = time.monotonic()
+                if now - last_activity >= ACTIVITY_INTERVAL_S:
+                    diag({"type": "transport.activity", "attempt": attempt, "chunkBytes": chunk_bytes,
+                          "totalBytes": total, "step": step})
+                    last_activity = now
+                    chunk_bytes = 0
+                for event in decoder.feed(raw_chunk):
+                    kind = event[0]
+                    if kind == "text_delta":
+                        out.text.append(event[1])
+                        out.emitted = True
+                        await on_delta("text_delta", event[1])
+                    elif kind == "reasoning_delta":
+                        out.reasoning.append(event[1])
+                        out.emitted = True
+                        await on_delta("reasoning_delta", event[1])
+    except AttemptFailed:
+        raise
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+        raise AttemptFailed(
+            FxProviderError(f"cannot reach the model provider ({type(exc).__name__})", code="FX_PROVIDER_UNREACHABLE"),
+            retryable=True,
+        ) from None
+    except httpx.TimeoutException as exc:
+        raise AttemptFailed(
+            FxProviderError(f"the model provider timed out ({type(exc).__name__})", code="FX_PROVIDER_TIMEOUT"),
+            retryable=True,
+        ) from None
+    except httpx.TransportError as exc:
+        # The connection broke mid-body: the same as a cut stream.
+        raise AttemptFailed(
+            FxProviderError(f"the model stream was cut ({type(exc).__name__})", code="FX_PROVIDER_STREAM_CUT"),
+            retryable=True,
+        ) from None
+    outcome = decoder.finish()
+    if outcome.error is not None:
+        detail = outcome.error.get("message") if isinstance(outcome.error, dict) else None
+        message = mask_secret(str(detail or json.dumps(outcome.error))[:2000], secret)
+        raise AttemptFailed(FxProviderError(f"the model provider failed: {message}"), retryable=False)
+    if not outcome.done and outcome.finish_reason is None:
+        raise AttemptFailed(
+            FxProviderError("the model stream ended before it finished", code="FX_PROVIDER_STREAM_CUT"), retryable=True
+        )
+    out.finish_reason = outcome.finish_reason
+    out.usage = clean_usage(outcome.usage)
+    out.model = outcome.model
+    out.tool_calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in outcome.tool_calls]
+
+
+async def model_step(
+    client: httpx.AsyncClient,
+    provider: Provider,
+    body: Mapping[str, Any],
+    *,
+    on_delta: OnDelta,
+    diag: Diagnostic,
+    step: int,
+    out: StepOutput | None = None,
+) -> StepOutput:
+    """One model step with at most one automatic retry (DESIGN §8).
+
+    The retry happens only for a retryable failure before any delta was emitted;
+    a cancel (the caller's task cancelled) ends it without a retry.
+
+    Raises:
+        FxProviderError: the step failed (with a code naming why).
+    """
+    out = out if out is not None else StepOutput()
+    started = time.monotonic()
+    attempt = 1
+    while True:
+        try:
+            await stream_attempt(client, provider, body, out, on_delta=on_delta, diag=diag, attempt=attempt, step=step)
+            return out
+        except AttemptFailed as failed:
+            elapsed_ms = int((time.monotonic() - started) * 1000)
+            diag({"type": "transport.error", "attempt": attempt, "elapsedMs": elapsed_ms, "error": failed.error.code,
+                  "step": step})
+            if attempt >= 2 or not failed.retryable or out.emitted:
+                raise failed.error from None
+            delay_s = RETRY_DELAY_S if failed.retry_after_s is None else min(failed.retry_after_s, RETRY_AFTER_MAX_S)
+            diag({"type": "transport.retry", "attempt": attempt, "nextAttempt": attempt + 1, "elapsedMs": elapsed_ms,
+                  "error": failed.error.code, "delayMs": int(delay_s * 1000), "step": step})
+            await asyncio.sleep(delay_s)
+            out.text.clear()
+            out.reasoning.clear()
+            attempt += 1

@@ -1,0 +1,93 @@
+"""`@tool(idempotent=...)`: a `Tool` from a typed function, its schema derived by pydantic."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import pydantic
+
+from ..errors import FxToolDefinitionError
+from .definition import Tool, ToolContext
+
+_MISSING: Any = object()
+
+
+def _is_ctx(name: str, annotation: Any) -> bool:
+    return name == "ctx" or annotation is ToolContext
+
+
+def _build(fn: Callable[..., Any], *, idempotent: bool, writes: bool | None, name: str | None, description: str | None) -> Tool:
+    tool_name = name or fn.__name__
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception as exc:  # an unresolvable annotation is a definition error, not a crash later
+        raise FxToolDefinitionError(f"tool {tool_name}: cannot read its type hints ({exc})") from exc
+    fields: dict[str, Any] = {}
+    ctx_param: str | None = None
+    for param in inspect.signature(fn).parameters.values():
+        annotation = hints.get(param.name, Any)
+        if _is_ctx(param.name, annotation):
+            ctx_param = param.name
+            continue
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise FxToolDefinitionError(f"tool {tool_name}: *args and **kwargs have no schema")
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (annotation, default)
+    model = pydantic.create_model(f"{tool_name}_input", **fields)  # type: ignore[call-overload]
+    schema = model.model_json_schema()
+    schema.pop("title", None)
+
+    def arguments(input: Any, ctx: ToolContext) -> dict[str, Any]:
+        validated = model.model_validate(input if input is not None else {})
+        kwargs = {key: getattr(validated, key) for key in fields}
+        if ctx_param is not None:
+            kwargs[ctx_param] = ctx
+        return kwargs
+
+    execute: Callable[[Any, ToolContext], Any]
+    if inspect.iscoroutinefunction(fn):
+
+        async def execute_async(input: Any, ctx: ToolContext) -> Any:
+            return await fn(**arguments(input, ctx))
+
+        execute = execute_async
+    else:
+
+        def execute_sync(input: Any, ctx: ToolContext) -> Any:
+            return fn(**arguments(input, ctx))
+
+        execute = execute_sync
+    doc = description if description is not None else inspect.cleandoc(fn.__doc__ or "")
+    return Tool(tool_name, doc, schema, idempotent, writes, execute)
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    idempotent: bool = _MISSING,
+    writes: bool | None = None,
+    name: str | None = None,
+    description: str | None = None,
+) -> Any:
+    """Makes a `Tool` of a function; its parameters become the input schema.
+
+    A parameter named `ctx` (or annotated `ToolContext`) receives the call's context.
+    The docstring is the description unless `description` is given.
+
+        @tool(idempotent=True)
+        async def lookup(query: str, limit: int = 5) -> list[str]:
+            \"\"\"Searches the catalog.\"\"\"
+
+    Raises:
+        FxToolDefinitionError: `idempotent` is not given, or the signature has no schema.
+    """
+    if idempotent is _MISSING:
+        raise FxToolDefinitionError("@tool needs idempotent=True or idempotent=False")
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        return _build(f, idempotent=idempotent, writes=writes, name=name, description=description)
+
+    return wrap(fn) if fn is not None else wrap

@@ -1,0 +1,145 @@
+"""What a tool is (DESIGN §6): its description for the model, its effects, its `ctx`."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import FxToolDefinitionError
+
+_NAME = re.compile(r"[A-Za-z0-9_\-]{1,64}")
+TOOLS_MAX = 64
+
+Execute = Callable[[Any, "ToolContext"], Any]
+
+
+class Signal:
+    """Aborts when the turn is cancelled (or stops for good); handed to tools as `ctx.signal`.
+
+    `aborted` and `reason` are plain attributes, safe to read from a tool running in a
+    thread; `await wait()` returns once aborted; `wait_blocking(timeout_s)` is the
+    thread-side twin.
+    """
+
+    def __init__(self) -> None:
+        self.aborted = False
+        self.reason: str | None = None
+        self._event = asyncio.Event()
+        self._thread_event = threading.Event()
+
+    def __repr__(self) -> str:
+        return f"<Signal aborted={self.aborted} reason={self.reason!r}>"
+
+    def abort(self, reason: str = "cancelled") -> None:
+        """Aborts once; later calls keep the first reason. Call from the engine's loop."""
+        if self.aborted:
+            return
+        self.aborted = True
+        self.reason = reason
+        self._event.set()
+        self._thread_event.set()
+
+    async def wait(self) -> str | None:
+        """Returns the reason once the signal aborts."""
+        await self._event.wait()
+        return self.reason
+
+    def wait_blocking(self, timeout_s: float | None = None) -> bool:
+        """Blocks a thread until aborted or `timeout_s` passed; True when aborted."""
+        return self._thread_event.wait(timeout_s)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """What `execute(input, ctx)` gets besides the input.
+
+    Attributes:
+        signal: aborts when the turn is cancelled.
+        execution_id: the call's id, the same on every rerun of that call.
+        session_id: the session (or None for an engine alone).
+        context: the JSON context handed to the engine.
+        epoch: the lease epoch of the process running the call (a fencing token), or None.
+    """
+
+    signal: Signal
+    execution_id: str
+    session_id: str | None = None
+    context: Any = None
+    epoch: int | None = None
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool the model may call.
+
+    Args:
+        name: 1 to 64 of letters, digits, `_` and `-`.
+        description: what the model reads.
+        input_schema: a JSON schema of type object.
+        idempotent: required; True when running the call twice is safe, so a call cut
+            off by a crash runs again under the same `execution_id`.
+        writes: defaults to `not idempotent`; a writing call runs alone.
+        execute: `execute(input, ctx)`, sync (run in a thread) or async.
+    """
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+    idempotent: bool
+    writes: bool | None = None
+    execute: Execute | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
+            raise FxToolDefinitionError(f"tool name {self.name!r} must be 1 to 64 of letters, digits, '_' or '-'")
+        if not isinstance(self.idempotent, bool):
+            raise FxToolDefinitionError(f"tool {self.name} must set idempotent=True or False")
+        if self.writes is None:
+            object.__setattr__(self, "writes", not self.idempotent)
+        elif not isinstance(self.writes, bool):
+            raise FxToolDefinitionError(f"tool {self.name}: writes must be a bool")
+        if not isinstance(self.description, str):
+            raise FxToolDefinitionError(f"tool {self.name}: description must be a string")
+        schema = self.input_schema
+        if not isinstance(schema, Mapping) or schema.get("type", "object") != "object":
+            raise FxToolDefinitionError(f"tool {self.name}: input_schema must be a JSON schema of type object")
+        if not callable(self.execute):
+            raise FxToolDefinitionError(f"tool {self.name}: execute must be callable")
+
+    @property
+    def needs_barrier(self) -> bool:
+        """True when the call may start only after its intent is durably recorded."""
+        return not self.idempotent or bool(self.writes)
+
+    @property
+    def runs_alone(self) -> bool:
+        """True when the call overlaps no other call of its response."""
+        return bool(self.writes)
+
+    def describe(self) -> dict[str, Any]:
+        """The tool as a Chat Completions `tools` entry."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": dict(self.input_schema)},
+        }
+
+
+def check_tools(tools: Any) -> dict[str, Tool]:
+    """Validates a tool list (or a dict keyed by name) and returns it keyed by name."""
+    if tools is None:
+        return {}
+    items = list(tools.values()) if isinstance(tools, Mapping) else list(tools)
+    if len(items) > TOOLS_MAX:
+        raise FxToolDefinitionError(f"at most {TOOLS_MAX} tools")
+    out: dict[str, Tool] = {}
+    for item in items:
+        if not isinstance(item, Tool):
+            raise FxToolDefinitionError(f"{item!r} is not a Tool (use Tool(...) or @tool(idempotent=...))")
+        if item.name in out:
+            raise FxToolDefinitionError(f"two tools are named {item.name}")
+        out[item.name] = item
+    return out

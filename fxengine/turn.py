@@ -1,0 +1,167 @@
+"""A running turn as its caller sees it: events (lossless, bounded), result, steer, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .events import Event, event_size
+
+if TYPE_CHECKING:
+    from .loop import TurnRunner
+
+# An unread turn pauses production at this many events or bytes (DESIGN: backpressure).
+BUFFER_MAX_EVENTS = 256
+BUFFER_MAX_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """How a turn ended.
+
+    Attributes:
+        stop_reason: `end_turn`, `max_output_tokens`, `max_model_turns`, `refused`,
+            `cancelled`, `error`, `yielded`, or `unknown` (the turn was detached: it
+            stays open in the journal).
+        usage: tokens summed over the turn's steps (camelCase keys, only those reported).
+        error: ``{"code", "message", "cause"?}`` when `stop_reason` is `error`.
+        repeated: True when the result is that of a turn that had already ended.
+        detached: True when `detach()` stopped the turn and nothing more was written.
+    """
+
+    stop_reason: str
+    usage: dict[str, int] = field(default_factory=dict)
+    error: dict[str, Any] | None = None
+    repeated: bool = False
+    detached: bool = False
+
+
+class EventBuffer:
+    """Events between the turn and its reader: nothing is dropped, production pauses when full.
+
+    Every event also goes, synchronously and in order, to `sink`. Once the caller awaits
+    `result()` the bound is lifted, so a turn nobody reads still runs to its end.
+    """
+
+    def __init__(self, *, sink: Callable[[Event], None] | None, diag: Callable[[dict[str, Any]], None]) -> None:
+        self._items: deque[Event] = deque()
+        self._bytes = 0
+        self._sink = sink
+        self._diag = diag
+        self._readable = asyncio.Event()
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._closed = False
+        self._unbounded = False
+        self._reported = False
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def _full(self) -> bool:
+        return not self._unbounded and (len(self._items) >= BUFFER_MAX_EVENTS or self._bytes >= BUFFER_MAX_BYTES)
+
+    async def put(self, event: Event) -> None:
+        """Adds one event; waits while the buffer is full and the bound applies."""
+        if self._sink is not None:
+            try:
+                self._sink(event)
+            except Exception as exc:  # a failing sink must not break the turn
+                self._diag({"type": "sink.error", "error": type(exc).__name__})
+        self._items.append(event)
+        self._bytes += event_size(event)
+        self._readable.set()
+        if self._full():
+            self._writable.clear()
+            if not self._reported:
+                self._reported = True
+                self._diag({"type": "output.backpressure", "bufferedBytes": self._bytes,
+                            "bufferedEvents": len(self._items)})
+            while self._full():
+                await self._writable.wait()
+
+    def unbound(self) -> None:
+        """Lifts the bound (the caller awaits the result and may never read)."""
+        self._unbounded = True
+        self._writable.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._readable.set()
+
+    async def get(self) -> Event | None:
+        """The next event, or None once the turn ended and everything was read."""
+        while not self._items:
+            if self._closed:
+                return None
+            self._readable.clear()
+            await self._readable.wait()
+        event = self._items.popleft()
+        self._bytes -= event_size(event)
+        if not self._full():
+            self._writable.set()
+        return event
+
+
+class Turn:
+    """One prompt (or resume) and everything the engine does to answer it.
+
+    Iterate it for model-facing events (dicts, DESIGN §4 shapes plus `step`); await
+    `result()` for the `TurnResult`. Breaking out of the iteration does not cancel the turn.
+    """
+
+    def __init__(self, runner: TurnRunner) -> None:
+        self._runner = runner
+
+    def __repr__(self) -> str:
+        return f"<Turn {self.turn_id} {self._runner.describe()}>"
+
+    @property
+    def turn_id(self) -> str:
+        """The turn's id (the prompt's `turn_id`, or `turn_<hex>`)."""
+        return self._runner.turn_id
+
+    @property
+    def retract_candidates(self) -> list[int]:
+        """For a resumed turn: steps whose request was sent but whose response was never
+        recorded (their partial output is not part of the conversation)."""
+        return list(self._runner.retract_candidates)
+
+    @property
+    def done(self) -> bool:
+        return self._runner.result_future.done()
+
+    def __aiter__(self) -> Turn:
+        return self
+
+    async def __anext__(self) -> Event:
+        event = await self._runner.events.get()
+        if event is None:
+            raise StopAsyncIteration
+        return event
+
+    async def result(self) -> TurnResult:
+        """Waits for the turn to end; events left unread no longer hold it back."""
+        self._runner.events.unbound()
+        return await asyncio.shield(self._runner.result_future)
+
+    def steer(self, text: str, *, id: str | None = None) -> None:
+        """Steers the turn: cuts a streaming reply short, or waits for running tools, then
+        continues with `text` as a `user_message`.
+
+        Raises:
+            FxLimitError: over the steering limits (64 KiB, 64 queued, 1 MiB queued).
+            FxInputError: empty text, or the turn already ended (`FX_TURN_ENDED`).
+        """
+        self._runner.steer(text, id)
+
+    def cancel(self) -> None:
+        """Ends the turn `cancelled`: aborts tool signals and stops waiting for them."""
+        self._runner.cancel()
+
+    def detach(self) -> None:
+        """Stops at once and writes nothing more; the turn stays open in the journal."""
+        self._runner.detach()
