@@ -227,7 +227,7 @@ class Session:
         context: Any = None,
     ) -> None:
         self.agent = agent
-        memory = bool(getattr(agent.store, "memory", False)) if session_id is not None else False
+        memory = bool(getattr(getattr(agent.store, "core", None), "memory_ids", False)) if session_id is not None else False
         self.id = validate_session_id(session_id, memory=memory) if session_id is not None else new_session_id()
         self.model = model
         self.instructions = instructions

@@ -116,18 +116,34 @@ class LineWriter:
 
 
 class RunnerPersistence:
-    """The engine's `Persistence` for one claim: the store's, with queued lines riding along."""
+    """The engine's `Persistence` for one claim: fenced appends that carry the queued lines.
 
-    def __init__(self, inner: Any, writer: LineWriter, *, on_record: Callable[[], None] | None = None) -> None:
-        self.inner = inner
+    `load()` is the claim's snapshot (checkpoint, records after it, head); `append()` is
+    one fenced store call with the record and every line queued before it; a repeated
+    idempotency key returns the stored cursor (the store's own dedup).
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        session_id: str,
+        claim: Any,
+        writer: LineWriter,
+        *,
+        on_record: Callable[[], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.session_id = session_id
+        self.claim = claim
+        self.epoch = claim.epoch
         self.writer = writer
         self.on_record = on_record
 
     def __repr__(self) -> str:
-        return f"<RunnerPersistence {self.inner!r}>"
+        return f"<RunnerPersistence session={self.session_id} epoch={self.epoch}>"
 
     async def load(self) -> Loaded:
-        loaded: Loaded = await self.inner.load()
+        loaded: Loaded = self.claim.loaded()
         return loaded
 
     async def append(
@@ -139,16 +155,18 @@ class RunnerPersistence:
         barrier: bool,
         marks: list[Mark],
     ) -> str:
+        from .store.types import StoreRecord
+
         async with self.writer.lock:
             lines = self.writer.take()
             try:
-                cursor: str = await self.inner.append(
-                    expected=expected,
-                    idempotency_key=idempotency_key,
-                    data=data,
-                    barrier=barrier,
-                    marks=marks,
+                appended = await self.store.append(
+                    self.session_id,
+                    self.epoch,
+                    records=[StoreRecord(idempotency_key, bytes(data), list(marks))],
                     lines=lines,
+                    expected=expected,
+                    durable=barrier,
                 )
             except FxLeaseLostError:
                 self.writer.closed = True
@@ -160,9 +178,7 @@ class RunnerPersistence:
                 raise
         if self.on_record:
             self.on_record()
-        return cursor
+        return str(appended.records[0])
 
     async def save_checkpoint(self, *, through: str, data: bytes) -> None:
-        save = getattr(self.inner, "save_checkpoint", None)
-        if save is not None:
-            await save(through=through, data=data)
+        await self.store.save_checkpoint(self.session_id, self.epoch, through=through, data=data)

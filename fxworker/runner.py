@@ -26,6 +26,7 @@ import uuid
 from collections import deque
 from typing import Any
 
+from fxengine.errors import FxInputError
 from fxengine.limits import prompt_text
 
 from . import metrics
@@ -124,6 +125,7 @@ class Runner:
         keeper.start()
         watcher.start()
         hard_stop = self._arm_hard_stop()
+        shutdown_watch = asyncio.create_task(self._watch_shutdown()) if self.stopping is not None else None
         outcome = "done"
         try:
             outcome = await self._work()
@@ -132,6 +134,8 @@ class Runner:
         finally:
             if hard_stop is not None:
                 hard_stop.cancel()
+            if shutdown_watch is not None:
+                shutdown_watch.cancel()
             await watcher.stop()
             await keeper.stop()
             if self.fenced or outcome == "fenced":
@@ -192,12 +196,27 @@ class Runner:
         self.emit("session.deadline", epoch=self.epoch, cutoffs=cutoffs)
         self.turn.detach()
 
+    async def _watch_shutdown(self) -> None:
+        """Warm shutdown: yield at the next model boundary, cut off within the reserve."""
+        while not self.stopping.is_set():
+            await asyncio.sleep(0.1)
+        log.info("warm shutdown: %s yields", self.session_id)
+        self.deadline_ms = min(self.deadline_ms, now_ms() + self.reserve_ms)
+        turn = self.turn
+        if turn is not None and hasattr(turn, "yield_now"):
+            turn.yield_now()
+        delay_s = max(0.0, (self.hard_stop_ms - now_ms()) / 1000)
+        await asyncio.sleep(delay_s)
+        self._hard_stop()
+
     def _past_soft_deadline(self) -> bool:
         return now_ms() >= self.yield_at_ms or bool(self.stopping and self.stopping.is_set())
 
-    def _yield_at_s(self) -> float:
-        """The engine's `yield_at`, in seconds on `time.time()`'s clock."""
-        return self.yield_at_ms / 1000
+    def _yield_at(self) -> int:
+        """The engine's `yield_at` (ms on `time.time()`'s clock); now, once a warm shutdown began."""
+        if self.stopping is not None and self.stopping.is_set():
+            return now_ms()
+        return self.yield_at_ms
 
     # ------------------------------------------------------------------ inbox
 
@@ -209,8 +228,11 @@ class Runner:
                 self.turn.cancel()
             return
         if entry.kind == "steer" and self.turn is not None:
-            self.turn.steer(entry.input, id=entry.message_id)
-            return
+            try:
+                self.turn.steer(entry.input, id=entry.message_id)
+                return
+            except FxInputError:
+                pass  # the turn is ending: the steer becomes the next turn
         self.pending.append(entry)
 
     # ------------------------------------------------------------------ turns
@@ -255,7 +277,7 @@ class Runner:
         settings = settings or {}
         assert self.writer is not None
         persistence = RunnerPersistence(
-            self.store.persistence(self.session_id, self.epoch, self.claim), self.writer, on_record=self._on_record
+            self.store, self.session_id, self.claim, self.writer, on_record=self._on_record
         )
         self.engine = await create_engine(
             model=settings.get("model") or self.agent.model,
@@ -309,11 +331,9 @@ class Runner:
             text_input = prompt_text(entry.input)
         self._line("turn_start", sessionId=self.session_id, input=text_input)
         await self._flush()
-        self.turn = engine.prompt(entry.input, yield_at=self._yield_at_s(), turn_id=entry.message_id)
+        self.turn = engine.prompt(entry.input, yield_at=self._yield_at(), turn_id=entry.message_id)
         # Steers accepted after this prompt and waiting join it (§6).
-        for later in [e for e in self.pending if e.kind == "steer"]:
-            self.pending.remove(later)
-            self.turn.steer(later.input, id=later.message_id)
+        self._join_waiting_steers()
         if entry.cancelled:
             self.turn.cancel()
         return await self._drive()
@@ -359,15 +379,23 @@ class Runner:
                     },
                 )
             no_rerun = True
-        self.turn = engine.resume(yield_at=self._yield_at_s(), no_rerun=no_rerun, next_step=next_step)
+        self.turn = engine.resume(yield_at=self._yield_at(), no_rerun=no_rerun, next_step=next_step)
         if self.turn is None:
             return await self._end_open("unknown", None)
-        for later in [e for e in self.pending if e.kind == "steer"]:
-            self.pending.remove(later)
-            self.turn.steer(later.input, id=later.message_id)
+        self._join_waiting_steers()
         if claim.cancel_requested:
             self.turn.cancel()
         return await self._drive()
+
+    def _join_waiting_steers(self) -> None:
+        """Steers accepted while this turn waited to start (or to resume) join it (§6)."""
+        assert self.turn is not None
+        for later in [e for e in self.pending if e.kind == "steer"]:
+            try:
+                self.turn.steer(later.input, id=later.message_id)
+            except FxInputError:
+                return
+            self.pending.remove(later)
 
     async def _end_open(self, stop_reason: str, error: dict[str, Any] | None) -> str:
         assert self.engine is not None

@@ -46,11 +46,10 @@ class LoopThread:
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.call_soon(self._ready.set)
-        try:
-            self.loop.run_forever()
-        finally:
-            if not self.killed:
-                self.loop.close()
+        # The loop is stopped but never closed: a blocking read cancelled on it may leave a
+        # wake-up callback in the embedded (fakeredis) server, which later calls
+        # `call_soon_threadsafe` on this loop; on a closed loop that would fail the write.
+        self.loop.run_forever()
 
     @property
     def http_client(self) -> httpx.AsyncClient:
@@ -78,6 +77,11 @@ class LoopThread:
             return
 
         async def _aclose() -> None:
+            me = asyncio.current_task()
+            others = [t for t in asyncio.all_tasks() if t is not me]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
             if self._client is not None:
                 await self._client.aclose()
                 self._client = None

@@ -1,0 +1,132 @@
+"""Fixtures of the durable tests: a scripted model, a test prefix, Celery workers, client agents.
+
+Everything module-scoped: worker processes are started once per test module and reused.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from fxengine.testing import Reply, ScriptedModel, delay, hold, text, tool_call
+from tests.durable.tooling import provider, tools
+from tests.support.workers import Workers
+
+
+def last_message_text(request: Any) -> tuple[str, str]:
+    """(role, text) of the last message of a recorded chat request."""
+    messages = request.body.get("messages") or []
+    if not messages:
+        return "", ""
+    last = messages[-1]
+    content = last.get("content")
+    if isinstance(content, list):
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return last.get("role", ""), content or ""
+
+
+def first_user_text(request: Any) -> str:
+    for message in request.body.get("messages") or []:
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            return content or ""
+    return ""
+
+
+def responder(request: Any) -> Reply:
+    """The scripted model of the durable tests, driven by the prompt text:
+
+    - `hold:<name>`: streams "partial ", waits for `model.release(name)`, then "rest";
+    - `slow:<ms>`: waits <ms>, then answers "ok";
+    - `send:<to>`: calls the `send` tool once, then answers "done";
+    - anything else: answers "echo:<prompt>".
+    After a tool result it answers "done".
+    """
+    role, last = last_message_text(request)
+    if role == "tool":
+        return Reply(text("done"))
+    if last.startswith("hold:"):
+        return Reply(text("partial "), hold(last[5:]), text("rest"))
+    if last.startswith("slow:"):
+        return Reply(delay(float(last[5:])), text("ok"))
+    if last.startswith("send:"):
+        return Reply(tool_call(f"call_{uuid.uuid4().hex[:8]}", "send", {"to": last[5:]}))
+    return Reply(text("echo:", last))
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[ScriptedModel]:
+    with ScriptedModel() as m:
+        m.responder = responder
+        yield m
+
+
+@pytest.fixture(scope="module")
+def prefix(redis_url: str) -> Iterator[str]:
+    """A key prefix for the whole module (the workers are started with it)."""
+    value = f"fxd{uuid.uuid4().hex[:10]}"
+    yield value
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for key in client.scan_iter(match=f"*{value}*", count=1000):
+            client.delete(key)
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def workers(redis_url: str, prefix: str, model: ScriptedModel) -> Iterator[Workers]:
+    pool = Workers(redis_url=redis_url, prefix=prefix, env={"FX_TEST_MODEL_URL": model.base_url})
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+class Client:
+    """This process's side: agents of the workers' names, on the same store and broker."""
+
+    def __init__(self, redis_url: str, prefix: str, model: ScriptedModel, names: tuple[str, ...]) -> None:
+        from fxworker import Agent, Settings
+        from fxworker.celery_app import make_celery_app
+        from fxworker.store import redis_store
+        from fxworker.wakers import CeleryWaker
+
+        self.settings = Settings(redis_url=redis_url, prefix=prefix, lease_s=3.0, reserve_s=4.0)
+        self.celery = make_celery_app(self.settings)
+        self.store = redis_store(redis_url, prefix=prefix)
+        self.waker = CeleryWaker(self.celery)
+        self.events: list[dict[str, Any]] = []
+        self.agents = {
+            name: Agent(
+                name,
+                model="scripted",
+                provider=provider(model.base_url),
+                tools=tools(),
+                api_key="test-key",
+                store=self.store,
+                waker=self.waker,
+                settings=self.settings,
+                on_event=self.events.append,
+            )
+            for name in names
+        }
+
+    def close(self) -> None:
+        for agent in self.agents.values():
+            agent.close()
+
+
+@pytest.fixture(scope="module")
+def client(redis_url: str, prefix: str, model: ScriptedModel) -> Iterator[Client]:
+    c = Client(redis_url, prefix, model, ("default", "a", "b"))
+    try:
+        yield c
+    finally:
+        c.close()

@@ -1,0 +1,69 @@
+"""Tools and provider of the durable tests, shared by the workers' agents module and the tests.
+
+- `lookup` (idempotent): answers `found:<q>`;
+- `send` (not idempotent): records each real execution in the Redis list
+  `<FX_PREFIX>:test:sent` (`<execution_id>|<epoch>|<to>`), so a test can count them;
+- `slow` (idempotent): sleeps `seconds`, then answers `slept`; aborts with the turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import redis
+
+from fxengine.tools import Tool
+
+PREFIX = os.environ.get("FX_PREFIX", "fx")
+REDIS_URL = os.environ.get("REDIS_URL", "")
+MODEL_URL = os.environ.get("FX_TEST_MODEL_URL", "http://127.0.0.1:9/v1")
+
+_client: redis.Redis | None = None
+
+
+def sent_key(prefix: str = PREFIX) -> str:
+    return f"{prefix}:test:sent"
+
+
+def _redis() -> redis.Redis:
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(REDIS_URL)
+    return _client
+
+
+async def _lookup(input: dict, ctx) -> str:
+    return f"found:{input.get('q', '')}"
+
+
+def _send(input: dict, ctx) -> str:
+    _redis().rpush(sent_key(), f"{ctx.execution_id}|{ctx.epoch}|{input.get('to', '')}")
+    return f"sent to {input.get('to', '')}"
+
+
+async def _slow(input: dict, ctx) -> str:
+    seconds = float(input.get("seconds", 1))
+    try:
+        await asyncio.wait_for(ctx.signal.wait(), timeout=seconds)
+    except asyncio.TimeoutError:
+        return "slept"
+    return "aborted"
+
+
+def tools() -> list[Tool]:
+    obj = {"type": "object", "properties": {}}
+    return [
+        Tool("lookup", "Looks something up.", {**obj, "properties": {"q": {"type": "string"}}}, idempotent=True, execute=_lookup),
+        Tool("send", "Sends a message (an effect).", {**obj, "properties": {"to": {"type": "string"}}}, idempotent=False, execute=_send),
+        Tool("slow", "Takes a while.", {**obj, "properties": {"seconds": {"type": "number"}}}, idempotent=True, execute=_slow),
+    ]
+
+
+def provider(model_url: str = MODEL_URL) -> dict:
+    return {
+        "name": "scripted",
+        "base_url": model_url,
+        "models": {"scripted": {"context_window": 100_000, "max_output_tokens": 4096, "supports_tools": True}},
+    }
+
