@@ -1,0 +1,100 @@
+"""Checkpoints: compaction keeps what a claim loads and bounds the log."""
+
+from __future__ import annotations
+
+import pytest
+
+from fxengine import FxLimitError, Persistence
+from fxworker.errors import FxLeaseLostError
+from fxworker.store import CHECKPOINT_MAX_BYTES, Claim, RedisStore
+from tests.store.conftest import FakeClock
+
+
+def fold(claim: Claim) -> list[bytes]:
+    """What an engine rebuilds: the checkpoint's records (it holds them joined) + the rest."""
+    base = claim.checkpoint.data.split(b"|") if claim.checkpoint and claim.checkpoint.data else []
+    return base + [r.data for r in claim.records]
+
+
+async def test_compaction_keeps_load_equal_and_bounds_the_log(store: RedisStore, sid: str) -> None:
+    await store.accept(sid, agent="default", message_id="m1", input="hello")
+    claim = await store.claim(sid, holder="w1", lease_ms=60_000)
+    assert claim is not None
+    data: list[bytes] = []
+    lengths = []
+    for i in range(40):
+        data.append(f"r{i}".encode())
+        appended = await store.append(sid, claim.epoch, records=[(f"k{i}", data[-1], [{"start": "m1"}] if i == 0 else [])])
+        if i % 10 == 9:
+            before = await store.claim(sid, holder="reader", lease_ms=1, now_ms=0)  # a live lease: refused
+            assert before is None
+            await store.release(sid, claim.epoch)
+            before = await store.claim(sid, holder="w", lease_ms=60_000)
+            assert before is not None
+            length = await store.save_checkpoint(sid, before.epoch, through=appended.records[0], data=b"|".join(data))
+            lengths.append(length)
+            after = await store.claim(sid, holder="w", lease_ms=60_000, now_ms=store.now_ms() + 60_000)
+            assert after is not None
+            assert fold(before) == fold(after) == data
+            assert after.records == [] and after.checkpoint is not None
+            assert (after.head, after.checkpoint.through) == (appended.records[0],) * 2
+            claim = after
+    assert lengths == [0, 0, 0, 0]
+
+
+async def test_a_checkpoint_mid_log_keeps_the_records_after_it(store: RedisStore, sid: str) -> None:
+    await store.accept(sid, agent="default", message_id="m1", input="hello")
+    claim = await store.claim(sid, holder="w1", lease_ms=60_000)
+    assert claim is not None
+    for i in range(6):
+        await store.append(sid, claim.epoch, records=[(f"k{i}", f"r{i}".encode(), [])])
+    assert await store.save_checkpoint(sid, claim.epoch, through="4", data=b"r0|r1|r2|r3") == 2
+    await store.release(sid, claim.epoch)
+    again = await store.claim(sid, holder="w2", lease_ms=60_000)
+    assert again is not None
+    assert [r.cursor for r in again.records] == ["5", "6"]
+    assert fold(again) == [f"r{i}".encode() for i in range(6)]
+    with pytest.raises(ValueError):
+        await store.save_checkpoint(sid, again.epoch, through="3", data=b"backwards")
+    with pytest.raises(ValueError):
+        await store.save_checkpoint(sid, again.epoch, through="7", data=b"beyond the head")
+    # The next record continues the chain after a compaction.
+    assert (await store.append(sid, again.epoch, records=[("k6", b"r6", [])], expected="6")).records == ["7"]
+
+
+async def test_checkpoints_are_fenced_and_bounded(store: RedisStore, sid: str, clock: FakeClock) -> None:
+    await store.accept(sid, agent="default", message_id="m1", input="hello")
+    claim = await store.claim(sid, holder="w1", lease_ms=1000)
+    assert claim is not None
+    await store.append(sid, claim.epoch, records=[("k", b"r", [])])
+    with pytest.raises(FxLimitError):
+        await store.save_checkpoint(sid, claim.epoch, through="1", data=b"x" * (CHECKPOINT_MAX_BYTES + 1))
+    clock.advance(1000)
+    assert await store.claim(sid, holder="w2", lease_ms=1000) is not None
+    with pytest.raises(FxLeaseLostError):
+        await store.save_checkpoint(sid, claim.epoch, through="1", data=b"stale")
+
+
+async def test_the_engine_persistence_adapter(store: RedisStore, sid: str) -> None:
+    await store.accept(sid, agent="default", message_id="m1", input="hello")
+    claim = await store.claim(sid, holder="w1", lease_ms=60_000)
+    assert claim is not None
+    p = store.persistence(sid, claim.epoch, claim)
+    assert isinstance(p, Persistence)
+    assert (await p.load()).head is None
+    p.queue_lines([{"type": "turn_start", "messageId": "m1"}])
+    first = await p.append(expected=None, idempotency_key="e:1", data=b"a", barrier=True, marks=[{"start": "m1"}])
+    assert [line["type"] for line in await store.read_lines(sid, 0)] == ["turn_start"]
+    second = await p.append(expected=first, idempotency_key="e:2", data=b"b", barrier=False, marks=[])
+    assert await p.append(expected=first, idempotency_key="e:2", data=b"b", barrier=False, marks=[]) == second
+    p.queue_lines([{"type": "text_delta", "delta": "x"}])
+    assert await p.flush_lines() == [2]
+    await p.save_checkpoint(through=second, data=b"ck")
+    await store.release(sid, claim.epoch)
+    again = await store.claim(sid, holder="w2", lease_ms=60_000)
+    assert again is not None
+    loaded = await store.persistence(sid, again.epoch, again).load()
+    assert loaded.checkpoint is not None and loaded.checkpoint.data == b"ck" and loaded.head == second
+    stale = store.persistence(sid, claim.epoch, claim)
+    with pytest.raises(FxLeaseLostError):
+        await stale.append(expected=second, idempotency_key="e:3", data=b"c", barrier=False, marks=[])

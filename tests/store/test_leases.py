@@ -1,0 +1,128 @@
+"""Leases: claim exclusion, renewal, expiry on the passed clock, release, takeovers."""
+
+from __future__ import annotations
+
+import pytest
+
+from fxworker.errors import FxLeaseLostError, FxUnknownSessionError
+from fxworker.store import RedisStore
+from tests.store.conftest import FakeClock
+
+
+async def _session(store: RedisStore, sid: str) -> None:
+    await store.accept(sid, agent="default", message_id="m1", input="hello")
+
+
+async def test_a_live_lease_excludes_every_other_claim(store: RedisStore, sid: str, clock: FakeClock) -> None:
+    await _session(store, sid)
+    first = await store.claim(sid, holder="w1", lease_ms=1000)
+    assert first is not None and first.epoch == 1 and not first.taken_over
+    assert await store.claim(sid, holder="w2", lease_ms=1000) is None
+    clock.advance(999)
+    assert await store.claim(sid, holder="w2", lease_ms=1000) is None
+    assert (await store.state(sid)).status == "running"
+
+
+async def test_expiry_frees_the_lease_and_the_epoch_goes_up(store: RedisStore, sid: str, clock: FakeClock) -> None:
+    await _session(store, sid)
+    first = await store.claim(sid, holder="w1", lease_ms=1000)
+    assert first is not None
+    clock.advance(1000)
+    assert (await store.state(sid)).status == "waiting"
+    second = await store.claim(sid, holder="w2", lease_ms=1000)
+    assert second is not None
+    assert (second.epoch, second.taken_over) == (2, True)
+
+
+async def test_renewal_keeps_the_lease(store: RedisStore, sid: str, clock: FakeClock) -> None:
+    await _session(store, sid)
+    claim = await store.claim(sid, holder="w1", lease_ms=1000)
+    assert claim is not None
+    for _ in range(5):
+        clock.advance(600)
+        expires = await store.renew(sid, claim.epoch, lease_ms=1000)
+        assert expires == clock.ms + 1000
+        assert await store.claim(sid, holder="w2", lease_ms=1000) is None
+    clock.advance(1000)  # stopped renewing: dead, and it cannot come back
+    with pytest.raises(FxLeaseLostError) as caught:
+        await store.renew(sid, claim.epoch, lease_ms=1000)
+    assert caught.value.code == "FX_FENCED"
+    assert await store.claim(sid, holder="w2", lease_ms=1000) is not None
+
+
+async def test_release_frees_at_once_and_only_once(store: RedisStore, sid: str) -> None:
+    await _session(store, sid)
+    claim = await store.claim(sid, holder="w1", lease_ms=60_000)
+    assert claim is not None
+    assert (await store.release(sid, claim.epoch)).released
+    assert not (await store.release(sid, claim.epoch)).released
+    with pytest.raises(FxLeaseLostError):
+        await store.renew(sid, claim.epoch, lease_ms=1000)
+    with pytest.raises(FxLeaseLostError):
+        await store.append(sid, claim.epoch, lines=[{"type": "text_delta", "delta": "late"}])
+    nxt = await store.claim(sid, holder="w2", lease_ms=1000)
+    assert nxt is not None and nxt.epoch == 2 and not nxt.taken_over
+    with pytest.raises(FxLeaseLostError):
+        await store.release(sid, claim.epoch)
+
+
+async def test_claiming_an_unknown_session_is_refused(store: RedisStore, sid: str) -> None:
+    with pytest.raises(FxUnknownSessionError):
+        await store.claim(sid, holder="w1", lease_ms=1000)
+
+
+async def test_cutoffs_count_in_a_row_and_progress_resets_them(store: RedisStore, sid: str) -> None:
+    await _session(store, sid)
+    claim = await store.claim(sid, holder="w1", lease_ms=1000)
+    assert claim is not None
+    await store.append(sid, claim.epoch, records=[("k1", b"start", [{"start": "m1"}])])
+    counts = []
+    for n in range(3):
+        counts.append((await store.release(sid, claim.epoch, cutoff=True)).cutoffs)
+        claim = await store.claim(sid, holder=f"w{n + 2}", lease_ms=1000)
+        assert claim is not None
+        assert claim.cutoffs == counts[-1]
+    assert counts == [1, 2, 3]
+    await store.append(sid, claim.epoch, records=[("k2", b"progress", [])])
+    assert (await store.release(sid, claim.epoch, cutoff=True)).cutoffs == 1
+
+
+async def test_a_named_step_keeps_its_cutoff_count(store: RedisStore, sid: str) -> None:
+    await _session(store, sid)
+    claim = await store.claim(sid, holder="w1", lease_ms=1000)
+    assert claim is not None
+    await store.append(sid, claim.epoch, records=[("k1", b"s", [{"start": "m1"}, {"step": "call-1"}])])
+    assert (await store.release(sid, claim.epoch, cutoff=True)).cutoffs == 1
+    claim = await store.claim(sid, holder="w2", lease_ms=1000)
+    assert claim is not None
+    await store.append(sid, claim.epoch, records=[("k2", b"same step", [{"step": "call-1"}])])
+    assert (await store.release(sid, claim.epoch, cutoff=True)).cutoffs == 2
+    claim = await store.claim(sid, holder="w3", lease_ms=1000)
+    assert claim is not None
+    await store.append(sid, claim.epoch, records=[("k3", b"next step", [{"step": "call-2"}])])
+    assert (await store.release(sid, claim.epoch, cutoff=True)).cutoffs == 1
+
+
+async def test_deaths_count_takeovers_of_an_open_turn_without_progress(
+    store: RedisStore, sid: str, clock: FakeClock
+) -> None:
+    await _session(store, sid)
+    claim = await store.claim(sid, holder="w1", lease_ms=1000)
+    assert claim is not None
+    await store.append(sid, claim.epoch, records=[("k1", b"start", [{"start": "m1"}])])
+    deaths = []
+    for n in range(3):
+        clock.advance(1000)  # the holder died: its lease runs out
+        claim = await store.claim(sid, holder=f"w{n + 2}", lease_ms=1000)
+        assert claim is not None and claim.taken_over
+        assert claim.open_turn is not None and claim.open_turn.message_id == "m1"
+        deaths.append(claim.deaths)
+    assert deaths == [1, 2, 3]
+    await store.append(sid, claim.epoch, records=[("k2", b"progress", [])])
+    clock.advance(1000)
+    claim = await store.claim(sid, holder="w9", lease_ms=1000)
+    assert claim is not None and claim.deaths == 1
+    # A release is not a death.
+    await store.release(sid, claim.epoch)
+    claim = await store.claim(sid, holder="w10", lease_ms=1000)
+    assert claim is not None and (claim.deaths, claim.taken_over) == (1, False)
