@@ -7,12 +7,13 @@ calls the library (`Agent` / `Session`) and answers JSON or NDJSON. The library 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from fxworker.errors import FxInvalidCursorError, FxInvalidRequestError, FxUnknownAgentError
+from fxworker.errors import FxInvalidCursorError, FxInvalidRequestError, FxUnknownAgentError, FxUnknownSessionError
 
 from .auth import check_access
 from .bodies import CreateSessionBody, PromptBody, SteerBody, read_json
@@ -145,18 +146,12 @@ async def list_sessions(request: Request) -> Response:
     raw = request.query_params.get("limit") or "20"
     if not raw.isdigit() or not 1 <= int(raw) <= 1000:
         raise FxInvalidRequestError(f"limit must be an integer from 1 to 1000, got {raw!r}")
-    store = request.app.state.store_for(pick_agent(request, None))
-    found = await store.list_sessions(int(raw))
-    return JSONResponse({"sessions": [_plain(s) for s in found]})
-
-
-def _plain(item: Any) -> Any:
-    if isinstance(item, dict):
-        return item
-    if hasattr(item, "_asdict"):
-        return item._asdict()
-    if hasattr(item, "__dataclass_fields__"):
-        from dataclasses import asdict
-
-        return asdict(item)
-    return item
+    agent = pick_agent(request, None)
+    ids = await request.app.state.store_for(agent).list_sessions(int(raw))
+    states = await asyncio.gather(*(agent.session(session_id).state() for session_id in ids), return_exceptions=True)
+    # A session may expire between the listing and its state: leave it out.
+    found = [state for state in states if isinstance(state, dict)]
+    for failure in states:
+        if isinstance(failure, BaseException) and not isinstance(failure, FxUnknownSessionError):
+            raise failure
+    return JSONResponse({"sessions": found})

@@ -1,0 +1,43 @@
+"""FastAPI: call the library from your own routes (async), or mount the built-in API.
+
+    pip install fastapi 'fxworker[web]'
+    REDIS_URL=redis://localhost:6379/0 uvicorn examples.fastapi_app:app
+    REDIS_URL=redis://localhost:6379/0 FX_AGENTS=examples.agents fx worker
+"""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+
+from examples.agents import support
+from fxworker.web import create_app
+
+app = FastAPI()
+
+
+@app.post("/chat")
+async def chat(request: Request, session_id: str | None = None) -> StreamingResponse:
+    body = await request.json()
+    # Check here that the caller may use this session.
+    turn = await support.session(session_id).prompt(body["text"])  # returns once the prompt is stored
+    return StreamingResponse(turn.ndjson(), media_type="application/x-ndjson")
+
+
+@app.get("/chat/{session_id}")
+async def follow(session_id: str, cursor: int = 0) -> StreamingResponse:
+    async def lines():
+        async for line in support.session(session_id).stream(cursor):
+            yield (json.dumps(line) + "\n").encode()
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+async def allow_signed_in(request: Request, session_id: str | None, action: str) -> bool:
+    return request.headers.get("x-user") is not None  # your own check
+
+
+# The whole §3 API under /fx, guarded by your hook instead of FX_API_TOKEN.
+app.mount("/fx", create_app(agents=[support], authorize=allow_signed_in))
