@@ -17,35 +17,13 @@ import hypothesis  # noqa: F401  # imported now, at a shallow stack: CPython 3.1
 import pytest
 import redis
 
-from fxengine.testing import Reply, ScriptedModel, hold, text, tool_call
+from fxengine.testing import ScriptedModel
 from tests.support.workers import Workers
+from tests.web._model import responder
 from tests.web._server import WebProcess
 
 TOKEN = "test-token-123"
 WAKE_SECRET = "wake-secret-456"
-
-
-def _last(request: Any) -> tuple[str, str]:
-    messages = request.body.get("messages") or []
-    if not messages:
-        return "", ""
-    content = messages[-1].get("content")
-    if isinstance(content, list):
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return messages[-1].get("role", ""), content or ""
-
-
-def responder(request: Any) -> Reply:
-    """`hold:<name>` streams "partial ", waits for release, then "rest"; `tool:<q>` calls lookup;
-    anything else is echoed as "echo:" + the words, one chunk each."""
-    role, last = _last(request)
-    if role == "tool":
-        return Reply(text("looked ", "up"))
-    if last.startswith("hold:"):
-        return Reply(text("partial "), hold(last[5:]), text("rest"))
-    if last.startswith("tool:"):
-        return Reply(tool_call(f"call_{uuid.uuid4().hex[:8]}", "lookup", {"q": last[5:]}))
-    return Reply(text("echo:", *[w + " " for w in last.split()]))
 
 
 @pytest.fixture(scope="module")
