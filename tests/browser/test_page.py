@@ -1,0 +1,104 @@
+"""The chat page in a real headless Chromium against `fx dev`: a streamed answer, a reload mid-turn,
+and the turn continuing from the stored cursor with no text shown twice."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fxengine.testing import ScriptedModel
+from tests.web._model import responder
+from tests.web._server import WebProcess
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+if not Path(CHROMIUM).exists():
+    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
+playwright_sync = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+
+
+@pytest.fixture(scope="module")
+def page_model() -> Iterator[ScriptedModel]:
+    with ScriptedModel() as m:
+        m.responder = responder
+        yield m
+
+
+@pytest.fixture(scope="module")
+def dev(page_model: ScriptedModel) -> Iterator[WebProcess]:
+    env = {"FX_TEST_MODEL_URL": page_model.base_url, "FX_TEST_AGENTS": "default"}
+    web = WebProcess("dev", env=env, args=("--agents", "tests.durable.agents"))
+    try:
+        yield web.wait_ready()
+    finally:
+        web.close()
+
+
+@pytest.fixture
+def browser_page() -> Iterator[object]:
+    profile = tempfile.mkdtemp(prefix="fx-chromium-")
+    with playwright_sync.sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            profile, executable_path=CHROMIUM, headless=True, args=FLAGS, ignore_default_args=["--headless=new"]
+        )
+        try:
+            page = context.pages[0] if context.pages else context.new_page()
+            page.set_default_timeout(15_000)
+            yield page
+        finally:
+            context.close()
+            shutil.rmtree(profile, ignore_errors=True)
+
+
+def assistant_text(page: object) -> str:
+    return page.eval_on_selector_all(".assistant .text", "els => els.map(e => e.textContent).join('|')")  # type: ignore[attr-defined]
+
+
+def test_a_streamed_answer_survives_a_reload_without_duplicated_text(
+    dev: WebProcess, page_model: ScriptedModel, browser_page: object
+) -> None:
+    page = browser_page
+    page.goto(dev.url + "/")  # type: ignore[attr-defined]
+    page.fill("#prompt", "hold:page1")  # type: ignore[attr-defined]
+    page.press("#prompt", "Enter")  # type: ignore[attr-defined]
+    page_model.wait_held("page1", timeout_s=15)
+    page.wait_for_function("document.querySelector('.assistant .text')?.textContent === 'partial '")  # type: ignore[attr-defined]
+    assert "session=fxs_" in page.url  # type: ignore[attr-defined]
+    cursor_before = int(page.text_content("#cursor"))  # type: ignore[attr-defined]
+
+    page.reload()  # type: ignore[attr-defined]  # the connection is cut mid-turn
+    page.wait_for_selector(".assistant .text")  # type: ignore[attr-defined]
+    assert assistant_text(page) == "partial "
+    assert int(page.text_content("#cursor")) == cursor_before  # type: ignore[attr-defined]
+    page.wait_for_function("document.getElementById('status').dataset.state === 'live'")  # type: ignore[attr-defined]
+
+    page_model.release("page1")
+    page.wait_for_selector(".assistant .end")  # type: ignore[attr-defined]
+    assert assistant_text(page) == "partial rest"
+    assert page.text_content(".assistant .end").startswith("end_turn")  # type: ignore[attr-defined]
+    assert page.text_content(".user") == "hold:page1"  # type: ignore[attr-defined]
+    assert page.locator(".turn").count() == 1  # type: ignore[attr-defined]
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "page_after_reload.png"), full_page=True)  # type: ignore[attr-defined]
+
+
+def test_tool_calls_and_results_are_shown_as_they_stream(dev: WebProcess, browser_page: object) -> None:
+    page = browser_page
+    page.goto(dev.url + "/")  # type: ignore[attr-defined]
+    page.fill("#prompt", "tool:lisbon")  # type: ignore[attr-defined]
+    page.click("#send")  # type: ignore[attr-defined]
+    page.wait_for_selector(".assistant .end")  # type: ignore[attr-defined]
+    tool = page.text_content(".tool")  # type: ignore[attr-defined]
+    assert "lookup" in tool and "lisbon" in tool and "found:lisbon" in tool
+    assert assistant_text(page) == "looked up"
