@@ -120,3 +120,10 @@ def test_fx_web_and_worker_refuse_a_missing_setting_with_exit_2(command: list[st
     done = subprocess.run([str(BIN / "fx"), *command], capture_output=True, text=True, timeout=60, env={**base, **env})
     assert done.returncode == 2
     assert message in done.stderr
+
+
+@pytest.mark.parametrize("name", ["agents.py", "fastapi_app.py", "flask_app.py", "django_views.py"])
+def test_each_example_compiles(name: str) -> None:
+    source = (ROOT / "examples" / name).read_text()
+    compile(source, name, "exec")
+    assert "fxworker" in source or "examples.agents" in source
