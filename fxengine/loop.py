@@ -75,6 +75,7 @@ class TurnRunner:
         self._detached = False
         self._failure: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
+        self._started = False
         self._stream_task: asyncio.Task[StepOutput] | None = None
         self._out: StepOutput | None = None
         self._out_step = 0
@@ -149,6 +150,8 @@ class TurnRunner:
 
     def _stop_task(self) -> None:
         task = self._task
+        if not self._started:
+            return  # a task cancelled before its first step would never run `_main`; it reads the flags
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()
 
@@ -156,8 +159,10 @@ class TurnRunner:
 
     async def _main(self) -> None:
         outcome: tuple[str, dict[str, Any] | None] | None = None
+        self._started = True
         try:
-            outcome = await self._run()
+            if not (self._cancel_requested or self._detached or self._failure is not None):
+                outcome = await self._run()
         except (asyncio.CancelledError, JournalStopped, FxJournalAppendError):
             task = asyncio.current_task()
             if task is not None:
@@ -353,6 +358,8 @@ class TurnRunner:
 
         async def on_end(call: PlannedCall, outcome: ToolOutcome) -> None:
             self._running_calls.pop(call.id, None)
+            if self.signal.aborted:
+                return  # a late result after a cancel is dropped (the turn end answers the call)
             body: dict[str, Any] = {"step": step, "id": call.id, "name": call.name, "content": outcome.content,
                                     "isError": outcome.is_error}
             if outcome.images:

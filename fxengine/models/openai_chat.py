@@ -159,6 +159,13 @@ def _error_message(body: bytes) -> str:
 
 
 def _retry_after(headers: httpx.Headers) -> float | None:
+    """Seconds to wait before the retry: `retry-after-ms` (as OpenAI sends), else `retry-after`."""
+    ms = headers.get("retry-after-ms")
+    if ms is not None:
+        try:
+            return max(0.0, float(ms) / 1000)
+        except ValueError:
+            pass
     value = headers.get("retry-after")
     if value is None:
         return None
