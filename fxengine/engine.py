@@ -236,7 +236,7 @@ class Engine:
         """
         self._check_usable()
         yield_at = _check_yield_at(yield_at)
-        blocks = check_prompt_input(input if isinstance(input, str) else list(input))
+        blocks = check_prompt_input(input)  # type: ignore[arg-type]
         entry = self._spec.entry
         if entry is not None and not entry.supports_images and any(b["type"] == "image" for b in blocks):
             raise FxInputError(f"model {self._spec.id} does not take images", code="FX_MODEL_NO_IMAGES")

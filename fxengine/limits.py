@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import FxInputError, FxLimitError
@@ -81,7 +81,7 @@ def check_prompt_input(input: str | list[Any] | tuple[Any, ...]) -> list[Block]:
     """
     if isinstance(input, str):
         blocks_in: list[Any] = [{"type": "text", "text": input}]
-    elif isinstance(input, (list, tuple)):
+    elif isinstance(input, (list, tuple)) or (isinstance(input, Sequence) and not isinstance(input, (bytes, bytearray))):
         blocks_in = list(input)
     else:
         raise FxInputError("prompt input must be a string or a list of content blocks")
