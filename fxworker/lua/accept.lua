@@ -27,34 +27,31 @@ if stored then
   return {'repeated', m[1] or '', state, tonumber(seq), tonumber(endc), tonumber(m[2] or 0), 0}
 end
 
-local owner = redis.call('HGET', meta, 'agent')
-local created = 0
+local m = redis.call('HMGET', meta, 'agent', 'ui', 'inbox', 'steers', 'steer_bytes', 'expiring')
+local owner = m[1]
+local seq = tonumber(m[3] or 0) + 1
+local size = string.len(input)
+local fields = {'inbox', seq}
 if not owner then
   if ARGV[8] ~= '1' then return {'unknown'} end
   owner = agent
-  created = 1
+  fields[3], fields[4], fields[5], fields[6] = 'agent', agent, 'created_ms', now_ms
 end
-
-local size = string.len(input)
 if kind == 's' then
+  local steers, bytes = tonumber(m[4] or 0) + 1, tonumber(m[5] or 0) + size
   if size > tonumber(ARGV[9]) then return {'too_large', tonumber(ARGV[9])} end
-  local q = redis.call('HMGET', meta, 'steers', 'steer_bytes')
-  if tonumber(q[1] or 0) + 1 > tonumber(ARGV[10]) then return {'queue_full', 'count', tonumber(ARGV[10])} end
-  if tonumber(q[2] or 0) + size > tonumber(ARGV[11]) then return {'queue_full', 'bytes', tonumber(ARGV[11])} end
-  redis.call('HINCRBY', meta, 'steers', 1)
-  redis.call('HINCRBY', meta, 'steer_bytes', size)
+  if steers > tonumber(ARGV[10]) then return {'queue_full', 'count', tonumber(ARGV[10])} end
+  if bytes > tonumber(ARGV[11]) then return {'queue_full', 'bytes', tonumber(ARGV[11])} end
+  fields[#fields + 1], fields[#fields + 2], fields[#fields + 3], fields[#fields + 4] = 'steers', steers, 'steer_bytes', bytes
 end
-if created == 1 then
-  redis.call('HSET', meta, 'agent', owner, 'created_ms', now_ms)
+if m[6] == '1' then
+  -- New input revives a finished session that was set to expire.
+  for i = 1, #KEYS do redis.call('PERSIST', KEYS[i]) end
+  fields[#fields + 1], fields[#fields + 2] = 'expiring', 0
 end
 
-local seq = redis.call('HINCRBY', meta, 'inbox', 1)
+redis.call('HSET', meta, unpack(fields))
 redis.call('XADD', inbox, seq .. '-0', 'k', kind, 'id', mid, 'in', input, 'cx', context, 'st', settings, 'at', now_ms)
 redis.call('HSET', msgs, mid, kind .. ':w:' .. seq .. ':0:' .. size)
 redis.call('ZADD', pending, seq, mid)
-
--- New input revives a finished session that was set to expire.
-for i = 1, #KEYS do redis.call('PERSIST', KEYS[i]) end
-
-local ui = redis.call('HGET', meta, 'ui')
-return {'ok', owner, 'w', seq, 0, tonumber(ui or 0), created}
+return {'ok', owner, 'w', seq, 0, tonumber(m[2] or 0), m[1] and 0 or 1}

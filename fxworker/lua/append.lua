@@ -147,6 +147,7 @@ redis.call('HSET', meta, unpack(flat))
 -- Retention: a session whose turn ended with nothing waiting expires after ttl_ms.
 if ended and ttl_ms > 0 and turn == '' and redis.call('ZCARD', pending) == 0 then
   for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ttl_ms) end
+  redis.call('HSET', meta, 'expiring', 1)  -- accept.lua persists them again
 end
 
 return {'ok', head, cursors, first, ui_last, 0}

@@ -25,5 +25,6 @@ local turn = m[1] or ''
 if ARGV[2] == '1' and turn ~= '' then cutoffs = redis.call('HINCRBY', meta, 'cutoffs', 1) end
 if ttl_ms > 0 and turn == '' and redis.call('ZCARD', pending) == 0 then
   for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ttl_ms) end
+  redis.call('HSET', meta, 'expiring', 1)  -- accept.lua persists them again
 end
 return {'ok', 1, cutoffs}

@@ -46,5 +46,6 @@ redis.call('XTRIM', inbox, 'MINID', keep .. '-0')
 
 if ttl_ms > 0 and (m[2] or '') == '' and redis.call('ZCARD', pending) == 0 then
   for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ttl_ms) end
+  redis.call('HSET', meta, 'expiring', 1)  -- accept.lua persists them again
 end
 return {'ok', trimmed, redis.call('XLEN', log)}

@@ -100,6 +100,7 @@ class StoreCore:
         self.ack_timeout_ms = ack_timeout_ms
         self.max_block_ms = max_block_ms
         self.index = index_keys(self.prefix)
+        self._keys: dict[str, SessionKeys] = {}
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -107,7 +108,14 @@ class StoreCore:
         return self.clock() if now_ms is None else int(now_ms)
 
     def keys(self, session_id: str) -> SessionKeys:
-        return session_keys(self.prefix, validate_session_id(session_id, memory=self.memory_ids))
+        """The keys of a valid session id (`FxInvalidSessionIdError` otherwise), cached."""
+        keys = self._keys.get(session_id)
+        if keys is None:
+            keys = session_keys(self.prefix, validate_session_id(session_id, memory=self.memory_ids))
+            if len(self._keys) >= 4096:
+                self._keys.clear()
+            self._keys[session_id] = keys
+        return keys
 
     def _ack_steps(self) -> list[Step]:
         if self.ack == "replica":

@@ -162,6 +162,6 @@ def test_only_the_head_of_the_epoch_chain_writes(redis_url: str, key_prefix: str
 
     run_state_machine_as_test(
         Machine,
-        settings=settings(max_examples=150, stateful_step_count=50, deadline=None,
+        settings=settings(max_examples=300, stateful_step_count=50, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow]),
     )

@@ -1,0 +1,171 @@
+"""The session store's cost per call, against the floor of one Redis round trip.
+
+Starts a throwaway `redis-server` on a free loopback port and measures, in the same run:
+
+- accept: throughput and p50/p99 latency of `store.sync.accept()` (ready mark + accept
+  script, pipelined: one round trip) against a raw redis-py `EVALSHA` of `return 1` on
+  the same server and client settings (the floor for any one-round-trip call). Rounds of
+  the two interleave, so machine load hits both alike. Target: >= 0.7x of raw.
+- a recorded step: one engine record plus its UI lines through the engine `Persistence`
+  adapter (`queue_lines` + `append`). Counts Redis commands (`INFO commandstats` deltas)
+  and client round trips (writes on the socket) per step. Target: 1 round trip.
+
+Run: ``.venv/bin/python bench/store.py`` (about 15 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+import redis.asyncio
+import redis.asyncio.connection
+import redis.connection
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fxworker.ids import new_holder_id, new_session_id  # noqa: E402
+from fxworker.store import RedisStore, redis_store  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
+
+ROUNDS = 6
+PER_ROUND = 1500
+SESSIONS = 200
+STEPS = 2000
+LINES_PER_STEP = 3
+TRIVIAL = "return 1"
+
+SENDS = {"sync": 0, "async": 0}
+
+
+class CountingConnection(redis.connection.Connection):
+    """Counts socket writes: one per command, or one per pipeline."""
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        SENDS["sync"] += 1
+        super().send_packed_command(command, check_health)
+
+
+class AsyncCountingConnection(redis.asyncio.connection.Connection):
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        SENDS["async"] += 1
+        await super().send_packed_command(command, check_health)
+
+
+def commandstats(client: redis.Redis) -> dict[str, int]:
+    return {name: int(stat["calls"]) for name, stat in client.info("commandstats").items()}
+
+
+def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    out = {k: after[k] - before.get(k, 0) for k in after}
+    out.pop("cmdstat_info", None)
+    return {k: v for k, v in out.items() if v}
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def bench_accept(store: RedisStore, raw: redis.Redis) -> None:
+    sessions = [new_session_id() for _ in range(SESSIONS)]
+    sha = raw.script_load(TRIVIAL)
+    accept_ns: list[float] = []
+    raw_ns: list[float] = []
+    n = 0
+    accept_s = raw_s = 0.0
+    for _ in range(ROUNDS):
+        gc.collect()
+        start = time.perf_counter()
+        for _ in range(PER_ROUND):
+            t = time.perf_counter_ns()
+            raw.evalsha(sha, 0)
+            raw_ns.append(time.perf_counter_ns() - t)
+        raw_s += time.perf_counter() - start
+        gc.collect()
+        start = time.perf_counter()
+        for _ in range(PER_ROUND):
+            n += 1
+            t = time.perf_counter_ns()
+            store.sync.accept(sessions[n % SESSIONS], agent="default", message_id=f"m{n}", input="hello there")
+            accept_ns.append(time.perf_counter_ns() - t)
+        accept_s += time.perf_counter() - start
+    total = ROUNDS * PER_ROUND
+    accept_rate, raw_rate = total / accept_s, total / raw_s
+    print(f"accept      {accept_rate:9.0f} /s   p50 {pct(accept_ns, .5) / 1e3:6.1f} µs   p99 {pct(accept_ns, .99) / 1e3:6.1f} µs")
+    print(f"raw EVALSHA {raw_rate:9.0f} /s   p50 {pct(raw_ns, .5) / 1e3:6.1f} µs   p99 {pct(raw_ns, .99) / 1e3:6.1f} µs")
+    print(f"accept / raw throughput: {accept_rate / raw_rate:.2f}x (target >= 0.70x)")
+
+    before = commandstats(raw)
+    before_sends = SENDS["sync"]
+    for i in range(200):
+        store.sync.accept(sessions[i % SESSIONS], agent="default", message_id=f"rt{i}", input="x")
+    sends = SENDS["sync"] - before_sends
+    d = delta(before, commandstats(raw))
+    print(f"accept: {d.get('cmdstat_evalsha', 0) / 200:.2f} EVALSHA ({sum(d.values()) / 200:.2f} commands with those "
+          f"the scripts run), {sends / 200:.2f} round trips each")
+    # Where the gap to the floor is: Redis's own time per call (INFO commandstats usec).
+    raw.config_resetstat()
+    for i in range(1000):
+        raw.evalsha(sha, 0)
+    trivial_us = float(raw.info("commandstats")["cmdstat_evalsha"]["usec_per_call"])
+    raw.config_resetstat()
+    for i in range(1000):
+        store.sync.accept(sessions[i % SESSIONS], agent="default", message_id=f"us{i}", input="x")
+    accept_us = 2 * float(raw.info("commandstats")["cmdstat_evalsha"]["usec_per_call"])
+    print(f"Redis time per call: accept {accept_us:.1f} µs (ready mark + accept script), trivial {trivial_us:.1f} µs")
+
+
+async def bench_steps(url: str, raw: redis.Redis) -> None:
+    pool = redis.asyncio.ConnectionPool.from_url(url, connection_class=AsyncCountingConnection)
+    client = redis.asyncio.Redis(connection_pool=pool)
+    store = redis_store(client=client, sync_client=raw, prefix="bench-steps")
+    sid = new_session_id()
+    await store.accept(sid, agent="default", message_id="m1", input="go")
+    claim = await store.claim(sid, holder=new_holder_id(), lease_ms=600_000)
+    assert claim is not None
+    journal = store.persistence(sid, claim.epoch, claim)
+    head: str | None = None
+    record = b"x" * 300
+    before, before_sends = commandstats(raw), SENDS["async"]
+    start = time.perf_counter()
+    for i in range(STEPS):
+        journal.queue_lines(
+            {"type": "text_delta", "messageId": "m1", "delta": f"word {i}.{j} "} for j in range(LINES_PER_STEP)
+        )
+        marks = [{"start": "m1"}] if i == 0 else []
+        head = await journal.append(expected=head, idempotency_key=f"e:{i}", data=record, barrier=False, marks=marks)
+    elapsed = time.perf_counter() - start
+    d = delta(before, commandstats(raw))
+    sends = SENDS["async"] - before_sends
+    lines = await store.read_lines(sid, 0)
+    assert len(lines) == STEPS * LINES_PER_STEP and head == str(STEPS)
+    print(f"recorded step (1 record + {LINES_PER_STEP} UI lines): {sum(d.values()) / STEPS:.2f} Redis commands, "
+          f"{sends / STEPS:.2f} round trips, {elapsed / STEPS * 1e6:.0f} µs each (target: 1 round trip)")
+    print(f"  commands: {', '.join(f'{k[8:]}={v}' for k, v in sorted(d.items()))}")
+    await client.aclose()
+
+
+def main() -> None:
+    server = RedisServer()
+    try:
+        print(f"redis-server {redis.Redis.from_url(server.url).info('server')['redis_version']} on port {server.port}")
+        pool = redis.ConnectionPool.from_url(server.url, connection_class=CountingConnection)
+        raw = redis.Redis(connection_pool=pool)
+        store = redis_store(client=redis.asyncio.Redis.from_url(server.url), sync_client=raw, prefix="bench")
+        bench_accept(store, raw)
+        asyncio.run(bench_steps(server.url, raw))
+        raw.close()
+    finally:
+        server.close()
+
+
+if __name__ == "__main__":
+    started = time.perf_counter()
+    main()
+    print(f"({time.perf_counter() - started:.1f} s)")
