@@ -1,9 +1,8 @@
 """`RedisStore`: the session store on Redis (standalone or Cluster), async with a sync twin.
 
 Every write is one Lua script (`fxworker/lua/`); reads are one XREAD or one read-only
-script. Connection failures and timeouts surface once, here, as `FxStoreUnavailableError`
-(`map_redis_errors`); redis-py's own retries are off, because a blind retry of a claim
-whose reply was lost would bump the epoch twice. The next call reconnects.
+script. Connection failures and timeouts surface as `FxStoreUnavailableError`
+(`map_redis_errors`, in `_boundary`); the next call reconnects.
 
 The async client is bound to the event loop that first used it; a store used from a new
 loop (one `asyncio.run` per Celery task, say) opens a client for that loop.
@@ -12,178 +11,21 @@ loop (one `asyncio.run` per Celery task, say) opens a client for that loop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-import redis as redis_py
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import RedisError
 
-from fxengine.errors import FxError
-
-from ..errors import FxStoreUnavailableError
-from ..scripts import AsyncRunner, SyncRunner
+from ..scripts import AsyncRunner
+from ._boundary import ServerCheck, client_factories, map_redis_errors
 from ._core import READY_GRACE_MS, UNCHECKED, Op, RecordLike, StoreCore
 from .persistence import StorePersistence
+from .sync import SyncRedisStore
 from .types import Accepted, Appended, Claim, Input, InputKind, Mark, ReadySession, Released, SessionState
 
+__all__ = ["RedisStore", "SyncRedisStore", "client_factories", "map_redis_errors"]
+
 T = TypeVar("T")
-
-
-@contextmanager
-def map_redis_errors() -> Iterator[None]:
-    """Translates redis-py's connection and server errors into `FxStoreUnavailableError`."""
-    try:
-        yield
-    except FxError:
-        raise
-    except (RedisError, RedisClusterException, OSError) as exc:
-        raise FxStoreUnavailableError(f"the session store is unavailable: {type(exc).__name__}: {exc}") from exc
-
-
-class _ServerCheck:
-    """Start-up checks run once per store (maxmemory-policy warning, WAITAOF support)."""
-
-    def __init__(self) -> None:
-        self.done = False
-
-
-class SyncRedisStore:
-    """The blocking twin of `RedisStore` (`store.sync`), for Django, Flask or Celery code.
-
-    Same methods, same arguments, same results; nothing here awaits.
-    """
-
-    def __init__(self, core: StoreCore, make_client: Callable[[], Any], check: _ServerCheck) -> None:
-        self._core = core
-        self._make_client = make_client
-        self._check = check
-        self._runner: SyncRunner | None = None
-
-    def __repr__(self) -> str:
-        return f"<SyncRedisStore prefix={self._core.prefix!r} ack={self._core.ack}>"
-
-    @property
-    def client(self) -> Any:
-        return self._get_runner().client
-
-    def _get_runner(self) -> SyncRunner:
-        if self._runner is None:
-            with map_redis_errors():
-                self._runner = SyncRunner(self._make_client(), cluster=self._core.cluster)
-        return self._runner
-
-    def _exec(self, op: Op[T]) -> T:
-        runner = self._get_runner()
-        with map_redis_errors():
-            if not self._check.done:
-                client = runner.client
-                info = client.info("server") if self._core.ack == "aof" else None
-                self._core.check_server(info, _policy(lambda: client.config_get("maxmemory-policy")))
-                self._check.done = True
-            return op.parse(runner.run_all(op.steps))
-
-    def accept(
-        self, session_id: str, *, agent: str, kind: InputKind = "prompt", message_id: str, input: Any,
-        context: Any = None, settings: Any = None, now_ms: int | None = None, create: bool = True,
-    ) -> Accepted:
-        """See `RedisStore.accept`."""
-        return self._exec(self._core.op_accept(
-            session_id, agent=agent, kind=kind, message_id=message_id, input=input, context=context,
-            settings=settings, now_ms=now_ms, create=create))
-
-    def request_cancel(self, session_id: str, *, now_ms: int | None = None) -> str | None:
-        """See `RedisStore.request_cancel`."""
-        return self._exec(self._core.op_cancel(session_id, now_ms=now_ms))
-
-    def claim(self, session_id: str, *, holder: str, lease_ms: int, now_ms: int | None = None) -> Claim | None:
-        """See `RedisStore.claim`."""
-        return self._exec(self._core.op_claim(session_id, holder=holder, lease_ms=lease_ms, now_ms=now_ms))
-
-    def append(
-        self, session_id: str, epoch: int, *, records: Sequence[RecordLike] = (),
-        lines: Sequence[Mapping[str, Any]] = (), marks: Sequence[Mark] = (), expected: Any = UNCHECKED,
-        durable: bool = False, now_ms: int | None = None,
-    ) -> Appended:
-        """See `RedisStore.append`."""
-        return self._exec(self._core.op_append(
-            session_id, epoch, records=records, lines=lines, marks=marks, expected=expected, durable=durable,
-            now_ms=now_ms))
-
-    def renew(self, session_id: str, epoch: int, *, lease_ms: int, now_ms: int | None = None) -> int:
-        """See `RedisStore.renew`."""
-        return self._exec(self._core.op_renew(session_id, epoch, lease_ms=lease_ms, now_ms=now_ms))
-
-    def release(self, session_id: str, epoch: int, *, cutoff: bool = False, now_ms: int | None = None) -> Released:
-        """See `RedisStore.release`."""
-        return self._exec(self._core.op_release(session_id, epoch, cutoff=cutoff, now_ms=now_ms))
-
-    def save_checkpoint(
-        self, session_id: str, epoch: int, *, through: str | None, data: bytes, now_ms: int | None = None
-    ) -> int:
-        """See `RedisStore.save_checkpoint`."""
-        return self._exec(self._core.op_save_checkpoint(session_id, epoch, through=through, data=data, now_ms=now_ms))
-
-    def read_raw_lines(
-        self, session_id: str, cursor: int = 0, *, block_ms: int | None = None, count: int | None = None
-    ) -> list[tuple[int, bytes]]:
-        """See `RedisStore.read_raw_lines`."""
-        return self._exec(self._core.op_read_raw_lines(session_id, cursor, block_ms=block_ms, count=count))
-
-    def read_lines(
-        self, session_id: str, cursor: int = 0, *, block_ms: int | None = None, count: int | None = None
-    ) -> list[dict[str, Any]]:
-        """See `RedisStore.read_lines`."""
-        return StoreCore.decode_lines(self.read_raw_lines(session_id, cursor, block_ms=block_ms, count=count))
-
-    def watch_inbox(
-        self, session_id: str, after: int, *, block_ms: int | None = 1000, count: int | None = None
-    ) -> list[Input]:
-        """See `RedisStore.watch_inbox`."""
-        return self._exec(self._core.op_watch_inbox(session_id, after, block_ms=block_ms, count=count))
-
-    def state(self, session_id: str, *, now_ms: int | None = None) -> SessionState:
-        """See `RedisStore.state`."""
-        return self._exec(self._core.op_state(session_id, now_ms=now_ms))
-
-    def list_sessions(self, limit: int = 100) -> list[str]:
-        """See `RedisStore.list_sessions`."""
-        core = self._core
-        ids = [sid for sid, _ in self._exec(core.op_index(core.index.sessions, limit, newest_first=True))]
-        states = self._exec(core.op_states(ids, now_ms=None)) if ids else []
-        return [sid for sid, st in zip(ids, states) if st is not None]
-
-    def mark_ready(self, session_id: str, *, now_ms: int | None = None) -> None:
-        """See `RedisStore.mark_ready`."""
-        self._exec(self._core.op_mark_ready(session_id, now_ms=now_ms))
-
-    def clear_ready(self, session_id: str, *, now_ms: int | None = None, grace_ms: int = READY_GRACE_MS) -> bool:
-        """See `RedisStore.clear_ready`."""
-        core = self._core
-        now = core.now(now_ms)
-        state = self._exec(core.op_states([session_id], now_ms=now))[0]
-        if state is not None and state.has_work:
-            return False
-        return self._exec(core.op_clear([session_id], older_than_ms=now - grace_ms, forget=[state is None]))[0]
-
-    def ready_sessions(
-        self, *, now_ms: int | None = None, limit: int = 1000, grace_ms: int = READY_GRACE_MS
-    ) -> list[ReadySession]:
-        """See `RedisStore.ready_sessions`."""
-        core = self._core
-        now = core.now(now_ms)
-        ids = [sid for sid, _ in self._exec(core.op_index(core.index.ready, limit, newest_first=False))]
-        states = self._exec(core.op_states(ids, now_ms=now)) if ids else []
-        idle = [(sid, st is None) for sid, st in zip(ids, states) if st is None or not st.has_work]
-        if idle:
-            self._exec(core.op_clear([s for s, _ in idle], older_than_ms=now - grace_ms, forget=[f for _, f in idle]))
-        return core.ready_from(ids, states)
-
-    def close(self) -> None:
-        """Closes the blocking client's connections."""
-        if self._runner is not None:
-            self._runner.client.close()
-            self._runner = None
 
 
 class RedisStore:
@@ -203,7 +45,7 @@ class RedisStore:
     ) -> None:
         self._core = core
         self._make_async_client = make_async_client
-        self._check = _ServerCheck()
+        self._check = ServerCheck()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: AsyncRunner | None = None
         self.kind = kind
@@ -415,43 +257,3 @@ class RedisStore:
         if runner is not None:
             await runner.client.aclose()
         self.sync.close()
-
-
-def _policy(get: Callable[[], Any]) -> Any:
-    try:
-        return get()
-    except RedisError:
-        return None  # CONFIG is often disabled on managed Redis
-
-
-def _no_retry(asyncio_client: bool) -> Any:
-    from redis.backoff import NoBackoff
-
-    if asyncio_client:
-        from redis.asyncio.retry import Retry as AsyncRetry
-
-        return AsyncRetry(NoBackoff(), 0)
-    from redis.retry import Retry
-
-    return Retry(NoBackoff(), 0)
-
-
-def client_factories(
-    url: str, *, cluster: bool, socket_timeout_s: float
-) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    """(async factory, sync factory) of redis-py clients for `url`, retries off."""
-    common: dict[str, Any] = {"socket_timeout": socket_timeout_s, "socket_connect_timeout": socket_timeout_s}
-    if cluster:
-        import redis.asyncio.cluster as async_cluster
-        import redis.cluster as sync_cluster
-
-        return (
-            lambda: async_cluster.RedisCluster.from_url(url, **common),
-            lambda: sync_cluster.RedisCluster.from_url(url, **common),
-        )
-    import redis.asyncio as async_redis
-
-    return (
-        lambda: async_redis.Redis.from_url(url, retry=_no_retry(True), **common),
-        lambda: redis_py.Redis.from_url(url, retry=_no_retry(False), **common),
-    )

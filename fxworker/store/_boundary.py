@@ -1,0 +1,78 @@
+"""The boundary with redis-py: error translation, start-up checks and client factories.
+
+Third-party errors are translated here, once: connection failures, timeouts and error
+replies become `FxStoreUnavailableError` (`map_redis_errors`). redis-py's own retries are
+off, because a blind retry of a claim whose reply was lost would bump the epoch twice;
+the next call simply reconnects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis as redis_py
+from redis.exceptions import RedisClusterException, RedisError
+
+from fxengine.errors import FxError
+
+from ..errors import FxStoreUnavailableError
+
+
+@contextmanager
+def map_redis_errors() -> Iterator[None]:
+    """Translates redis-py's connection and server errors into `FxStoreUnavailableError`."""
+    try:
+        yield
+    except FxError:
+        raise
+    except (RedisError, RedisClusterException, OSError) as exc:
+        raise FxStoreUnavailableError(f"the session store is unavailable: {type(exc).__name__}: {exc}") from exc
+
+
+class ServerCheck:
+    """Start-up checks run once per store (maxmemory-policy warning, WAITAOF support)."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+
+def policy_or_none(get: Callable[[], Any]) -> Any:
+    try:
+        return get()
+    except RedisError:
+        return None  # CONFIG is often disabled on managed Redis
+
+
+def _no_retry(asyncio_client: bool) -> Any:
+    from redis.backoff import NoBackoff
+
+    if asyncio_client:
+        from redis.asyncio.retry import Retry as AsyncRetry
+
+        return AsyncRetry(NoBackoff(), 0)
+    from redis.retry import Retry
+
+    return Retry(NoBackoff(), 0)
+
+
+def client_factories(
+    url: str, *, cluster: bool, socket_timeout_s: float
+) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(async factory, sync factory) of redis-py clients for `url`, retries off."""
+    common: dict[str, Any] = {"socket_timeout": socket_timeout_s, "socket_connect_timeout": socket_timeout_s}
+    if cluster:
+        import redis.asyncio.cluster as async_cluster
+        import redis.cluster as sync_cluster
+
+        return (
+            lambda: async_cluster.RedisCluster.from_url(url, **common),
+            lambda: sync_cluster.RedisCluster.from_url(url, **common),
+        )
+    import redis.asyncio as async_redis
+
+    return (
+        lambda: async_redis.Redis.from_url(url, retry=_no_retry(True), **common),
+        lambda: redis_py.Redis.from_url(url, retry=_no_retry(False), **common),
+    )
