@@ -59,7 +59,8 @@ class TurnRunner:
         self.turn_id = turn_id
         self.events = EventBuffer(sink=engine._event_sink, diag=engine._diag)
         self.result_future: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
-        self.retract_candidates: list[int] = []
+        open_turn = engine._conv.open
+        self.retract_candidates: list[int] = open_turn.retract if resume and open_turn is not None else []
         self.signal = Signal()
         self._blocks = blocks
         self._yield_at = yield_at
@@ -248,7 +249,6 @@ class TurnRunner:
         else:
             turn = conv.open
             assert turn is not None
-            self.retract_candidates = turn.retract
             unanswered = turn.unanswered
             pending_step = int(turn.pending["step"]) if turn.pending else 0
             engine._commit("resumed", {"interrupted": not turn.yielded, "retract": self.retract_candidates})
