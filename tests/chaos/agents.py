@@ -1,0 +1,13 @@
+"""The `FX_AGENTS` module of the fault tests' worker processes (`tests/durable/test_fault_*`).
+
+One agent, `default`, on the scripted model at `FX_TEST_MODEL_URL`, with the tools of
+`tests.chaos.tooling` (which records each tool start in Redis, and tags each model
+request with this worker's pid).
+"""
+
+from __future__ import annotations
+
+from fxworker import Agent
+from tests.chaos.tooling import provider, tools
+
+AGENTS = {"default": Agent("default", model="scripted", provider=provider(), tools=tools(), api_key="test-key")}

@@ -1,0 +1,109 @@
+"""Tools and provider of the fault workers (`tests.chaos.agents`), and the Redis keys the
+tests read their records from (importing this creates no agent).
+
+Every model request of a fault worker carries the header `x-fx-pid` (this worker's pid),
+so a test knows which process to kill, stop or signal. Its tools record each start in Redis, so a test counts real executions:
+
+- `probe` (idempotent): `{name}`; pushes `<execution_id>|<epoch>|<pid>` to
+  `<FX_PREFIX>:fault:starts:<name>`; a name starting with `hold` then waits until the key
+  `<FX_PREFIX>:fault:release:<name>` exists (or the turn aborts); answers `probed:<name>`.
+- `effect` (not idempotent): the same, but an effect: each start is one execution the
+  tests require to happen at most once; after its release it pushes to `...:fault:done:<name>`.
+- `slow` (idempotent): sleeps `seconds` (aborts with the turn); answers `slept`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from fxengine.tools import Tool
+
+PREFIX = os.environ.get("FX_PREFIX", "fx")
+REDIS_URL = os.environ.get("REDIS_URL", "")
+MODEL_URL = os.environ.get("FX_TEST_MODEL_URL", "http://127.0.0.1:9/v1")
+POLL_S = 0.02
+
+_client: aioredis.Redis | None = None
+
+
+def starts_key(name: str, prefix: str = PREFIX) -> str:
+    return f"{prefix}:fault:starts:{name}"
+
+
+def done_key(name: str, prefix: str = PREFIX) -> str:
+    return f"{prefix}:fault:done:{name}"
+
+
+def release_key(name: str, prefix: str = PREFIX) -> str:
+    return f"{prefix}:fault:release:{name}"
+
+
+def _redis() -> aioredis.Redis:
+    # Tools run on the worker's one process loop, so one asyncio client serves them all.
+    global _client
+    if _client is None:
+        _client = aioredis.Redis.from_url(REDIS_URL)
+    return _client
+
+
+async def _held(name: str, ctx: Any) -> bool:
+    """Waits for the release of `name`; False when the turn aborted first."""
+    r = _redis()
+    while not await r.exists(release_key(name)):
+        if ctx.signal.aborted:
+            return False
+        await asyncio.sleep(POLL_S)
+    return True
+
+
+async def _start(name: str, ctx: Any) -> None:
+    await _redis().rpush(starts_key(name), f"{ctx.execution_id}|{ctx.epoch}|{os.getpid()}")
+
+
+async def _probe(input: dict[str, Any], ctx: Any) -> str:
+    name = str(input.get("name", ""))
+    await _start(name, ctx)
+    if name.startswith("hold") and not await _held(name, ctx):
+        return "aborted"
+    return f"probed:{name}"
+
+
+async def _effect(input: dict[str, Any], ctx: Any) -> str:
+    name = str(input.get("name", ""))
+    await _start(name, ctx)
+    if name.startswith("hold") and not await _held(name, ctx):
+        return "aborted"
+    await _redis().rpush(done_key(name), f"{ctx.execution_id}|{ctx.epoch}|{os.getpid()}")
+    return f"effected:{name}"
+
+
+async def _slow(input: dict[str, Any], ctx: Any) -> str:
+    try:
+        await asyncio.wait_for(ctx.signal.wait(), timeout=float(input.get("seconds", 1)))
+    except asyncio.TimeoutError:
+        return "slept"
+    return "aborted"
+
+
+def tools() -> list[Tool]:
+    named = {"type": "object", "properties": {"name": {"type": "string"}}}
+    timed = {"type": "object", "properties": {"seconds": {"type": "number"}}}
+    return [
+        Tool("probe", "Probes something (idempotent).", named, idempotent=True, execute=_probe),
+        Tool("effect", "Has an effect (not idempotent).", named, idempotent=False, execute=_effect),
+        Tool("slow", "Takes a while (idempotent).", timed, idempotent=True, execute=_slow),
+    ]
+
+
+def provider(model_url: str = MODEL_URL) -> dict[str, Any]:
+    return {
+        "name": "scripted",
+        "base_url": model_url,
+        "headers": {"x-fx-pid": str(os.getpid())},
+        "models": {"scripted": {"context_window": 100_000, "max_output_tokens": 4096, "supports_tools": True}},
+    }
+
