@@ -22,9 +22,10 @@ class RedisClusterProcesses:
         try:
             for _ in range(3):
                 port = free_port()
+                # An explicit bus port: the default (port + 10000) fails for ports above 55535.
                 self.nodes.append(RedisServer(port=port, args=(
                     "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
-                    "--cluster-node-timeout", "2000",
+                    "--cluster-port", str(free_port()), "--cluster-node-timeout", "2000",
                 )))
             addresses = [f"127.0.0.1:{n.port}" for n in self.nodes]
             subprocess.run(
