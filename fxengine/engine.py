@@ -369,7 +369,10 @@ class Engine:
                 await runner.result_future
             except Exception:
                 pass
-        await self._journal.flush()
+        if self._journal.enabled:
+            # A detached or failed journal writes nothing more; an append it left stalled
+            # (a store that never answers) must not hold the close.
+            await self._journal.flush()
         self._closed = True
         if self._own_client:
             await self._client.aclose()

@@ -28,6 +28,7 @@ from .definition import Tool, ToolContext
 MAX_CONCURRENT_CALLS = 16
 TOOL_RESULT_IMAGES_MAX = 8
 TOOL_THREADS_MAX = 64
+TOOL_RESULT_MAX_BYTES = 8 * 1024 * 1024
 
 _executor: ThreadPoolExecutor | None = None
 
@@ -133,6 +134,9 @@ async def execute_call(tool: Tool, call: PlannedCall, ctx: ToolContext) -> ToolO
             if inspect.isawaitable(value):
                 value = await value
         content, images, is_error = format_result(value)
+        size = len(content.encode("utf-8", "surrogatepass")) + sum(len(i["data"]) for i in images)
+        if size > TOOL_RESULT_MAX_BYTES:
+            return ToolOutcome(call.id, call.name, f"Tool {call.name} returned {size} bytes, over the 8 MiB limit", True)
         return ToolOutcome(call.id, call.name, content, is_error, images)
     except asyncio.CancelledError:
         raise

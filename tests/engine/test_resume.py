@@ -370,3 +370,30 @@ async def test_a_newer_journal_or_checkpoint_is_refused(model: ScriptedModel) ->
     checkpoint = b"FXJ\x01" + msgpack.packb(["checkpoint", {"v": 9, "state": {}}])
     with pytest.raises(FxJournalVersionError):
         await create_engine(model.model_id, provider=model.provider, checkpoint=checkpoint)
+
+
+async def test_a_new_prompt_ends_a_turn_left_open(model: ScriptedModel, make_engine: Any) -> None:
+    store = CrashStore()
+    model.script(Reply(text("x"), hold("h")), Reply(text("fresh")))
+    first = await make_engine(persistence=store)
+    turn = first.prompt("old", turn_id="t9")
+    await wait_until(lambda: len(model.requests) == 1)
+    await crash(turn)
+    model.release("h")
+    second = await make_engine(persistence=store)
+    _, result = await run(second.prompt("new"))
+    assert result.stop_reason == "end_turn"
+    ends = [b for data in store.appended for k, b in decode_batch(data) if k == "turn_end"]
+    assert ends[0]["stopReason"] == "cancelled" and ends[0]["error"]["code"] == "FX_TURN_INTERRUPTED"
+    assert contents(model.requests[-1]) == [("user", "old"), ("user", "new")]
+
+
+async def test_close_does_not_wait_for_a_stalled_append(model: ScriptedModel, make_engine: Any) -> None:
+    store = CrashStore(stall_barrier=1)
+    engine = await make_engine(persistence=store)
+    turn = engine.prompt("q")
+    await asyncio.wait_for(store.stalled.wait(), 5)
+    await crash(turn)
+    await asyncio.wait_for(engine.close(), 2)
+    assert model.requests == []  # the first record never acknowledged: nothing was sent
+    store.kill_stalled()
