@@ -40,7 +40,8 @@ DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=300.0, write=30.0, pool=30.0)
 
 OnEvent = Callable[[dict[str, Any]], None]
 EventSink = Callable[[Event], None]
-_TURN_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+# Turn ids are message ids (§10): 1 to 128 of A-Z a-z 0-9 . _ : -
+_TURN_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
 
 
 def _check_instructions(instructions: Any) -> str | None:
@@ -57,7 +58,7 @@ def _check_instructions(instructions: Any) -> str | None:
 
 def _check_turn_id(turn_id: Any) -> str:
     if not isinstance(turn_id, str) or not 1 <= len(turn_id) <= 128 or not set(turn_id) <= _TURN_ID_CHARS:
-        raise FxInputError("turn_id must be 1 to 128 of A-Z a-z 0-9 . _ -")
+        raise FxInputError("turn_id must be 1 to 128 of A-Z a-z 0-9 . _ : -")
     return turn_id
 
 

@@ -13,7 +13,10 @@ the previous append was in flight, in order. Each event is ``[kind, body]``:
     turn_yield     {}                                      marks {yield: True}
     turn_end       {stopReason, usage, error?}             marks {end: True}
 
-The batch body is ``{"v": 1, "seq": first_seq, "events": [...]}``; a checkpoint is
+Every record's marks also end with ``{step: name}``, where the turn is after it:
+``model:<k>`` (its k-th model call, the same name across retries, cut-offs and resumes)
+or ``tools:<k>`` (the calls of its k-th response), so a store can count cut-offs of one
+step in a row. The batch body is ``{"v": 1, "seq": first_seq, "events": [...]}``; a checkpoint is
 ``kind "checkpoint"`` with ``{"v": 1, "engine", "tools", "model", "state"}``. A `v` above
 `FORMAT_VERSION` (or a newer codec version byte) is `FxJournalVersionError`.
 """
