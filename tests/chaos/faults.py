@@ -117,8 +117,9 @@ class Pool:
     def start(self) -> CeleryWorker:
         return self.workers.start(env=dict(self.env), concurrency=self.concurrency, queues=("default",))
 
-    def fill(self) -> list[CeleryWorker]:
-        while len(self.live()) < self.size:
+    def fill(self, *, spare: int = 0) -> list[CeleryWorker]:
+        """Starts workers until `size + spare` are alive."""
+        while len(self.live()) < self.size + spare:
             self.start()
         return self.live()
 

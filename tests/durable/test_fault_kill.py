@@ -155,3 +155,48 @@ def test_kill_between_steps_keeps_the_finished_step_and_reruns_nothing_else(
     assert_no_stale_line(lines)
     assert text_without_retracted(lines) == "after"
     assert [ln["type"] for ln in lines].count("tool_start") == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="fxworker/lua/append.lua resets the death count on every record, and the resumed "
+    "worker's own `resumed` record lands before its next death, so claim.deaths never reaches 3",
+)
+def test_a_turn_whose_worker_is_killed_three_times_is_cancelled_and_the_next_prompt_runs(
+    live: Pool, client: Any, model: Any
+) -> None:
+    agent = client.agents["default"]
+    session = agent.blocking_session()
+    prompt = "hold:poison1"  # never released: every worker that runs it dies in it
+    turn = session.prompt(prompt)
+    for attempt in range(1, 4):
+        requests = wait_until(lambda: len(requests_for(model, prompt)) >= attempt and requests_for(model, prompt),
+                              TAKEOVER_BOUND_S + 10, what=f"model request {attempt}")
+        victim = live.by_pid(pid_of(requests[-1]))  # type: ignore[index]
+        wait_line(agent, session.id, lambda ln: ln["type"] == "text_delta" and ln["epoch"] == _epoch(agent, session.id),
+                  5, what=f"attempt {attempt} streaming")
+        live.fill(spare=1)  # a spare worker is up before the kill, so one always takes over
+        victim.kill()
+
+    def outcome() -> str | None:
+        if len(requests_for(model, prompt)) >= 4:
+            return "rerun a 4th time"
+        if any(ln["type"] == "turn_end" for ln in lines_of(agent, session.id)):
+            return "ended"
+        return None
+
+    assert wait_until(outcome, TAKEOVER_BOUND_S + 10, what="the poison turn's end") == "ended"
+    result = turn.result()
+    assert result.stop_reason == "cancelled"
+    assert result.error is not None and result.error["code"] == "FX_POISON_TURN"
+    assert "died 3 times" in result.error["message"]
+    model.release("poison1")
+    after = session.prompt("after the poison")
+    assert after.result().stop_reason == "end_turn"
+    lines = lines_of(agent, session.id)
+    assert_no_stale_line(lines)
+    assert text_without_retracted([ln for ln in lines if ln["messageId"] == after.message_id]) == "echo:after the poison"
+
+
+def _epoch(agent: Any, session_id: str) -> int:
+    return int(agent.blocking_session(session_id).state()["epoch"])
