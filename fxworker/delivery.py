@@ -38,11 +38,13 @@ def _store_for(hint: str | None) -> tuple[Any, Any]:
     if agent is None:
         known = registry.agents()
         agent = next(iter(known.values()), None)
+    from .runtime import BoundedStore
+
     if agent is not None:
-        return agent.store, agent
+        return BoundedStore(agent.store), agent
     from .agent import default_store
 
-    return default_store(Settings.from_env()), None
+    return BoundedStore(default_store(Settings.from_env())), None
 
 
 async def handle_wake(payload: dict[str, Any], *, deadline_ms: int | None = None, loop_thread: Any = None) -> str:

@@ -32,6 +32,7 @@ from fxengine.limits import prompt_text
 from . import metrics
 from .errors import FxLeaseLostError
 from .leases import LeaseKeeper
+from .runtime import BoundedStore
 from .lines import LineWriter, RunnerPersistence
 from .watch import InboxWatcher
 
@@ -63,7 +64,7 @@ class Runner:
         stopping: Any = None,
     ) -> None:
         self.agent = agent
-        self.store = agent.store
+        self.store = BoundedStore(agent.store)
         self.session_id = session_id
         self.deadline_ms = deadline_ms
         self.reason = reason
@@ -329,8 +330,8 @@ class Runner:
         text_input = entry.input if isinstance(entry.input, str) else None
         if text_input is None and isinstance(entry.input, list):
             text_input = prompt_text(entry.input)
+        # The line rides with the engine's first record (the turn's start barrier).
         self._line("turn_start", sessionId=self.session_id, input=text_input)
-        await self._flush()
         self.turn = engine.prompt(entry.input, yield_at=self._yield_at(), turn_id=entry.message_id)
         # Steers accepted after this prompt and waiting join it (§6).
         self._join_waiting_steers()

@@ -199,3 +199,39 @@ def next_embedded_worker() -> LoopThread | None:
         return None
     _rr = (_rr + 1) % len(live)
     return live[_rr]
+
+
+# ---------------------------------------------------------------------------- store calls
+
+STORE_CALLS_PER_LOOP = 64
+_slots: dict[int, asyncio.Semaphore] = {}
+
+
+class BoundedStore:
+    """A store whose async calls from one loop are at most `STORE_CALLS_PER_LOOP` at a time.
+
+    A process carrying 100+ turns bursts (claims, renewals, inbox polls, appends) past
+    redis-py's connection pool, which fails a call instead of queueing it; queueing the
+    calls here keeps every turn going.
+    """
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def __repr__(self) -> str:
+        return f"<BoundedStore {self._store!r}>"
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if not asyncio.iscoroutinefunction(attr):
+            return attr
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            loop = asyncio.get_running_loop()
+            slots = _slots.get(id(loop))
+            if slots is None:
+                slots = _slots[id(loop)] = asyncio.Semaphore(STORE_CALLS_PER_LOOP)
+            async with slots:
+                return await attr(*args, **kwargs)
+
+        return call

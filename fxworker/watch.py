@@ -1,8 +1,10 @@
 """Watching a running session's inbox for steers, prompts and cancels (§6).
 
-The watcher blocks on the session's inbox stream (XREAD BLOCK, a short block so a stop
-is noticed) and hands each new input to the runner, in acceptance order, so a cancel
-reaches the running turn within a second of being stored.
+The watcher reads the session's inbox stream after the last entry it saw every
+`WATCH_INTERVAL_S` and hands each new input to the runner, in acceptance order, so a
+cancel reaches the running turn well within a second of being stored. It polls (XREAD
+without BLOCK) rather than blocking: a blocking read pins one Redis connection per
+running turn, and a process carrying 100+ turns would exhaust its connection pool.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from .errors import FxStoreUnavailableError
 
 log = logging.getLogger("fxworker.watch")
 
-WATCH_BLOCK_MS = 500
+WATCH_INTERVAL_S = 0.25
 
 
 class InboxWatcher:
@@ -48,11 +50,13 @@ class InboxWatcher:
     async def _run(self) -> None:
         while True:
             try:
-                entries = await self.store.watch_inbox(self.session_id, self.after_seq, block_ms=WATCH_BLOCK_MS)
+                entries = await self.store.watch_inbox(self.session_id, self.after_seq, block_ms=None)
             except FxStoreUnavailableError as exc:
                 log.warning("watching %s failed (%s); retrying", self.session_id, exc)
                 await asyncio.sleep(0.2)
                 continue
+            if not entries:
+                await asyncio.sleep(WATCH_INTERVAL_S)
             for entry in entries:
                 self.after_seq = max(self.after_seq, int(entry.seq))
                 try:
