@@ -93,7 +93,10 @@ async def handle_wake(payload: dict[str, Any], *, deadline_ms: int | None = None
     )
     outcome = await runner.run()
     if outcome == "yielded":
-        await asyncio.to_thread(agent.wake, session_id, reason="yield")
+        try:
+            await asyncio.to_thread(agent.wake, session_id, reason="yield")
+        except Exception as exc:  # noqa: BLE001 - the broker is away too: the sweeper re-wakes it
+            log.warning("requeueing %s failed (%s); the sweeper will wake it", session_id, exc)
         return "yielded"
     if outcome == "done":
         # An input accepted after the last look and before the release found the lease

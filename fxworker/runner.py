@@ -30,7 +30,7 @@ from fxengine.errors import FxInputError
 from fxengine.limits import prompt_text
 
 from . import metrics
-from .errors import FxLeaseLostError
+from .errors import FxLeaseLostError, FxStoreUnavailableError
 from .leases import LeaseKeeper
 from .runtime import BoundedStore
 from .lines import LineWriter, RunnerPersistence
@@ -82,6 +82,7 @@ class Runner:
         self.fenced = False
         self.progress = False  # a record was stored under this claim (cut-off counting)
         self.cut_off = False
+        self.store_lost = False
         self.writer: LineWriter | None = None
         self._engine_key: tuple[Any, Any] | None = None
 
@@ -132,6 +133,12 @@ class Runner:
             outcome = await self._work()
         except (Fenced, FxLeaseLostError):
             outcome = "fenced"
+        except FxStoreUnavailableError as exc:
+            # Redis went away: whatever is stored stands; the next delivery continues.
+            log.warning("store unavailable while running %s: %s", self.session_id, exc)
+            if self.turn is not None:
+                self.turn.detach()
+            outcome = "yielded"
         finally:
             if hard_stop is not None:
                 hard_stop.cancel()
@@ -157,6 +164,9 @@ class Runner:
             await self.store.release(self.session_id, self.epoch, cutoff=cutoff)
         except FxLeaseLostError:
             self.emit("session.fenced", epoch=self.epoch)
+        except FxStoreUnavailableError as exc:
+            # The lease expires on its own; the sweeper re-wakes the session.
+            log.warning("releasing %s failed: %s", self.session_id, exc)
 
     def _writer_fenced(self) -> None:
         self._lost(FxLeaseLostError(f"a write of epoch {self.epoch} was refused"))
@@ -423,8 +433,17 @@ class Runner:
         if self.fenced:
             raise Fenced()
         error = result.error
-        if error and error.get("code") == "FX_JOURNAL_APPEND_FAILED" and self._fenced_cause(result):
-            raise Fenced()
+        if error and error.get("code") == "FX_JOURNAL_APPEND_FAILED":
+            if self._fenced_cause(result):
+                raise Fenced()
+            cause = error.get("cause") if isinstance(error.get("cause"), dict) else {}
+            if cause.get("code") == "FX_STORE_UNAVAILABLE":
+                # Redis went away mid-turn: the turn stays open in the journal and the
+                # next delivery resumes it; nothing to write here.
+                log.warning("store lost mid-turn in %s; the turn resumes on the next delivery", self.session_id)
+                self.turn = None
+                self.store_lost = True
+                return "yielded"
         if self.cut_off or result.stop_reason == "yielded":
             # The turn stays open in the journal; the next delivery continues it.
             self._line("turn_yield")
