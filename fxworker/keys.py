@@ -47,7 +47,7 @@ Across sessions (tag `{~index}`, no TTL):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 INDEX_TAG = "{~index}"
 
@@ -69,9 +69,15 @@ class SessionKeys:
     pending: str
     keys: str
     ckpt: str
+    # The nine names in script order, built once: every script call sends them.
+    names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        names = (self.meta, self.lease, self.inbox, self.log, self.ui, self.msgs, self.pending, self.keys, self.ckpt)
+        object.__setattr__(self, "names", names)
 
     def all(self) -> list[str]:
-        return [self.meta, self.lease, self.inbox, self.log, self.ui, self.msgs, self.pending, self.keys, self.ckpt]
+        return list(self.names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +86,13 @@ class IndexKeys:
 
     ready: str
     sessions: str
+    names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "names", (self.ready, self.sessions))
 
     def all(self) -> list[str]:
-        return [self.ready, self.sessions]
+        return list(self.names)
 
 
 def check_prefix(prefix: str) -> str:

@@ -45,6 +45,7 @@ def _load_all() -> dict[str, Script]:
 
 
 SCRIPTS: dict[str, Script] = _load_all()
+_ACCEPT = SCRIPTS["accept"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,13 +85,15 @@ class SyncRunner:
 
     def run(self, call: Call) -> Any:
         try:
-            return self.client.evalsha(*call.evalsha_args())
+            return self.client.execute_command("EVALSHA", *call.evalsha_args())
         except NoScriptError:
             self.load()
-            return self.client.evalsha(*call.evalsha_args())
+            return self.client.execute_command("EVALSHA", *call.evalsha_args())
 
     def run_all(self, steps: Sequence[Step]) -> list[Any]:
         """Runs `steps` in order: one pipeline (one round trip) when allowed, else one by one."""
+        if len(steps) == 1 and isinstance(steps[0], Call):  # most calls: no pipeline to build
+            return [self.run(steps[0])]
         if self.cluster or len(steps) == 1:
             return [self._run_step(step) for step in steps]
         pipe = self.client.pipeline(transaction=False)
@@ -126,13 +129,15 @@ class AsyncRunner:
 
     async def run(self, call: Call) -> Any:
         try:
-            return await self.client.evalsha(*call.evalsha_args())
+            return await self.client.execute_command("EVALSHA", *call.evalsha_args())
         except NoScriptError:
             await self.load()
-            return await self.client.evalsha(*call.evalsha_args())
+            return await self.client.execute_command("EVALSHA", *call.evalsha_args())
 
     async def run_all(self, steps: Sequence[Step]) -> list[Any]:
         """Runs `steps` in order: one pipeline (one round trip) when allowed, else one by one."""
+        if len(steps) == 1 and isinstance(steps[0], Call):  # most calls: no pipeline to build
+            return [await self.run(steps[0])]
         if self.cluster or len(steps) == 1:
             return [await self._run_step(step) for step in steps]
         pipe = self.client.pipeline(transaction=False)
@@ -205,29 +210,35 @@ def accept(
     steer_max_bytes: int,
     steer_max_count: int,
     steer_max_total_bytes: int,
+    ready: IndexKeys | None = None,
+    session_id: str = "",
 ) -> Call:
-    """accept.lua: store a prompt (`kind="p"`) or steer (`"s"`) once per message id."""
-    return Call(
-        SCRIPTS["accept"],
-        keys.all(),
-        [kind, message_id, input_json, context_json, settings_json, agent, now_ms, "1" if create else "0",
-         steer_max_bytes, steer_max_count, steer_max_total_bytes],
-    )
+    """accept.lua: store a prompt (`kind="p"`) or steer (`"s"`) once per message id.
+
+    With `ready` (standalone Redis only: those keys sit in another cluster slot) the same
+    script first marks `session_id` ready, as `mark_ready` does; without it the caller
+    runs `mark_ready` before this call.
+    """
+    args: list[Arg] = [kind, message_id, input_json, context_json, settings_json, agent, now_ms,
+                       "1" if create else "0", session_id]
+    if kind == "s":  # only a steer is checked against the limits
+        args += (steer_max_bytes, steer_max_count, steer_max_total_bytes)
+    return Call(_ACCEPT, keys.names if ready is None else keys.names + ready.names, args)
 
 
 def mark_ready(index: IndexKeys, *, session_id: str, now_ms: int) -> Call:
     """mark_ready.lua: put a session in the ready set and the session index."""
-    return Call(SCRIPTS["mark_ready"], index.all(), [session_id, now_ms])
+    return Call(SCRIPTS["mark_ready"], index.names, [session_id, now_ms])
 
 
 def clear_ready(index: IndexKeys, *, session_id: str, older_than_ms: int, forget: bool = False) -> Call:
     """clear_ready.lua: drop a ready mark no newer than `older_than_ms` (and the index entry if `forget`)."""
-    return Call(SCRIPTS["clear_ready"], index.all(), [session_id, older_than_ms, "1" if forget else "0"])
+    return Call(SCRIPTS["clear_ready"], index.names, [session_id, older_than_ms, "1" if forget else "0"])
 
 
 def claim(keys: SessionKeys, *, holder: str, lease_ms: int, now_ms: int) -> Call:
     """claim.lua: take the lease when no live one stands; bumps the epoch; reads the session."""
-    return Call(SCRIPTS["claim"], keys.all(), [holder, lease_ms, now_ms])
+    return Call(SCRIPTS["claim"], keys.names, [holder, lease_ms, now_ms])
 
 
 def append(
@@ -255,31 +266,31 @@ def append(
         args += [name, value]
     for text, ends in lines:
         args += [text, ends]
-    return Call(SCRIPTS["append"], keys.all(), args)
+    return Call(SCRIPTS["append"], keys.names, args)
 
 
 def renew(keys: SessionKeys, *, epoch: int, lease_ms: int, now_ms: int) -> Call:
     """renew.lua: extend the head's lease; refused once released, expired or claimed again."""
-    return Call(SCRIPTS["renew"], keys.all(), [epoch, lease_ms, now_ms])
+    return Call(SCRIPTS["renew"], keys.names, [epoch, lease_ms, now_ms])
 
 
 def release(keys: SessionKeys, *, epoch: int, cutoff: bool, now_ms: int, ttl_ms: int) -> Call:
     """release.lua: let the session go, counting a deadline cut-off when `cutoff`."""
-    return Call(SCRIPTS["release"], keys.all(), [epoch, "1" if cutoff else "0", now_ms, ttl_ms])
+    return Call(SCRIPTS["release"], keys.names, [epoch, "1" if cutoff else "0", now_ms, ttl_ms])
 
 
 def save_checkpoint(
     keys: SessionKeys, *, epoch: int, now_ms: int, through: int, data: bytes, max_bytes: int, ttl_ms: int
 ) -> Call:
     """save_checkpoint.lua: store a checkpoint through a log cursor and trim what it covers."""
-    return Call(SCRIPTS["save_checkpoint"], keys.all(), [epoch, now_ms, through, data, max_bytes, ttl_ms])
+    return Call(SCRIPTS["save_checkpoint"], keys.names, [epoch, now_ms, through, data, max_bytes, ttl_ms])
 
 
 def cancel(keys: SessionKeys, *, now_ms: int) -> Call:
     """cancel.lua: target the open (or next waiting) turn and notify the inbox."""
-    return Call(SCRIPTS["cancel"], keys.all(), [now_ms])
+    return Call(SCRIPTS["cancel"], keys.names, [now_ms])
 
 
 def state(keys: SessionKeys) -> Call:
     """state.lua: one atomic snapshot of a session."""
-    return Call(SCRIPTS["state"], keys.all(), [])
+    return Call(SCRIPTS["state"], keys.names, [])

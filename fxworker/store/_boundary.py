@@ -8,8 +8,8 @@ the next call simply reconnects.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from types import TracebackType
 from typing import Any
 
 import redis as redis_py
@@ -20,15 +20,31 @@ from fxengine.errors import FxError
 from ..errors import FxStoreUnavailableError
 
 
-@contextmanager
-def map_redis_errors() -> Iterator[None]:
-    """Translates redis-py's connection and server errors into `FxStoreUnavailableError`."""
-    try:
-        yield
-    except FxError:
-        raise
-    except (RedisError, RedisClusterException, OSError) as exc:
-        raise FxStoreUnavailableError(f"the session store is unavailable: {type(exc).__name__}: {exc}") from exc
+class _MapRedisErrors:
+    # A plain class, not @contextmanager: it wraps every store call, and a generator-based
+    # manager costs more than a small script does on the server.
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
+        if exc is None or isinstance(exc, FxError):
+            return False
+        if isinstance(exc, (RedisError, RedisClusterException, OSError)):
+            raise FxStoreUnavailableError(f"the session store is unavailable: {type(exc).__name__}: {exc}") from exc
+        return False
+
+
+_MAP_REDIS_ERRORS = _MapRedisErrors()
+
+
+def map_redis_errors() -> _MapRedisErrors:
+    """Translates redis-py's connection and server errors into `FxStoreUnavailableError`.
+
+    Use as `with map_redis_errors(): ...`.
+    """
+    return _MAP_REDIS_ERRORS
 
 
 class ServerCheck:

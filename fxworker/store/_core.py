@@ -160,22 +160,31 @@ class StoreCore:
         if len(input_json.encode()) > INPUT_MAX_BYTES:
             raise FxLimitError(f"an input is limited to {INPUT_MAX_BYTES} bytes of JSON", code="FX_LIMIT_INPUT")
         now = self.now(now_ms)
+        cluster = self.cluster
         accept = scripts.accept(
             keys, kind=code, message_id=message_id, input_json=input_json,
             context_json="" if context is None else r.dumps(context),
             settings_json="" if settings is None else r.dumps(settings),
             agent=agent, now_ms=now, create=create, steer_max_bytes=STEER_MAX_BYTES,
             steer_max_count=STEER_MAX_QUEUED, steer_max_total_bytes=STEER_MAX_QUEUED_BYTES,
+            ready=None if cluster else self.index, session_id=session_id,
         )
         # The ready mark goes first (§5): a sender that dies after the acknowledgement
-        # leaves the session for the sweeper. Pipelined, both are one round trip.
-        steps: list[Step] = [scripts.mark_ready(self.index, session_id=session_id, now_ms=now), accept]
+        # leaves the session for the sweeper. On one server the accept script marks it
+        # itself (one call, atomic); on a cluster the ready set is in another slot, so the
+        # mark is a call of its own, run before the accept.
+        steps: list[Step]
+        if cluster:
+            steps = [scripts.mark_ready(self.index, session_id=session_id, now_ms=now), accept]
+        else:
+            steps = [accept]
+        at = len(steps) - 1
         steps += self._ack_steps()
 
         def parse(replies: list[Any]) -> Accepted:
-            accepted = r.parse_accept(replies[1], session_id=session_id, message_id=message_id, kind=kind)
-            if len(replies) > 2:
-                self._check_ack(replies[2:], f"message {message_id}")
+            accepted = r.parse_accept(replies[at], session_id=session_id, message_id=message_id, kind=kind)
+            if len(replies) > at + 1:
+                self._check_ack(replies[at + 1:], f"message {message_id}")
             return accepted
 
         return Op(steps, parse)

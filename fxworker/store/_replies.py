@@ -40,8 +40,8 @@ _STATUS = {b"w": "waiting", b"r": "running", b"d": "done"}
 _MARK_NAMES = ("start", "end", "yield", "accepted", "step", "drop")
 
 
-def dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+# One encoder for every call: `json.dumps` with options builds a new one each time.
+dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def kind_code(kind: str) -> str:

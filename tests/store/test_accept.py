@@ -51,6 +51,21 @@ async def test_prompts_to_an_unknown_session_can_be_refused(store: RedisStore, s
         await store.state(sid)
 
 
+async def test_a_refused_input_leaves_its_message_id_free(store: RedisStore, sid: str) -> None:
+    with pytest.raises(FxUnknownSessionError):
+        await store.accept(sid, agent="default", message_id="m1", input="a", create=False)
+    first = await store.accept(sid, agent="default", message_id="m1", input="a")
+    assert (first.created, first.repeated, first.seq) == (True, False, 1)
+    with pytest.raises(FxLimitError):
+        await store.accept(sid, agent="default", kind="steer", message_id="s1", input="x" * STEER_MAX_BYTES)
+    steer = await store.accept(sid, agent="default", kind="steer", message_id="s1", input="small")
+    assert (steer.repeated, steer.seq) == (False, 2)
+    state = await store.state(sid)
+    assert (state.pending, state.cursor) == (2, 0)
+    # Each call, refused or not, left the session in the ready set first.
+    assert [r.session_id for r in await store.ready_sessions()] == [sid]
+
+
 async def test_ids_are_validated_before_anything_is_stored(store: RedisStore, sid: str) -> None:
     with pytest.raises(FxInvalidMessageIdError):
         await store.accept(sid, agent="default", message_id="bad id!", input="a")

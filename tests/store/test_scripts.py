@@ -12,7 +12,7 @@ from fxworker import scripts
 from fxworker.ids import new_session_id
 from fxworker.keys import SESSION_KEY_NAMES, index_keys, session_keys
 from fxworker.scripts import SCRIPTS, Call
-from fxworker.store import redis_store
+from fxworker.store import StoreCore, redis_store
 
 
 def _sample_calls() -> dict[str, Call]:
@@ -43,6 +43,24 @@ def test_every_script_has_a_wrapper_and_its_keys_map_to_one_slot() -> None:
         assert call.script.name == name
         slots = {key_slot(k.encode()) for k in call.keys}
         assert len(slots) == 1, (name, call.keys)
+
+
+def test_the_one_call_accept_of_a_standalone_server_marks_ready_in_the_index_slot() -> None:
+    sid = new_session_id()
+    keys, index = session_keys("fx", sid), index_keys("fx")
+    call = scripts.accept(keys, kind="p", message_id="m", input_json='"x"', context_json="", settings_json="",
+                          agent="a", now_ms=1, create=True, steer_max_bytes=1, steer_max_count=1,
+                          steer_max_total_bytes=1, ready=index, session_id=sid)
+    assert list(call.keys) == keys.all() + index.all() and call.args[-1] == sid
+    # Two slots: only a standalone store builds it; a cluster store marks with its own call.
+    assert len({key_slot(k.encode()) for k in call.keys}) == 2
+    standalone, cluster = StoreCore(), StoreCore(cluster=True)
+    plan = dict(agent="a", kind="prompt", message_id="m", input="x", context=None, settings=None, now_ms=1,
+                create=True)
+    assert [s.script.name for s in standalone.op_accept(sid, **plan).steps] == ["accept"]  # type: ignore[union-attr]
+    steps = cluster.op_accept(sid, **plan).steps  # type: ignore[arg-type]
+    assert [s.script.name for s in steps] == ["mark_ready", "accept"]  # type: ignore[union-attr]
+    assert all(len({key_slot(k.encode()) for k in s.keys}) == 1 for s in steps)  # type: ignore[union-attr]
 
 
 def test_session_keys_of_different_sessions_use_their_own_tag() -> None:
@@ -83,7 +101,7 @@ async def test_a_flushed_script_cache_reloads_on_noscript(redis_url: str, key_pr
         assert claim is not None and [i.message_id for i in claim.pending] == ["m1", "m2"]
         admin.script_flush()
         assert store.sync.state(sid).pending == 2
-        # One pipelined accept after a flush: both scripts reload, each runs once.
+        # The accept (ready mark included) after a flush: the script reloads and runs once.
         admin.script_flush()
         third = store.sync.accept(sid, agent="default", message_id="m3", input="z")
         assert third.seq == 3
