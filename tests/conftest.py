@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import traceback
 import uuid
 from collections.abc import Iterator
 
@@ -9,6 +11,15 @@ import pytest
 import redis
 
 from tests.support.redis_server import RedisServer, external_redis_url
+
+if sys.version_info[:2] == (3, 11):
+    # CPython 3.11 keeps one AST-construction depth counter per interpreter. Formatting a
+    # traceback parses its source lines (for the ^^^ carets); when that happens inside
+    # another ast.parse (a garbage-collected asyncio task logging its exception while
+    # pytest parses a module, or a server thread logging at the same time), the outer
+    # parse fails with "SystemError: AST constructor recursion depth mismatch" and can
+    # end the run with an internal error. Without carets, tracebacks never parse.
+    traceback._extract_caret_anchors_from_line_segment = lambda segment: None  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")
