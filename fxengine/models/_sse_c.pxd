@@ -5,7 +5,9 @@ cimport cython
 
 cdef object _loads
 cdef object _std_loads
+cdef bint _scan_chunks
 cdef bytes _BOM
+cdef Py_ssize_t _MAX_NESTING
 
 
 cdef class ToolCallOut:
@@ -33,12 +35,38 @@ cdef class _ToolCallBuilder:
     cdef public bint announced
 
 
+cdef class _ChunkScan:
+    cdef readonly object model
+    cdef readonly object reasoning
+    cdef readonly object content
+    cdef readonly object finish
+    cdef bint _want_model
+    cdef Py_ssize_t model_a, model_b, finish_a, finish_b, content_a, content_b, rc_a, rc_b, r_a, r_b
+
+    cdef inline void _reset(self) noexcept
+
+    @cython.locals(i=Py_ssize_t, n=Py_ssize_t, model=object, reasoning=object, content=object, finish=object)
+    cpdef bint scan(self, bytes s, bint want_model)
+
+    @cython.locals(seen=int, key=Py_ssize_t, size=Py_ssize_t, c=cython.uchar)
+    cdef Py_ssize_t _top(self, bytes s, Py_ssize_t i, Py_ssize_t n)
+
+    cdef Py_ssize_t _choices(self, bytes s, Py_ssize_t i, Py_ssize_t n)
+
+    @cython.locals(seen=int, key=Py_ssize_t, size=Py_ssize_t, c=cython.uchar)
+    cdef Py_ssize_t _choice(self, bytes s, Py_ssize_t i, Py_ssize_t n)
+
+    @cython.locals(seen=int, key=Py_ssize_t, size=Py_ssize_t, field=int, a=Py_ssize_t)
+    cdef Py_ssize_t _delta(self, bytes s, Py_ssize_t i, Py_ssize_t n)
+
+
 cdef class ChatStreamDecoder:
     cdef bytes _buf
     cdef object _event
     cdef bint _pending_lf
     cdef bint _started
     cdef dict _calls
+    cdef _ChunkScan _scan
     cdef object _outcome
     cdef public object finish_reason
     cdef public object usage
@@ -55,6 +83,7 @@ cdef class ChatStreamDecoder:
 
     cdef _data_line(self, bytes line)
 
+    @cython.locals(scan=_ChunkScan)
     cdef _dispatch(self, bytes payload, list events)
 
     @cython.locals(choices=object, choice=object, delta=object, finish=object, usage=object)
@@ -70,5 +99,44 @@ cdef class ChatStreamDecoder:
     cpdef StreamOutcome finish(self)
 
 
+cdef object _parse(bytes payload)
+
+@cython.locals(usage=object, error=object, choices=object, choice=object, delta=object, calls=object, call=object)
+cdef bint _may_differ(dict obj) except -1
+
+@cython.locals(kind=object, item=object)
+cdef bint _holds_float(object value) except -1
+
+@cython.locals(depth=Py_ssize_t, deepest=Py_ssize_t, in_string=bint, i=Py_ssize_t, n=Py_ssize_t, c=cython.uchar)
+cdef Py_ssize_t _nesting(bytes s)
+
 @cython.locals(out=dict, details=object, value=object)
 cdef dict _usage(dict usage)
+
+
+# The chunk scan: byte loops over a typed `bytes`, all in C.
+cdef Py_ssize_t _MAX_DEPTH
+cdef int _KEY, _SKIP, _KEEP
+cdef dict _ESCAPED
+
+@cython.locals(c=cython.uchar)
+cdef Py_ssize_t _ws(bytes s, Py_ssize_t i, Py_ssize_t n) noexcept
+
+cdef Py_ssize_t _colon(bytes s, Py_ssize_t i, Py_ssize_t n) noexcept
+
+@cython.locals(start=Py_ssize_t, high=bint, c=cython.uchar, j=Py_ssize_t)
+cdef Py_ssize_t _string(bytes s, Py_ssize_t i, Py_ssize_t n, int kind)
+
+@cython.locals(c=cython.uchar)
+cdef Py_ssize_t _number(bytes s, Py_ssize_t i, Py_ssize_t n) noexcept
+
+@cython.locals(c=cython.uchar, close=cython.uchar)
+cdef Py_ssize_t _value(bytes s, Py_ssize_t i, Py_ssize_t n, int depth)
+
+@cython.locals(c=cython.uchar)
+cdef Py_ssize_t _next_member(bytes s, Py_ssize_t i, Py_ssize_t n) noexcept
+
+cdef Py_ssize_t _first_member(bytes s, Py_ssize_t i, Py_ssize_t n) noexcept
+
+@cython.locals(j=Py_ssize_t, c=cython.uchar, code=Py_ssize_t, low=Py_ssize_t, parts=list)
+cdef str _text(bytes s, Py_ssize_t a, Py_ssize_t b)

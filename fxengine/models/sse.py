@@ -1,8 +1,9 @@
 """Picks the decoder build: compiled `_sse_c` unless absent or `FXENGINE_NO_EXTENSIONS=1`.
 
-The compiled build parses chunk JSON with orjson (a C parser) when it is installed; the
-pure build keeps to the standard library. Both fall back to `json.loads` for anything
-orjson refuses, so they decode exactly the same inputs to the same values.
+The compiled build reads common chunks with its exact fast scan (see `_sse_py._ChunkScan`)
+and parses the rest with orjson (a C parser) when it is installed; the pure build parses
+every chunk with the standard library. Both fall back to `json.loads` for anything orjson
+refuses, so they decode exactly the same inputs to the same values.
 
     from fxengine.models.sse import ChatStreamDecoder, StreamOutcome, ToolCallOut, BUILD
 """
@@ -26,13 +27,14 @@ else:
         BUILD = "pure"
     else:
         BUILD = "compiled"
+        from . import _sse_c
+
+        _sse_c.set_chunk_scan(True)
         try:
             import orjson
         except ImportError:
             pass
         else:
-            from . import _sse_c
-
             _sse_c.set_json_loads(orjson.loads)
 
 __all__ = ["BUILD", "ChatStreamDecoder", "StreamOutcome", "ToolCallOut"]

@@ -234,3 +234,21 @@ def test_decodes_a_real_http_stream_from_the_scripted_server(sse: ModuleType) ->
     assert [json.loads(c.arguments) for c in outcome.tool_calls] == [{"query": "ünïcode ✓"}, {"to": "x"}]
     assert outcome.usage == {"inputTokens": 12, "outputTokens": 8, "reasoningTokens": 3}
     assert outcome.finish_reason == "tool_calls" and outcome.done and outcome.model == "scripted"
+
+
+def test_integers_beyond_64_bits_stay_exact(sse: ModuleType) -> None:
+    big = 2**64 + 1
+    _, outcome = decode(sse, chunk(None, usage={"prompt_tokens": big, "completion_tokens": -(2**63) - 1}))
+    assert outcome.usage == {"inputTokens": big, "outputTokens": -(2**63) - 1}
+    _, outcome = decode(sse, b'data: {"error": {"code": 123456789012345678901}}\n\n')
+    assert outcome.error == {"code": 123456789012345678901}
+
+
+def test_json_nested_deeper_than_200_is_malformed(sse: ModuleType) -> None:
+    def nested(depth: int) -> bytes:
+        inner = b"[" * (depth - 1) + b"]" * (depth - 1)
+        return b'data: {"x": ' + inner + b', "choices": [{"delta": {"content": "deep"}}]}\n\n'
+
+    events, outcome = decode(sse, nested(200), nested(201), b"data: " + b"[" * 100_000 + b"\n\n")
+    assert events == [("text_delta", "deep")]
+    assert outcome.malformed_chunks == 2
