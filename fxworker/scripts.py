@@ -16,7 +16,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 from redis.exceptions import NoScriptError
 
@@ -48,9 +48,8 @@ SCRIPTS: dict[str, Script] = _load_all()
 _ACCEPT = SCRIPTS["accept"]
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
-    """One script invocation: what EVALSHA sends."""
+class Call(NamedTuple):
+    """One script invocation: what EVALSHA sends (a tuple: built on every store call)."""
 
     script: Script
     keys: Sequence[str]
@@ -60,8 +59,7 @@ class Call:
         return (self.script.sha, len(self.keys), *self.keys, *self.args)
 
 
-@dataclass(frozen=True, slots=True)
-class Command:
+class Command(NamedTuple):
     """A plain Redis command (XREAD, WAIT, ...); `key` routes it on a cluster."""
 
     args: tuple[Arg, ...]
@@ -219,10 +217,13 @@ def accept(
     script first marks `session_id` ready, as `mark_ready` does; without it the caller
     runs `mark_ready` before this call.
     """
-    args: list[Arg] = [kind, message_id, input_json, context_json, settings_json, agent, now_ms,
-                       "1" if create else "0", session_id]
-    if kind == "s":  # only a steer is checked against the limits
-        args += (steer_max_bytes, steer_max_count, steer_max_total_bytes)
+    args: list[Arg] = [kind, message_id, input_json, agent, now_ms, "1" if create else "0", session_id]
+    # Trailing arguments are sent only when needed: most prompts carry no context or
+    # settings, and only a steer is checked against the limits.
+    if kind == "s":
+        args += (context_json, settings_json, steer_max_bytes, steer_max_count, steer_max_total_bytes)
+    elif context_json or settings_json:
+        args += (context_json, settings_json)
     return Call(_ACCEPT, keys.names if ready is None else keys.names + ready.names, args)
 
 

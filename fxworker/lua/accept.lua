@@ -3,10 +3,10 @@
 -- KEYS  1 meta (HASH)  2 lease (HASH)  3 inbox (STREAM)  4 log (STREAM)  5 ui (STREAM)
 --       6 msgs (HASH)  7 pending (ZSET)  8 keys (HASH)  9 ckpt (HASH)      -- one session, one slot
 --       10 ready (ZSET)  11 sessions (ZSET)   -- optional: standalone Redis only ({~index} slot)
--- ARGV  1 kind ("p" prompt | "s" steer)   2 message id   3 input (JSON text)
---       4 context (JSON text or "")   5 settings (JSON text or "")   6 agent name
---       7 now_ms   8 create ("1" creates the session on first input, "0" refuses)
---       9 session id (the ready set's member, with KEYS 10-11)
+-- ARGV  1 kind ("p" prompt | "s" steer)   2 message id   3 input (JSON text)   4 agent name
+--       5 now_ms   6 create ("1" creates the session on first input, "0" refuses)
+--       7 session id (the ready set's member, with KEYS 10-11)
+--       8 context (JSON text, "" or absent)   9 settings (JSON text, "" or absent)
 --       10 steer max bytes   11 steer max queued count   12 steer max queued bytes (steers only)
 -- Returns {"ok", agent, state, seq, end_cursor, ui_cursor, created(0|1)}
 --         {"repeated", agent, state, seq, end_cursor, ui_cursor, 0}
@@ -21,12 +21,11 @@
 -- before this call.
 
 local meta, inbox, msgs, pending = KEYS[1], KEYS[3], KEYS[6], KEYS[7]
-local kind, mid, input, context, settings, agent = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-local now_ms = ARGV[7]
+local kind, mid, input, agent, now_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
 if KEYS[10] then
-  redis.call('ZADD', KEYS[10], 'GT', now_ms, ARGV[9])
-  redis.call('ZADD', KEYS[11], 'NX', now_ms, ARGV[9])
+  redis.call('ZADD', KEYS[10], 'GT', now_ms, ARGV[7])
+  redis.call('ZADD', KEYS[11], 'NX', now_ms, ARGV[7])
 end
 
 local m = redis.call('HMGET', meta, 'agent', 'ui', 'inbox', 'steers', 'steer_bytes', 'expiring')
@@ -44,7 +43,7 @@ end
 
 local fields = {'inbox', seq}
 if not owner then
-  if ARGV[8] ~= '1' then
+  if ARGV[6] ~= '1' then
     redis.call('HDEL', msgs, mid)
     return {'unknown'}
   end
@@ -75,6 +74,7 @@ if m[6] == '1' then
 end
 
 redis.call('HSET', meta, unpack(fields))
-redis.call('XADD', inbox, seq .. '-0', 'k', kind, 'id', mid, 'in', input, 'cx', context, 'st', settings, 'at', now_ms)
+redis.call('XADD', inbox, seq .. '-0', 'k', kind, 'id', mid, 'in', input, 'cx', ARGV[8] or '', 'st', ARGV[9] or '',
+  'at', now_ms)
 redis.call('ZADD', pending, seq, mid)
 return {'ok', owner, 'w', seq, 0, ui, m[1] and 0 or 1}

@@ -12,8 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from fxengine.errors import FxLimitError
 
@@ -60,8 +59,7 @@ UNCHECKED: Any = _Unchecked()
 RecordLike = StoreRecord | tuple[str, bytes, Sequence[Mark]]
 
 
-@dataclass(frozen=True, slots=True)
-class Op(Generic[T]):
+class Op(NamedTuple, Generic[T]):
     """Steps to run in order (one round trip when pipelined) and the parser of their replies."""
 
     steps: list[Step]
@@ -153,13 +151,13 @@ class StoreCore:
         now_ms: int | None,
         create: bool,
     ) -> Op[Accepted]:
-        keys = self.keys(session_id)
+        keys = self._keys.get(session_id) or self.keys(session_id)
         validate_message_id(message_id)
         code = r.kind_code(kind)
         input_json = r.dumps(input)
         if len(input_json.encode()) > INPUT_MAX_BYTES:
             raise FxLimitError(f"an input is limited to {INPUT_MAX_BYTES} bytes of JSON", code="FX_LIMIT_INPUT")
-        now = self.now(now_ms)
+        now = self.clock() if now_ms is None else int(now_ms)
         cluster = self.cluster
         accept = scripts.accept(
             keys, kind=code, message_id=message_id, input_json=input_json,
@@ -173,16 +171,15 @@ class StoreCore:
         # leaves the session for the sweeper. On one server the accept script marks it
         # itself (one call, atomic); on a cluster the ready set is in another slot, so the
         # mark is a call of its own, run before the accept.
-        steps: list[Step]
-        if cluster:
-            steps = [scripts.mark_ready(self.index, session_id=session_id, now_ms=now), accept]
-        else:
-            steps = [accept]
-        at = len(steps) - 1
+        if not cluster and self.ack == "primary":
+            return Op([accept], lambda replies: r.parse_accept(replies[0], session_id, message_id, kind))
+        steps: list[Step] = [scripts.mark_ready(self.index, session_id=session_id, now_ms=now)] if cluster else []
+        at = len(steps)
+        steps.append(accept)
         steps += self._ack_steps()
 
         def parse(replies: list[Any]) -> Accepted:
-            accepted = r.parse_accept(replies[at], session_id=session_id, message_id=message_id, kind=kind)
+            accepted = r.parse_accept(replies[at], session_id, message_id, kind)
             if len(replies) > at + 1:
                 self._check_ack(replies[at + 1:], f"message {message_id}")
             return accepted

@@ -103,21 +103,14 @@ def parse_input(fields: list[Any], *, cancel_target: str = "") -> Input:
     )
 
 
-def parse_accept(reply: list[Any], *, session_id: str, message_id: str, kind: InputKind) -> Accepted:
+def parse_accept(reply: list[Any], session_id: str, message_id: str, kind: InputKind) -> Accepted:
     word = reply[0]
-    if word in (b"ok", b"repeated"):
+    if word == b"ok" or word == b"repeated":
         _, agent, state, seq, end_cursor, cursor, created = reply
+        # Positional: this runs once per accepted input (see Accepted for the fields).
         return Accepted(
-            session_id=session_id,
-            message_id=message_id,
-            kind=kind,
-            repeated=word == b"repeated",
-            status=_STATUS[state],  # type: ignore[arg-type]
-            cursor=int(cursor),
-            agent=_text(agent),
-            created=bool(created),
-            seq=int(seq),
-            end_cursor=int(end_cursor) or None,
+            session_id, message_id, kind, word == b"repeated", _STATUS[state], int(cursor),  # type: ignore[arg-type]
+            agent.decode() if isinstance(agent, bytes) else agent, bool(created), int(seq), int(end_cursor) or None,
         )
     if word == b"in_use":
         other = _KIND_NAME[reply[1]]

@@ -25,6 +25,23 @@ async def test_a_repeated_prompt_stores_nothing_and_reports_the_original(store: 
     assert [(i.message_id, i.input, i.context) for i in claim.pending] == [("m1", "hello", {"user": 1})]
 
 
+async def test_context_and_settings_are_stored_with_the_input_when_given(store: RedisStore, sid: str) -> None:
+    await store.accept(sid, agent="default", message_id="m1", input="a")
+    await store.accept(sid, agent="default", message_id="m2", input="b", settings={"model": "x"})
+    await store.accept(sid, agent="default", message_id="m3", input="c", context={"user": 7})
+    await store.accept(sid, agent="default", message_id="m4", input="d", context=[1], settings={"t": 0.5})
+    await store.accept(sid, agent="default", kind="steer", message_id="s1", input="e", context={"via": "web"})
+    claim = await store.claim(sid, holder="w1", lease_ms=1000)
+    assert claim is not None
+    assert [(i.message_id, i.kind, i.context, i.settings) for i in claim.pending] == [
+        ("m1", "prompt", None, None),
+        ("m2", "prompt", None, {"model": "x"}),
+        ("m3", "prompt", {"user": 7}, None),
+        ("m4", "prompt", [1], {"t": 0.5}),
+        ("s1", "steer", {"via": "web"}, None),
+    ]
+
+
 async def test_a_steer_reusing_a_prompt_id_is_refused(store: RedisStore, sid: str) -> None:
     await store.accept(sid, agent="default", message_id="m1", input="hello")
     with pytest.raises(FxMessageIdInUseError) as caught:
