@@ -46,7 +46,7 @@ cdef class _ChunkScan:
     cdef inline void _reset(self) noexcept
 
     @cython.locals(i=Py_ssize_t, n=Py_ssize_t, model=object, reasoning=object, content=object, finish=object)
-    cpdef bint scan(self, bytes s, bint want_model)
+    cpdef bint scan(self, bytes s, Py_ssize_t start, Py_ssize_t end, bint want_model) except -1
 
     @cython.locals(seen=int, key=Py_ssize_t, size=Py_ssize_t, c=cython.uchar)
     cdef Py_ssize_t _top(self, bytes s, Py_ssize_t i, Py_ssize_t n)
@@ -83,8 +83,10 @@ cdef class ChatStreamDecoder:
 
     cdef _data_line(self, bytes line)
 
-    @cython.locals(scan=_ChunkScan)
     cdef _dispatch(self, bytes payload, list events)
+
+    @cython.locals(scan=_ChunkScan)
+    cdef bint _scanned(self, bytes buf, Py_ssize_t start, Py_ssize_t end, list events) except -1
 
     @cython.locals(choices=object, choice=object, delta=object, finish=object, usage=object)
     cdef _chunk(self, dict obj, list events)
@@ -118,6 +120,7 @@ cdef dict _usage(dict usage)
 cdef Py_ssize_t _MAX_DEPTH
 cdef int _KEY, _SKIP, _KEEP
 cdef dict _ESCAPED
+cdef bytes _PLAIN
 
 @cython.locals(c=cython.uchar)
 cdef Py_ssize_t _ws(bytes s, Py_ssize_t i, Py_ssize_t n) noexcept
@@ -137,6 +140,8 @@ cdef Py_ssize_t _value(bytes s, Py_ssize_t i, Py_ssize_t n, int depth)
 cdef Py_ssize_t _next_member(bytes s, Py_ssize_t i, Py_ssize_t n) noexcept
 
 cdef Py_ssize_t _first_member(bytes s, Py_ssize_t i, Py_ssize_t n) noexcept
+
+cdef Py_ssize_t _null(bytes s, Py_ssize_t i, Py_ssize_t n)
 
 @cython.locals(j=Py_ssize_t, c=cython.uchar, code=Py_ssize_t, low=Py_ssize_t, parts=list)
 cdef str _text(bytes s, Py_ssize_t a, Py_ssize_t b)

@@ -192,6 +192,12 @@ class ChatStreamDecoder:
                 start = pos + 5
                 if start < nl and buf[start] == 32:
                     start += 1
+                if self._event is None and nl + 1 < end and buf[nl + 1] == 10:
+                    # The usual event, one data line and a blank line: no joining to do.
+                    pos = nl + 2
+                    if not (_scan_chunks and self._scanned(buf, start, nl, events)):
+                        self._dispatch(buf[start:nl], events)
+                    continue
                 self._data_line(buf[start:nl])
             elif nl - pos == 4 and buf.startswith(b"data", pos):
                 self._data_line(b"")
@@ -210,23 +216,28 @@ class ChatStreamDecoder:
             return
         if not payload:
             return
-        if _scan_chunks:
-            scan = self._scan
-            if scan.scan(payload, self.model is None):
-                if scan.model is not None:
-                    self.model = scan.model
-                if scan.reasoning:
-                    events.append(("reasoning_delta", scan.reasoning))
-                if scan.content:
-                    events.append(("text_delta", scan.content))
-                if scan.finish is not None:
-                    self.finish_reason = scan.finish
-                return
+        if _scan_chunks and self._scanned(payload, 0, len(payload), events):
+            return
         obj = _parse(payload)
         if type(obj) is not dict:
             self.malformed_chunks += 1
             return
         self._chunk(obj, events)
+
+    def _scanned(self, buf: bytes, start: int, end: int, events: list[tuple[Any, ...]]) -> bool:
+        """Decodes the chunk `buf[start:end]` if the fast scan takes it; whether it did."""
+        scan = self._scan
+        if not scan.scan(buf, start, end, self.model is None):
+            return False
+        if scan.model is not None:
+            self.model = scan.model
+        if scan.reasoning:
+            events.append(("reasoning_delta", scan.reasoning))
+        if scan.content:
+            events.append(("text_delta", scan.content))
+        if scan.finish is not None:
+            self.finish_reason = scan.finish
+        return True
 
     def _chunk(self, obj: dict[str, Any], events: list[tuple[Any, ...]]) -> None:
         if self.model is None:
@@ -328,10 +339,11 @@ def _parse(payload: bytes) -> Any:
     """The full parse of one event's JSON; None where it is not JSON.
 
     JSON nested deeper than `_MAX_NESTING` counts as not JSON, so that no parser's own
-    limit (orjson's, or the recursion limit `json.loads` runs into) decides.
+    limit (orjson's, or the recursion limit `json.loads` runs into) decides. Valid JSON
+    that deep takes two bytes a level, so shorter payloads need no look.
     """
     if (
-        len(payload) > _MAX_NESTING
+        len(payload) > 2 * _MAX_NESTING
         and payload.count(b"[") + payload.count(b"{") > _MAX_NESTING
         and _nesting(payload) > _MAX_NESTING
     ):
@@ -346,7 +358,7 @@ def _parse(payload: bytes) -> Any:
                 return obj
     try:
         return _std_loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: unclosed brackets, on a deep stack
         return None
 
 
@@ -465,6 +477,8 @@ _MAX_DEPTH = 32
 _KEY = 0
 _SKIP = 1
 _KEEP = 2
+# 1 for the bytes a string may hold as they are, with nothing to check.
+_PLAIN = bytes(1 if 32 <= c < 128 and c not in (34, 92) else 0 for c in range(256))
 _ESCAPED = {34: '"', 92: "\\", 47: "/", 98: "\b", 102: "\f", 110: "\n", 114: "\r", 116: "\t"}
 
 
@@ -494,6 +508,9 @@ def _string(s: bytes, i: int, n: int, kind: int) -> int:
     high = False
     while i < n:
         c = s[i]
+        if _PLAIN[c]:
+            i += 1
+            continue
         if c == 34:
             if high and kind != _KEEP:
                 try:
@@ -556,6 +573,11 @@ def _number(s: bytes, i: int, n: int) -> int:
     return i
 
 
+def _null(s: bytes, i: int, n: int) -> int:
+    """The index after a `null` at `i`, or -1."""
+    return i + 4 if i + 4 <= n and s.startswith(b"null", i) else -1
+
+
 def _value(s: bytes, i: int, n: int, depth: int) -> int:
     """Validates (and skips) the JSON value at `i`; the index after it, or -1."""
     c = s[i]
@@ -592,11 +614,11 @@ def _value(s: bytes, i: int, n: int, depth: int) -> int:
                 return -1
             i = _ws(s, i + 1, n)
     if c == 110:
-        return i + 4 if s.startswith(b"null", i) else -1
+        return _null(s, i, n)
     if c == 116:
-        return i + 4 if s.startswith(b"true", i) else -1
+        return i + 4 if i + 4 <= n and s.startswith(b"true", i) else -1
     if c == 102:
-        return i + 5 if s.startswith(b"false", i) else -1
+        return i + 5 if i + 5 <= n and s.startswith(b"false", i) else -1
     if c == 45 or 48 <= c <= 57:
         return _number(s, i, n)
     return -1
@@ -686,12 +708,13 @@ class _ChunkScan:
         self.model_a = self.model_b = self.finish_a = self.finish_b = -1
         self.content_a = self.content_b = self.rc_a = self.rc_b = self.r_a = self.r_b = -1
 
-    def scan(self, s: bytes, want_model: bool) -> bool:
-        """True when `s` is a chunk of the common shape, its strings now read; else False."""
+    def scan(self, s: bytes, start: int, end: int, want_model: bool) -> bool:
+        """True when `s[start:end]` is a chunk of the common shape, its strings now read;
+        else False."""
         self._reset()
         self._want_model = want_model
-        n = len(s)
-        i = _ws(s, 0, n)
+        n = end
+        i = _ws(s, start, n)
         if i >= n or s[i] != 123:
             return False
         i = self._top(s, i + 1, n)
@@ -748,7 +771,7 @@ class _ChunkScan:
                     i = _string(s, i + 1, n, _SKIP)
             elif size == 5 and (s.startswith(b"usage", key) or s.startswith(b"error", key)):
                 # Only null here: a usage or an error is left to the full parse.
-                i = i + 4 if s.startswith(b"null", i) else -1
+                i = _null(s, i, n)
             else:
                 i = _value(s, i, n, 1)
             if i < 0:
@@ -809,7 +832,7 @@ class _ChunkScan:
                     i = _string(s, i + 1, n, _KEEP)
                     self.finish_b = i - 1
                 else:
-                    i = i + 4 if s.startswith(b"null", i) else -1
+                    i = _null(s, i, n)
             else:
                 i = _value(s, i, n, 3)
             if i < 0:
@@ -840,7 +863,7 @@ class _ChunkScan:
                 field = 4
             elif size == 10 and s.startswith(b"tool_calls", key):
                 # Only null here: tool calls are left to the full parse.
-                if not s.startswith(b"null", i):
+                if _null(s, i, n) < 0:
                     return -1
                 field = 8
             if field:
@@ -857,7 +880,7 @@ class _ChunkScan:
                     else:
                         self.r_a, self.r_b = a, i - 1
                 else:
-                    i = i + 4 if s.startswith(b"null", i) else -1
+                    i = _null(s, i, n)
             else:
                 i = _value(s, i, n, 4)
             if i < 0:

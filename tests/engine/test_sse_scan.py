@@ -198,13 +198,13 @@ def test_real_chunks_decode_the_same_on_every_path() -> None:
 @pytest.mark.parametrize("module", [w[0] for w in WAYS if w[1]], ids=lambda m: m.__name__.rsplit("_", 1)[-1])
 def test_the_scan_takes_common_chunks_and_leaves_the_rest(module: ModuleType) -> None:
     scan = module._ChunkScan()
-    taken = {i for i, chunk in enumerate(REAL_CHUNKS) if scan.scan(chunk, True)}
+    taken = {i for i, chunk in enumerate(REAL_CHUNKS) if scan.scan(chunk, 0, len(chunk), True)}
     assert taken == {0, 1, 2, 3, 4, 6}  # not tool calls, usage or an error
-    assert scan.scan(REAL_CHUNKS[2], True)
+    assert scan.scan(REAL_CHUNKS[2], 0, len(REAL_CHUNKS[2]), True)
     assert (scan.model, scan.reasoning, scan.content, scan.finish) == ("gpt-4.1-mini-2025-04-14", None, 'Hé "q"\n😀 é', None)
-    assert scan.scan(REAL_CHUNKS[4], False)
+    assert scan.scan(REAL_CHUNKS[4], 0, len(REAL_CHUNKS[4]), False)
     assert (scan.model, scan.reasoning, scan.content) == (None, "r", None)
-    assert scan.scan(REAL_CHUNKS[6], True) and scan.finish == "tool_calls"
+    assert scan.scan(REAL_CHUNKS[6], 0, len(REAL_CHUNKS[6]), True) and scan.finish == "tool_calls"
     for left in (
         b'{"choices":[{"delta":{"content":"a","content":"b"}}]}',  # a repeated key the decoder reads
         b'{"choices":[{"delta":{"con\\u0074ent":"a"}}]}',  # a key written with an escape
@@ -215,4 +215,9 @@ def test_the_scan_takes_common_chunks_and_leaves_the_rest(module: ModuleType) ->
         b'{"choices":[{"delta":{"content":"a"}},]}',
         b"[]",
     ):
-        assert not scan.scan(left, True), left
+        assert not scan.scan(left, 0, len(left), True), left
+    # Only the given range counts, whatever the bytes after it would make of the chunk.
+    whole = b'{"choices":[{"delta":{"content":"ab"},"finish_reason":null}]}'
+    assert scan.scan(whole, 0, len(whole), True)
+    assert not any(scan.scan(whole, 0, end, True) for end in range(len(whole)))
+    assert scan.scan(b"xx" + whole + b"yy", 2, 2 + len(whole), True) and scan.content == "ab"
