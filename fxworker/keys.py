@@ -3,8 +3,9 @@
 Every key of session S is `<prefix>:{S}:<name>`. The braces are Redis Cluster's hash tag:
 only `S` is hashed, so all of a session's keys live in one slot and every Lua script
 (each touches one session) runs on one node. Two index keys span sessions; they share the
-tag `{~index}` (a session id never contains `~`), so they too sit in one slot together, and
-no script ever mixes them with a session's keys.
+tag `{~index}` (a session id never contains `~`), so they too sit in one slot together. No
+script mixes them with a session's keys on a cluster; on a standalone server (no slots)
+accept.lua takes both, to mark the session ready in the same call that stores its input.
 
 Per session (all touched only by the scripts in `fxworker/lua/` unless said otherwise;
 every one gets the session TTL when a session finishes with `FX_SESSION_TTL_S` set, and
@@ -39,10 +40,13 @@ loses it again when new input is accepted):
 
 Across sessions (tag `{~index}`, no TTL):
 
-    ready     ZSET    session id -> ms of the last mark. Written *before* accept
-                      (mark_ready.lua), read by the sweeper, pruned by clear_ready.lua
-                      only for marks older than a grace period (see `fxworker.store`).
-    sessions  ZSET    session id -> ms first seen. mark_ready.lua; read by list_sessions.
+    ready     ZSET    session id -> ms of the last mark. Written *before* the input is
+                      stored: first thing in accept.lua on a standalone server, by
+                      mark_ready.lua before accept.lua on a cluster (another slot). Read
+                      by the sweeper, pruned by clear_ready.lua only for marks older than
+                      a grace period (see `fxworker.store`).
+    sessions  ZSET    session id -> ms first seen. Written with every ready mark; read by
+                      list_sessions.
 """
 
 from __future__ import annotations

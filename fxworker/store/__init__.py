@@ -13,11 +13,11 @@ How the layers above use it:
 
 Sender (web process, `Session.prompt/steer/cancel`)
     `accept(sid, agent=, kind="prompt"|"steer", message_id=, input=, context=, settings=)`
-    marks the session ready, then stores the input (one round trip on a standalone
-    Redis: both go in one pipeline, the mark first). `Accepted.repeated` with `status`
-    `waiting`/`running` means follow the original turn from `Accepted.cursor`; `done`
-    means answer from the stream (`end_cursor` points at its `turn_end`). Then send the
-    wake. `request_cancel(sid)` targets the open turn (or the next waiting one).
+    marks the session ready, then stores the input: one script call on a standalone
+    Redis (the mark comes first inside it), two calls on a cluster (the mark first).
+    `Accepted.repeated` with `status` `waiting`/`running` means follow the original turn
+    from `Accepted.cursor`; `done` means answer from the stream (`end_cursor` points at
+    its `turn_end`). Then send the wake. `request_cancel(sid)` targets the open turn (or the next waiting one).
 
 Delivery (worker)
     `claim(sid, holder=new_holder_id(), lease_ms=)` -> `Claim | None` (None: someone
