@@ -35,6 +35,10 @@ AMBIGUOUS_RESULT = (
 
 OnAmbiguous = Callable[[dict[str, Any]], Any]
 
+# The mark of a record that finishes something (a model response, a tool result): the
+# progress a store counts poison turns against (DESIGN §6).
+DONE: dict[str, Any] = {"done": True}
+
 
 def now_ms() -> int:
     return int(time.time() * 1000)
@@ -232,7 +236,8 @@ class TurnRunner:
             return
         self._out = None
         self.engine._commit("model_response", {"step": self._out_step, "content": out.content, "toolCalls": [],
-                                               "finishReason": None, "usage": out.usage, "cut": True})
+                                               "finishReason": None, "usage": out.usage, "cut": True},
+                            marks=[DONE])
 
     async def _run(self) -> tuple[str, dict[str, Any] | None]:
         engine = self.engine
@@ -279,7 +284,8 @@ class TurnRunner:
                 response["reasoning"] = "".join(out.reasoning)
             barrier = any(self._needs_barrier(c["name"]) for c in calls)
             self._out = None
-            response_future = engine._commit("model_response", response, barrier=barrier, want_ack=bool(calls))
+            response_future = engine._commit("model_response", response, marks=[DONE], barrier=barrier,
+                                             want_ack=bool(calls))
             if cut:
                 continue
             if finish == "length":
@@ -364,7 +370,7 @@ class TurnRunner:
                                     "isError": outcome.is_error}
             if outcome.images:
                 body["images"] = outcome.images
-            engine._commit("tool_result", body)
+            engine._commit("tool_result", body, marks=[DONE])
             await self.events.put(ev.tool_end(call.id, call.name, is_error=outcome.is_error, content=outcome.content,
                                               step=step))
 
@@ -401,7 +407,7 @@ class TurnRunner:
                 rerun.append(call)
                 continue
             engine._commit("tool_result", {"step": step, "id": call["id"], "name": call["name"],
-                                           "content": AMBIGUOUS_RESULT, "isError": True})
+                                           "content": AMBIGUOUS_RESULT, "isError": True}, marks=[DONE])
             await self.events.put(ev.tool_end(call["id"], call["name"], is_error=True, content=AMBIGUOUS_RESULT,
                                               step=step))
         if rerun:

@@ -10,6 +10,8 @@ opaque bytes to the store; `marks` let a store track turns without decoding them
     {"yield": True}         the open turn yielded at a model boundary (`yield_at`)
     {"accepted": input_id}  the turn took a steer or follow-up
     {"step": name}          names the step the turn is at (cut-off counting)
+    {"done": True}          the record finishes something: a model response or a tool
+                            result (progress, for poison-turn counting)
 """
 
 from __future__ import annotations

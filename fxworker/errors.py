@@ -24,6 +24,10 @@
 
 Control-flow signals (fenced, yielded, cancelled) are kept apart from failures: a fenced
 worker stops quietly, a yield is a stop reason, not an exception.
+
+Codes a turn ends with (`turn_end.error.code` with stop reason `cancelled`; never raised):
+FX_POISON_TURN (its workers died 3 times with no progress between, §6) and
+FX_DEADLINE_CUTOFFS (its model request was cut off by the deadline 3 times in a row).
 """
 
 from __future__ import annotations

@@ -375,7 +375,8 @@ class Runner:
                 {
                     "code": "FX_POISON_TURN",
                     "message": f"the worker running this turn died {claim.deaths} times with no progress "
-                    "between; the turn was cancelled so the session can go on",
+                    f"between (the last one {_poison_cause(in_flight)}); the turn was cancelled so the "
+                    "session can go on",
                 },
             )
         no_rerun = False
@@ -466,7 +467,7 @@ class Runner:
     async def _steps_seen(self, turn_id: str) -> set[int]:
         """The model steps of `turn_id` that have lines in the UI stream."""
         steps: set[int] = set()
-        cursor = int(getattr(self.claim, "turn_cursor", 0) or 0)
+        cursor = self.claim.turn_cursor  # the turn's start line: no scan of earlier turns
         while True:
             lines = await self.store.read_lines(self.session_id, cursor, count=1000)
             if not lines:
@@ -475,6 +476,16 @@ class Runner:
                 cursor = int(line["cursor"])
                 if line.get("messageId") == turn_id and isinstance(line.get("step"), int):
                     steps.add(line["step"])
+
+
+def _poison_cause(in_flight: dict[str, Any] | None) -> str:
+    """Where a poison turn's workers died, for its error message."""
+    if in_flight is None:
+        return "between steps"
+    if in_flight.get("kind") == "tool":
+        names = sorted({str(c.get("name")) for c in in_flight.get("calls") or []})
+        return f"while running {', '.join(names) or 'its tool calls'} (step {in_flight.get('step')})"
+    return f"during model request {in_flight.get('step')}"
 
 
 async def export_checkpoint(agent: Any, session_id: str) -> bytes:

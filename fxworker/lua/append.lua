@@ -8,7 +8,10 @@
 --       n x (mark name, value); then n store marks x (name, value); then per line:
 --       JSON text without its closing brace, message id it ends ("" unless a turn_end).
 --       Mark names: start <turn id> | end | yield | accepted <input id> | step <name> |
+--       done (the record finishes something: a model response or a tool result) |
 --       drop <input id> (consumed without a turn: cancelled or refused before it started).
+--       A line whose JSON text begins `{"type":"turn_start"` in the call that starts a
+--       turn is that turn's start line: its cursor becomes the meta's `turn_cursor`.
 -- Returns {"ok", head, {record cursors}, first_line, last_line, repeated(0|1)}
 --         {"fenced", lease_epoch, lease_state, lease_expires_ms}
 --         {"conflict", head}   (expected is not the head: another engine appended)
@@ -17,6 +20,9 @@
 -- lease's, or whose lease was released or expired by now_ms, stores nothing at all (log,
 -- marks and UI alike). A repeated idempotency key returns what the first call stored and
 -- stores nothing, UI lines included. Line cursors are contiguous: `N-0`, N = last + 1.
+-- Progress (§6): the death count of the open turn restarts only on a record that names a
+-- new step or carries `done`; a resume record, a rerun's request, a steer or a yield
+-- names the step the turn was at, so a turn that kills its worker every time is poison.
 
 local meta, lease, log, ui, msgs, pending, keys = KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local epoch, now_ms, ttl_ms = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -48,6 +54,7 @@ if ARGV[4] ~= '' and tonumber(ARGV[4]) ~= head then return {'conflict', head} en
 
 local changed = {}
 local ended = false
+local starting = false  -- a turn started in this call; its turn_start line may be in it
 
 local function consume(id, state)
   local v = redis.call('HGET', msgs, id)
@@ -73,6 +80,9 @@ local function apply(name, value)
       turn, step = value, ''
       changed.turn, changed.turn_seq, changed.yielded, changed.cutoffs, changed.deaths, changed.step =
         value, seq, 0, 0, 0, ''
+      -- Until its start line is seen below: the newest stored line, which is that line
+      -- when it was written ahead of the record.
+      changed.turn_cursor, starting = ui_last, true
       redis.call('HINCRBY', meta, 'turns', 1)
     end
   elseif name == 'end' then
@@ -80,8 +90,9 @@ local function apply(name, value)
       consume(turn, 'd')
       changed.last_turn = turn
     end
-    turn, step, ended = '', '', true
+    turn, step, ended, starting = '', '', true, false
     changed.turn, changed.turn_seq, changed.yielded, changed.cutoffs, changed.deaths, changed.step = '', 0, 0, 0, 0, ''
+    changed.turn_cursor = 0
   elseif name == 'yield' then
     changed.yielded = 1
   elseif name == 'accepted' or name == 'drop' then
@@ -96,15 +107,16 @@ for _ = 1, nrec do
   head = head + 1
   redis.call('XADD', log, head .. '-0', 'k', key, 'd', data, 'e', epoch, 'm', marks_json)
   cursors[#cursors + 1] = tostring(head)
-  local named = nil
+  local named, done = nil, false
   for j = 0, n - 1 do
     local name, value = ARGV[i + 4 + 2 * j], ARGV[i + 5 + 2 * j]
     apply(name, value)
-    if name == 'step' then named = value end
+    if name == 'step' then named = value elseif name == 'done' then done = true end
   end
-  -- A record is progress: the death count restarts, and so does the cut-off count
-  -- unless the record names the same step as before (§6, reference §4.4).
-  changed.deaths = 0
+  -- Real progress (a new step, or something finished) restarts the death count; the
+  -- cut-off count restarts unless the record names the same step as before (§6,
+  -- reference §4.4).
+  if done or (named ~= nil and named ~= step) then changed.deaths = 0 end
   if named == nil or named ~= step then
     changed.cutoffs = 0
     if named ~= nil then step = named; changed.step = named end
@@ -120,6 +132,9 @@ local first = ui_last + 1
 for _ = 1, nlines do
   ui_last = ui_last + 1
   local text = ARGV[i] .. ',"epoch":' .. epoch .. ',"cursor":' .. ui_last .. '}'
+  if starting and string.sub(ARGV[i], 1, 20) == '{"type":"turn_start"' then
+    changed.turn_cursor, starting = ui_last, false
+  end
   redis.call('XADD', ui, ui_last .. '-0', 'l', text)
   local ends = ARGV[i + 1]
   if ends ~= '' then

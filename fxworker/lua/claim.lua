@@ -8,7 +8,9 @@
 --   {"ok", epoch, expires_ms, agent, has_ckpt(0|1), ckpt_data, ckpt_through,
 --    records {cursor, data, ...}, head, pending {{seq, field, value, ...}, ...},
 --    turn, yielded, cutoffs, deaths, cancel_target, ui_cursor, taken_over(0|1),
---    inbox_seq, turn_input {seq, field, value, ...} or {}}
+--    inbox_seq, turn_input {seq, field, value, ...} or {}, turn_cursor}
+--   turn_cursor: the UI cursor of the open turn's `turn_start` line (0: no turn open, or
+--   not known), so a resume reads the open turn's lines without scanning the stream.
 --
 -- Invariant: at most one live lease. A claim succeeds only when no lease is held or the
 -- held one expired by now_ms; it bumps the epoch (never reused, even after a release), so
@@ -31,7 +33,8 @@ epoch = epoch + 1
 local expires = now_ms + lease_ms
 redis.call('HSET', lease, 'holder', holder, 'epoch', epoch, 'expires_ms', string.format('%d', expires), 'state', 'held')
 
-local m = redis.call('HMGET', meta, 'agent', 'head', 'ui', 'inbox', 'turn', 'turn_seq', 'yielded', 'cutoffs', 'deaths', 'cancel')
+local m = redis.call('HMGET', meta, 'agent', 'head', 'ui', 'inbox', 'turn', 'turn_seq', 'yielded', 'cutoffs', 'deaths', 'cancel',
+                       'turn_cursor')
 local turn = m[5] or ''
 local deaths = tonumber(m[9] or 0)
 if taken == 1 and turn ~= '' then deaths = redis.call('HINCRBY', meta, 'deaths', 1) end
@@ -66,4 +69,5 @@ if turn ~= '' and tonumber(m[6] or 0) > 0 then turn_input = entry(m[6]) end
 
 return {'ok', epoch, expires, m[1] or '', has_ckpt, c[1] or '', through, records,
         tonumber(m[2] or 0), waiting, turn, tonumber(m[7] or 0), tonumber(m[8] or 0), deaths,
-        m[10] or '', tonumber(m[3] or 0), taken, tonumber(m[4] or 0), turn_input}
+        m[10] or '', tonumber(m[3] or 0), taken, tonumber(m[4] or 0), turn_input,
+        turn ~= '' and tonumber(m[11] or 0) or 0}

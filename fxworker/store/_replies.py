@@ -37,7 +37,7 @@ from .types import (
 _KIND_CODE = {"prompt": "p", "steer": "s"}
 _KIND_NAME: dict[bytes, InboxKind] = {b"p": "prompt", b"s": "steer", b"c": "cancel"}
 _STATUS = {b"w": "waiting", b"r": "running", b"d": "done"}
-_MARK_NAMES = ("start", "end", "yield", "accepted", "step", "drop")
+_MARK_NAMES = ("start", "end", "yield", "accepted", "step", "done", "drop")
 
 
 # One encoder for every call: `json.dumps` with options builds a new one each time.
@@ -132,7 +132,7 @@ def parse_claim(reply: list[Any], *, session_id: str, holder: str) -> Claim | No
     if word == b"unknown":
         raise FxUnknownSessionError(f"no session {session_id}")
     (_, epoch, expires, agent, has_ckpt, ckpt_data, through, flat_records, head, waiting, turn, yielded,
-     cutoffs, deaths, cancel, ui, taken, inbox, turn_input) = reply
+     cutoffs, deaths, cancel, ui, taken, inbox, turn_input, turn_cursor) = reply
     cancel_target = _text(cancel)
     records = [
         JournalRecord(_text(flat_records[i]), bytes(flat_records[i + 1])) for i in range(0, len(flat_records), 2)
@@ -163,6 +163,7 @@ def parse_claim(reply: list[Any], *, session_id: str, holder: str) -> Claim | No
         ui_cursor=int(ui),
         taken_over=bool(taken),
         inbox_cursor=int(inbox),
+        turn_cursor=int(turn_cursor),
     )
 
 

@@ -76,7 +76,9 @@ class Claim:
     consumed yet, in acceptance order. `cutoffs` counts deadline cut-offs in a row of the
     open turn's step, `deaths` the takeovers of the open turn with no progress between
     (poison-turn detection, §6). `taken_over`: the previous lease expired while held.
-    `inbox_cursor` is where `watch_inbox()` continues from.
+    `inbox_cursor` is where `watch_inbox()` continues from. `turn_cursor` is the UI
+    cursor of the open turn's `turn_start` line (0 with no turn open, or for a turn
+    started before the store kept it): the open turn's lines are read from there.
     """
 
     session_id: str
@@ -95,6 +97,7 @@ class Claim:
     ui_cursor: int
     taken_over: bool
     inbox_cursor: int
+    turn_cursor: int = 0
 
     def __repr__(self) -> str:
         return (

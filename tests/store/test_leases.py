@@ -118,7 +118,7 @@ async def test_deaths_count_takeovers_of_an_open_turn_without_progress(
         assert claim.open_turn is not None and claim.open_turn.message_id == "m1"
         deaths.append(claim.deaths)
     assert deaths == [1, 2, 3]
-    await store.append(sid, claim.epoch, records=[("k2", b"progress", [])])
+    await store.append(sid, claim.epoch, records=[("k2", b"progress", [{"done": True}])])
     clock.advance(1000)
     claim = await store.claim(sid, holder="w9", lease_ms=1000)
     assert claim is not None and claim.deaths == 1
