@@ -37,7 +37,7 @@ from typing import Any
 from fxengine.limits import check_prompt_input, check_steer_text
 from fxengine.tools import check_tools
 
-from . import registry
+from . import metrics, registry
 from .errors import FxConfigError, FxInvalidCursorError, FxUnknownSessionError
 from .ids import new_session_id, validate_message_id, validate_session_id
 from fxengine.turn import TurnResult
@@ -243,7 +243,10 @@ class Session:
 
     @property
     def store(self) -> Any:
-        return self.agent.store
+        """The agent's store, each call timed in `fxworker.metrics.STORE_LATENCY`."""
+        from .runtime import BoundedStore
+
+        return BoundedStore(self.agent.store, bounded=False)
 
     def _settings_payload(self) -> dict[str, Any] | None:
         out: dict[str, Any] = {}
@@ -282,6 +285,7 @@ class Session:
             settings=self._settings_payload(),
             now_ms=now_ms(),
         )
+        metrics.ACCEPTED.inc()
         owner = self._forwarded(getattr(accepted, "agent", None))
         if not (accepted.repeated and accepted.status == "ended"):
             await self._wake(owner, "prompt")
@@ -304,6 +308,7 @@ class Session:
             settings=self._settings_payload(),
             now_ms=now_ms(),
         )
+        metrics.ACCEPTED.inc()
         owner = self._forwarded(getattr(accepted, "agent", None))
         await self._wake(owner, "steer")
         return accepted

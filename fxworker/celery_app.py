@@ -12,6 +12,8 @@ loop (`fxworker.runtime`):
 Time limits come from the store's own deadline (`FX_DELIVERY_TIMEOUT_S`, counted from
 the task's start), not from Celery's prefork-only limits; the broker's visibility
 timeout is set well above it so a running wake is never handed to a second worker.
+
+With `FX_METRICS_PORT` set, each worker process serves its Prometheus metrics there.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 from celery import Celery, signals
 
+from .broker import NAME as BROKER_TRANSPORT
 from .settings import Settings
 
 log = logging.getLogger("fxworker.celery")
@@ -32,16 +35,27 @@ def make_celery_app(settings: Settings | None = None) -> Celery:
     """A Celery app configured from `settings` (from the environment when None)."""
     settings = settings or Settings.from_env()
     app = Celery("fxworker", include=["fxworker.tasks"])
+    broker_url = settings.redis_url or "memory://"
+    scheme = broker_url.partition("://")[0]
     app.conf.update(
-        broker_url=settings.redis_url or "memory://",
+        broker_url=broker_url,
+        # kombu's Redis transport, kept consuming across a Redis restart (fxworker.broker).
+        broker_transport=BROKER_TRANSPORT if scheme in ("redis", "rediss") else None,
         broker_transport_options={
             "global_keyprefix": f"{settings.prefix}:celery:",
             # A message not acked within this long is redelivered: keep it far above the
             # delivery deadline, so a long turn is never run by two workers at once
             # (the lease would refuse the second anyway).
             "visibility_timeout": int(settings.delivery_timeout_s * 3 + 60),
+            # A dead broker connection is noticed within seconds, not at the next command.
+            "socket_keepalive": True,
+            "health_check_interval": 10,
+            "retry_on_timeout": True,
         },
+        # A lost broker connection is retried for ever: Redis restarts are transient.
+        broker_connection_retry=True,
         broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
         task_default_queue="fx.default",
         task_ignore_result=True,
         task_acks_late=True,
@@ -81,6 +95,11 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
     settings: Settings = app.fx_settings  # type: ignore[attr-defined]
     process_loop()
     start_worker_sweeper(settings)
+    if settings.metrics_port is not None:
+        from . import metrics
+
+        metrics.serve(settings.metrics_port, host=settings.metrics_host)
+        log.info("metrics on http://%s:%s/metrics", settings.metrics_host, settings.metrics_port)
     hostname = getattr(sender, "hostname", None) or socket.gethostname()
     if settings.redis_url:
         from .sweeper import mark_worker_ready

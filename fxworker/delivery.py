@@ -10,8 +10,10 @@ Outcomes: "done" (the session was run until nothing was left, or found nothing t
 elsewhere — a duplicate or early wake — or this worker was fenced).
 
 Raises `FxNoAgentError` when this process has no agent of the session's name (Celery
-retries with a backoff, HTTP answers 503) and `FxUnknownSessionError` for a session the
-store does not know (refused and dropped).
+retries with a backoff, HTTP answers 503), `FxUnknownSessionError` for a session the
+store does not know (refused and dropped), and `FxStoreUnavailableError` when the store
+cannot be read to route the wake (the session stays in the ready set: the sweeper wakes
+it again once the store is back). A store outage during the run itself is the runner's.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ from typing import Any
 
 from . import metrics, registry
 from .errors import FxNoAgentError, FxUnknownSessionError
+from .lines import retry_unavailable
 from .settings import Settings
 
 log = logging.getLogger("fxworker.delivery")
+
+STATE_RETRY_MS = 2000  # how long routing a wake retries a store that does not answer
 
 
 def now_ms() -> int:
@@ -64,7 +69,11 @@ async def handle_wake(payload: dict[str, Any], *, deadline_ms: int | None = None
         _refused(witness, None, "malformed wake")
         raise FxUnknownSessionError("a wake names no session")
     try:
-        state = await store.state(session_id)
+        # A read, safe to repeat: the first call on a connection a Redis restart closed fails.
+        started_ms = now_ms()
+        state = await retry_unavailable(
+            lambda: store.state(session_id), due_ms=lambda: started_ms + STATE_RETRY_MS, what=f"reading {session_id}"
+        )
     except (FxUnknownSessionError, ValueError) as exc:
         state = None
         log.debug("state of %s: %s", session_id, exc)
@@ -101,9 +110,12 @@ async def handle_wake(payload: dict[str, Any], *, deadline_ms: int | None = None
     if outcome == "done":
         # An input accepted after the last look and before the release found the lease
         # held and its wake was a no-op: wake once more rather than wait for the sweeper.
-        after = await store.state(session_id)
-        if after is not None and after.status == "waiting":
-            await asyncio.to_thread(agent.wake, session_id, reason="pending")
+        try:
+            after = await store.state(session_id)
+            if after is not None and after.status == "waiting":
+                await asyncio.to_thread(agent.wake, session_id, reason="pending")
+        except Exception as exc:  # noqa: BLE001 - the store or broker is away: the sweeper wakes it
+            log.warning("looking for more work in %s failed (%s); the sweeper will wake it", session_id, exc)
         return "done"
     return "noop"
 

@@ -17,6 +17,8 @@ from .errors import FxLeaseLostError, FxStoreUnavailableError
 
 log = logging.getLogger("fxworker.leases")
 
+RETRY_S = 0.2  # after a renewal met a store outage, the next try comes this soon
+
 
 def now_ms() -> int:
     return int(time.time() * 1000)
@@ -64,8 +66,11 @@ class LeaseKeeper:
 
     async def _run(self) -> None:
         interval_s = self.lease_ms / 3000
+        retry_s = min(interval_s, RETRY_S)
+        wait_s = interval_s
         while True:
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(wait_s)
+            wait_s = interval_s
             try:
                 self.expires_ms = await self.store.renew(
                     self.session_id, self.epoch, lease_ms=self.lease_ms, now_ms=now_ms()
@@ -83,3 +88,5 @@ class LeaseKeeper:
                     self.lost = True
                     self.on_lost(exc)
                     return
+                # Soon, not a whole interval later: Redis may be back well before expiry.
+                wait_s = retry_s

@@ -6,34 +6,86 @@ reordered or lost; one fenced store call writes a batch. `RunnerPersistence` is 
 engine's `Persistence`: each journal record goes out in the same fenced call as the lines
 queued before it, so a step's lines are stored no later than its record — after a
 crash, a step the journal holds has all its lines in the stream.
+
+A store outage (`FxStoreUnavailableError`, e.g. a Redis restart) is transient: both
+retry the same call with a bounded backoff while this worker's lease still stands
+(`lease_due_ms`); a retried record keeps its idempotency key, so a call whose reply was
+lost is answered from the store and stores nothing twice. Past the lease the error is
+raised, and the runner leaves the turn open for the next delivery.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from fxengine.persistence import Loaded, Mark
 
-from .errors import FxLeaseLostError
+from .errors import FxLeaseLostError, FxStoreUnavailableError
 
+T = TypeVar("T")
 log = logging.getLogger("fxworker.lines")
 
 COALESCE_MS = 5
 COALESCE_BYTES = 4096
 _MERGEABLE = ("text_delta", "reasoning_delta")
+RETRY_FIRST_MS = 50
+RETRY_MAX_MS = 500
+RETRY_MARGIN_MS = 100  # the last try starts this long before `due_ms`
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def retry_unavailable(
+    call: Callable[[], Awaitable[T]],
+    *,
+    due_ms: Callable[[], int] | None,
+    what: str,
+    stop: Callable[[], bool] | None = None,
+) -> T:
+    """`await call()`, retried on `FxStoreUnavailableError` with a doubling backoff
+    (`RETRY_FIRST_MS` to `RETRY_MAX_MS`) until `due_ms()` (a wall-clock ms, e.g. when the
+    lease would expire) is near or `stop()` says so; then the last error is raised.
+    Without `due_ms`, one try."""
+    delay_ms = RETRY_FIRST_MS
+    attempt = 0
+    while True:
+        try:
+            return await call()
+        except FxStoreUnavailableError as exc:
+            attempt += 1
+            left_ms = (due_ms() if due_ms is not None else 0) - RETRY_MARGIN_MS - now_ms()
+            if left_ms <= 0 or (stop is not None and stop()):
+                log.warning("%s failed after %d tries, giving up: %s", what, attempt, exc)
+                raise
+            wait_ms = min(delay_ms, left_ms)
+            log.warning("%s failed (%s); retry %d in %d ms", what, exc, attempt, wait_ms)
+            await asyncio.sleep(wait_ms / 1000)
+            delay_ms = min(delay_ms * 2, RETRY_MAX_MS)
 
 
 class LineWriter:
     """Queues one runner's UI lines and writes them in order, fenced by its epoch."""
 
-    def __init__(self, store: Any, session_id: str, epoch: int, *, on_fenced: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: Any,
+        session_id: str,
+        epoch: int,
+        *,
+        on_fenced: Callable[[], None] | None = None,
+        lease_due_ms: Callable[[], int] | None = None,
+    ) -> None:
         self.store = store
         self.session_id = session_id
         self.epoch = epoch
         self.on_fenced = on_fenced
+        self.lease_due_ms = lease_due_ms  # when this worker's lease would expire (retry bound)
         self.lock = asyncio.Lock()
         self._queue: list[dict[str, Any]] = []
         self._queued_bytes = 0
@@ -104,7 +156,12 @@ class LineWriter:
             if not lines:
                 return
             try:
-                await self.store.append(self.session_id, self.epoch, records=[], lines=lines)
+                await retry_unavailable(
+                    lambda: self.store.append(self.session_id, self.epoch, records=[], lines=lines),
+                    due_ms=self.lease_due_ms,
+                    what=f"writing {len(lines)} line(s) of {self.session_id}",
+                    stop=lambda: self.closed,
+                )
             except FxLeaseLostError:
                 self.closed = True
                 if self.on_fenced:
@@ -157,16 +214,24 @@ class RunnerPersistence:
     ) -> str:
         from .store.types import StoreRecord
 
+        record = StoreRecord(idempotency_key, bytes(data), list(marks))
         async with self.writer.lock:
             lines = self.writer.take()
             try:
-                appended = await self.store.append(
-                    self.session_id,
-                    self.epoch,
-                    records=[StoreRecord(idempotency_key, bytes(data), list(marks))],
-                    lines=lines,
-                    expected=expected,
-                    durable=barrier,
+                # A retry sends the same idempotency key: a call that ran but lost its
+                # reply is answered from the store and stores nothing again.
+                appended = await retry_unavailable(
+                    lambda: self.store.append(
+                        self.session_id,
+                        self.epoch,
+                        records=[record],
+                        lines=lines,
+                        expected=expected,
+                        durable=barrier,
+                    ),
+                    due_ms=self.writer.lease_due_ms,
+                    what=f"appending record {idempotency_key} of {self.session_id}",
+                    stop=lambda: self.writer.closed,
                 )
             except FxLeaseLostError:
                 self.writer.closed = True

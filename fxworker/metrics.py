@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -81,7 +82,7 @@ NO_AGENT_REFUSALS = Counter(
     "Deliveries refused with FX_NO_AGENT.",
     registry=REGISTRY,
 )
-# Wake deliveries handled, by outcome: done, yielded, noop, refused, error.
+# Wake deliveries handled, by outcome: done, yielded, noop, refused, no_agent, unavailable, error.
 WAKES = Counter(
     "fx_wakes",
     "Wake deliveries handled, by outcome.",
@@ -98,14 +99,20 @@ STORE_LATENCY = Histogram(
 )
 
 
+_latency_of: dict[str, Any] = {}  # op -> its STORE_LATENCY child (labels() takes a lock each time)
+
+
 @contextmanager
 def store_timer(op: str) -> Iterator[None]:
     """Observe the duration of the block in `STORE_LATENCY` under `op`, failed calls included."""
+    child = _latency_of.get(op)
+    if child is None:
+        child = _latency_of[op] = STORE_LATENCY.labels(op=op)
     started_s = time.perf_counter()
     try:
         yield
     finally:
-        STORE_LATENCY.labels(op=op).observe(time.perf_counter() - started_s)
+        child.observe(time.perf_counter() - started_s)
 
 
 def render() -> bytes:
@@ -113,6 +120,13 @@ def render() -> bytes:
     return generate_latest(REGISTRY)
 
 
+_served: dict[tuple[str, int], Any] = {}
+
+
 def serve(port: int, *, host: str = "127.0.0.1") -> None:
-    """Serve `/metrics` of this process on `host:port` from a daemon thread (for worker processes)."""
-    start_http_server(port, addr=host, registry=REGISTRY)
+    """Serve `/metrics` of this process on `host:port` from a daemon thread (for worker processes).
+
+    Serving the same address twice in one process is a no-op.
+    """
+    if (host, port) not in _served:
+        _served[(host, port)] = start_http_server(port, addr=host, registry=REGISTRY)

@@ -108,9 +108,15 @@ class Runner:
     # ------------------------------------------------------------------ the delivery
 
     async def run(self) -> str:
-        claim = await self.store.claim(
-            self.session_id, holder=self.holder, lease_ms=self.lease_ms, now_ms=now_ms()
-        )
+        try:
+            claim = await self.store.claim(
+                self.session_id, holder=self.holder, lease_ms=self.lease_ms, now_ms=now_ms()
+            )
+        except FxStoreUnavailableError as exc:
+            # Nothing is ours: if the claim ran and only its reply was lost, that lease
+            # expires unrenewed and the sweeper wakes the session again.
+            log.warning("claiming %s failed (%s); the sweeper wakes it again", self.session_id, exc)
+            return "noop"
         if claim is None:
             self.emit("session.redelivered", reason=self.reason)
             return "noop"
@@ -121,8 +127,12 @@ class Runner:
             turn = claim.open_turn.message_id if claim.open_turn else None
             self.emit("session.takeover", epoch=self.epoch, turn=turn, deaths=claim.deaths)
         self.pending = deque(claim.pending)
-        self.writer = LineWriter(self.store, self.session_id, self.epoch, on_fenced=self._writer_fenced)
         keeper = LeaseKeeper(self.store, self.session_id, self.epoch, lease_ms=self.lease_ms, on_lost=self._lost)
+        # Writes that meet a store outage are retried while the lease stands (lines.py).
+        self.writer = LineWriter(
+            self.store, self.session_id, self.epoch, on_fenced=self._writer_fenced,
+            lease_due_ms=lambda: keeper.expires_ms,
+        )
         watcher = InboxWatcher(self.store, self.session_id, after_seq=claim.inbox_cursor, on_input=self._on_input)
         keeper.start()
         watcher.start()
@@ -134,10 +144,12 @@ class Runner:
         except (Fenced, FxLeaseLostError):
             outcome = "fenced"
         except FxStoreUnavailableError as exc:
-            # Redis went away: whatever is stored stands; the next delivery continues.
+            # Redis stayed away past the lease: whatever is stored stands, the turn stays
+            # open, and the next delivery (the requeued wake, or the sweeper's) continues.
             log.warning("store unavailable while running %s: %s", self.session_id, exc)
             if self.turn is not None:
                 self.turn.detach()
+            self.store_lost = True
             outcome = "yielded"
         finally:
             if hard_stop is not None:
@@ -155,7 +167,7 @@ class Runner:
         if outcome == "fenced":
             return outcome
         await self._release(cutoff=self.cut_off)
-        if outcome == "yielded":
+        if outcome == "yielded" and not self.store_lost:
             metrics.YIELDS.inc()
         return outcome
 

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import httpx
+
+from . import metrics
 
 T = TypeVar("T")
 log = logging.getLogger("fxworker.runtime")
@@ -208,30 +211,43 @@ _slots: dict[int, asyncio.Semaphore] = {}
 
 
 class BoundedStore:
-    """A store whose async calls from one loop are at most `STORE_CALLS_PER_LOOP` at a time.
+    """A store whose async calls from one loop are at most `STORE_CALLS_PER_LOOP` at a time,
+    each timed in `fxworker.metrics.STORE_LATENCY` under its method name (the one place the
+    core measures the store; a blocking read, `block_ms` set, measures a wait and is not timed).
 
     A process carrying 100+ turns bursts (claims, renewals, inbox polls, appends) past
     redis-py's connection pool, which fails a call instead of queueing it; queueing the
-    calls here keeps every turn going.
+    calls here keeps every turn going. `bounded=False` only times (a web process, whose
+    followers block on reads and must not hold a slot while they wait).
     """
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, *, bounded: bool = True) -> None:
         self._store = store
+        self._bounded = bounded
 
     def __repr__(self) -> str:
-        return f"<BoundedStore {self._store!r}>"
+        return f"<BoundedStore {self._store!r} bounded={self._bounded}>"
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)
         if not asyncio.iscoroutinefunction(attr):
             return attr
+        bounded = self._bounded
 
         async def call(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("block_ms"):
+                timer: Any = contextlib.nullcontext()
+            else:
+                timer = metrics.store_timer(name)
+            if not bounded:
+                with timer:
+                    return await attr(*args, **kwargs)
             loop = asyncio.get_running_loop()
             slots = _slots.get(id(loop))
             if slots is None:
                 slots = _slots[id(loop)] = asyncio.Semaphore(STORE_CALLS_PER_LOOP)
             async with slots:
-                return await attr(*args, **kwargs)
+                with timer:
+                    return await attr(*args, **kwargs)
 
         return call

@@ -50,6 +50,11 @@ class Settings:
     # FX_NO_AGENT_RETRY_S: the longest Celery retry backoff of a wake this process has no
     # agent for (FX_NO_AGENT); retries start at a quarter second and double up to this.
     no_agent_retry_s: float = 5.0
+    # FX_METRICS_PORT: a worker process serves its Prometheus metrics on this port
+    # (`GET /metrics`, on FX_METRICS_HOST); unset: not served.
+    metrics_port: int | None = None
+    # FX_METRICS_HOST: the address a worker's metrics port binds.
+    metrics_host: str = "127.0.0.1"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -93,4 +98,6 @@ class Settings:
             url=(text("FX_URL") or "http://127.0.0.1:8000").rstrip("/"),
             port=int(number("PORT", 8000, minimum=1)),
             no_agent_retry_s=number("FX_NO_AGENT_RETRY_S", 5.0, minimum=0.1),
+            metrics_port=int(number("FX_METRICS_PORT", 0, minimum=1)) if text("FX_METRICS_PORT") else None,
+            metrics_host=text("FX_METRICS_HOST") or "127.0.0.1",
         )

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from . import metrics
 from .celery_app import app
-from .errors import FxNoAgentError, FxUnknownSessionError
+from .errors import FxNoAgentError, FxStoreUnavailableError, FxUnknownSessionError
 
 log = logging.getLogger("fxworker.tasks")
 
@@ -24,12 +25,24 @@ def wake(self: Any, payload: dict[str, Any]) -> str:
     from .delivery import handle_wake_blocking
 
     try:
-        return handle_wake_blocking(payload)
+        outcome = handle_wake_blocking(payload)
     except FxNoAgentError as exc:
+        metrics.WAKES.labels(outcome="no_agent").inc()
         settings = app.fx_settings
         countdown_s = min(settings.no_agent_retry_s, 0.25 * 2 ** min(self.request.retries, 8))
         log.warning("%s: retrying in %.2f s", exc, countdown_s)
         raise self.retry(exc=exc, countdown=countdown_s) from exc
     except FxUnknownSessionError as exc:
         log.warning("wake refused and dropped: %s", exc)
+        metrics.WAKES.labels(outcome="refused").inc()
         return "refused"
+    except FxStoreUnavailableError as exc:
+        # The session stays in the store's ready set; the sweeper wakes it once Redis is back.
+        log.warning("wake %s not run, the store is unavailable: %s", payload, exc)
+        metrics.WAKES.labels(outcome="unavailable").inc()
+        return "unavailable"
+    except Exception:
+        metrics.WAKES.labels(outcome="error").inc()
+        raise
+    metrics.WAKES.labels(outcome=outcome).inc()
+    return outcome
