@@ -102,8 +102,12 @@ def test_steer_joins_the_running_turn(api: httpx.Client, model: ScriptedModel) -
     response = api.post(f"/v1/sessions/{sid}/steer", json={"input": "also this", "messageId": "steer-a"})
     assert response.status_code == 202
     assert response.json() == {"sessionId": sid, "messageId": "steer-a", "repeated": False}
-    model.release("steer1")
-    lines = read_turn(api, sid)
+    # The model stays held: while it streams, the steer itself cuts the reply short (§6).
+    # Releasing it first would race the worker's inbox read and end the turn without it.
+    try:
+        lines = read_turn(api, sid)
+    finally:
+        model.release("steer1")
     joined = [line for line in lines if line["type"] == "user_message"]
     assert joined and joined[0]["text"] == "also this" and joined[0]["id"] == "steer-a"
 
