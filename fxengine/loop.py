@@ -77,6 +77,7 @@ class TurnRunner:
         self._accepting = True
         self._finishing = False
         self._cancel_requested = False
+        self._yield_requested = False
         self._detached = False
         self._failure: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
@@ -134,6 +135,9 @@ class TurnRunner:
         self._accepting = False
         self.signal.abort("cancelled")
         self._stop_task()
+
+    def yield_now(self) -> None:
+        self._yield_requested = True
 
     def detach(self) -> None:
         if self.result_future.done() or self._detached:
@@ -267,7 +271,7 @@ class TurnRunner:
             await self._place_steers()
             turn = conv.open
             assert turn is not None
-            if not first and self._yield_at is not None and now_ms() >= self._yield_at:
+            if self._yield_requested or (not first and self._yield_at is not None and now_ms() >= self._yield_at):
                 return ("yielded", None)
             if turn.responses >= engine.max_model_turns:
                 return ("max_model_turns", None)

@@ -162,6 +162,17 @@ class Turn:
         """Ends the turn `cancelled`: aborts tool signals and stops waiting for them."""
         self._runner.cancel()
 
+    def yield_now(self) -> None:
+        """Yields before the next model request, as if `yield_at` were reached now.
+
+        Unlike `yield_at`, this applies to the turn's first request too. A model request
+        already streaming, and tool calls already running, finish first; the turn then
+        ends `yielded` and stays open in the journal (the next `resume()` continues it
+        without telling the model). A turn that needs no further request ends as usual.
+        No effect once the turn ended.
+        """
+        self._runner.yield_now()
+
     def detach(self) -> None:
         """Stops at once and writes nothing more; the turn stays open in the journal."""
         self._runner.detach()

@@ -11,6 +11,10 @@ the inbox for steers, prompts and cancels (`InboxWatcher`), and keeps two deadli
 - hard, `deadline - min(2 s, reserve_s / 2)`: a call still running is cut off (the turn is
   detached, `release(cutoff=True)` counts one more cut-off of the step, `session.deadline`).
 
+A warm shutdown (SIGTERM) pulls the deadline in to `now + reserve_s` and yields the turn
+at once (`Turn.yield_now()`): a request that ends within the reserve finishes and the turn
+yields cleanly, with no cut-off counted; one still running at the hard stop is cut off.
+
 The next delivery writes `turn_resume {interrupted, retract}` and continues. A step cut
 off 3 times in a row is not run again (a tool call is answered as possibly run, a model
 request cancels the turn); a turn whose workers died 3 times with no progress between is
@@ -220,17 +224,22 @@ class Runner:
         self.turn.detach()
 
     async def _watch_shutdown(self) -> None:
-        """Warm shutdown: yield at the next model boundary, cut off within the reserve."""
+        """Warm shutdown: the turn yields before its next model request (`yield_now`: a
+        request or tool call already running finishes first, no cut-off is counted); what
+        still runs at the hard stop of the pulled-in deadline is cut off."""
         while not self.stopping.is_set():
             await asyncio.sleep(0.1)
         log.info("warm shutdown: %s yields", self.session_id)
         self.deadline_ms = min(self.deadline_ms, now_ms() + self.reserve_ms)
-        turn = self.turn
-        if turn is not None and hasattr(turn, "yield_now"):
-            turn.yield_now()
+        self._yield_if_stopping()
         delay_s = max(0.0, (self.hard_stop_ms - now_ms()) / 1000)
         await asyncio.sleep(delay_s)
         self._hard_stop()
+
+    def _yield_if_stopping(self) -> None:
+        """During a warm shutdown, the running turn sends no further model request."""
+        if self.turn is not None and self.stopping is not None and self.stopping.is_set():
+            self.turn.yield_now()
 
     def _past_soft_deadline(self) -> bool:
         return now_ms() >= self.yield_at_ms or bool(self.stopping and self.stopping.is_set())
@@ -355,6 +364,7 @@ class Runner:
         # The line rides with the engine's first record (the turn's start barrier).
         self._line("turn_start", sessionId=self.session_id, input=text_input)
         self.turn = engine.prompt(entry.input, yield_at=self._yield_at(), turn_id=entry.message_id)
+        self._yield_if_stopping()
         # Steers accepted after this prompt and waiting join it (§6).
         self._join_waiting_steers()
         if entry.cancelled:
@@ -406,6 +416,7 @@ class Runner:
         self.turn = engine.resume(yield_at=self._yield_at(), no_rerun=no_rerun, next_step=next_step)
         if self.turn is None:
             return await self._end_open("unknown", None)
+        self._yield_if_stopping()
         self._join_waiting_steers()
         if claim.cancel_requested:
             self.turn.cancel()

@@ -8,6 +8,8 @@ engine's resume notice):
 - `probe:<name>` / `effect:<name>`: calls that tool once, then answers "done";
 - `steps:<name>`: calls `probe` (name `quick-<name>`), then holds `<name>` before any
   output of the second step, then answers "after";
+- `holdcall:<name>`: streams "partial ", waits for `model.release(name)`, then calls
+  `probe` (name `quick-<name>`); after its result answers "done";
 - `chain:<n>:<ms>`: n probe calls in a row, each reply after `<ms>`, then "chained";
 - `stuck:`: a model request that never answers in time (60 s);
 - `slowtool:`: calls `slow` for 60 s, then answers "done";
@@ -63,6 +65,9 @@ def responder(request: Any) -> Reply:
         return Reply(text("partial "), hold(arg), text("rest"))
     if kind in ("probe", "effect"):
         return Reply(text("done")) if results else Reply(_call(kind, {"name": arg}))
+    if kind == "holdcall":
+        return Reply(text("done")) if results else Reply(text("partial "), hold(arg),
+                                                          _call("probe", {"name": f"quick-{arg}"}))
     if kind == "steps":
         return Reply(hold(arg), text("after")) if results else Reply(_call("probe", {"name": f"quick-{arg}"}))
     if kind == "chain":

@@ -4,7 +4,8 @@ SIGSTOP freezes the holder with its sockets open; another worker takes the sessi
 once the lease is dead; on SIGCONT the frozen worker's writes must all be refused by the
 epoch fence (§11.4), so no line of its epoch lands after the new epoch's first line and
 no effect runs twice. SIGTERM is a deploy: the worker yields its turn, requeues it and
-exits, and another worker finishes it.
+exits, and another worker finishes it; a stream that ends within the reserve finishes
+and the turn yields cleanly before its next request, one that does not is cut off.
 """
 
 from __future__ import annotations
@@ -134,7 +135,9 @@ def test_sigstop_in_a_non_idempotent_tool_runs_its_effect_at_most_once(
     assert len(ends) == 1 and ends[0]["isError"] is True
 
 
-def test_sigterm_during_a_turn_yields_requeues_and_another_worker_finishes_it(live: Any, client: Any, model: Any) -> None:
+def test_sigterm_during_a_stream_that_outlasts_the_reserve_cuts_it_off_and_another_worker_finishes_it(
+    live: Any, client: Any, model: Any
+) -> None:
     pool, _ = live
     agent = client.agents["default"]
     session = agent.blocking_session()
@@ -154,9 +157,48 @@ def test_sigterm_during_a_turn_yields_requeues_and_another_worker_finishes_it(li
     assert resume_s - yield_s < LEASE_S
     assert resumed["epoch"] > yielded["epoch"]
     assert leaving.proc is not None and leaving.proc.wait(15) is not None
+    # The stream was still held at the hard stop: a cut-off, retracted on resume.
+    assert resumed["interrupted"] is True and resumed["retract"] == [1]
+    assert f"session.deadline session={session.id}" in leaving.log_tail(200_000)
     model.release("term1")
     assert turn.result().stop_reason == "end_turn"
     lines = lines_of(agent, session.id)
     assert_no_stale_line(lines)
     assert text_without_retracted(lines) == "partial rest"
     assert pid_of(requests_for(model, "hold:term1")[-1]) != leaving.pid
+
+
+def test_sigterm_during_a_stream_that_ends_in_time_yields_cleanly_before_the_next_request(
+    live: Any, client: Any, model: Any, redis_url: str, prefix: str
+) -> None:
+    pool, _ = live
+    agent = client.agents["default"]
+    session = agent.blocking_session()
+    turn = session.prompt("holdcall:term2")
+    model.wait_held("term2", timeout_s=15)
+    wait_line(agent, session.id, lambda ln: ln["type"] == "text_delta", 5, what="partial text stored")
+    leaving = pool.by_pid(pid_of(requests_for(model, "holdcall:term2")[-1]))
+    t0 = time.monotonic()
+    leaving.signal(signal.SIGTERM)
+    wait_until(lambda: f"warm shutdown: {session.id} yields" in leaving.log_tail(200_000), RESERVE_S / 2,
+               what="the worker's turn told to yield")
+    model.release("term2")  # the stream ends well within the reserve, with a tool call
+    yielded = wait_line(agent, session.id, lambda ln: ln["type"] == "turn_yield", RESERVE_S, what="turn_yield")
+    yield_s = time.monotonic() - t0
+    resumed = wait_line(agent, session.id, lambda ln: ln["type"] == "turn_resume", 5, what="turn_resume")
+    print(f"SIGTERM → clean turn_yield {yield_s:.2f} s (reserve_s={RESERVE_S})")
+    assert yield_s < RESERVE_S
+    assert resumed["interrupted"] is False and not resumed.get("retract")
+    assert resumed["epoch"] > yielded["epoch"]
+    assert turn.result().stop_reason == "end_turn"
+    assert leaving.proc is not None and leaving.proc.wait(15) is not None
+    log = leaving.log_tail(200_000)
+    assert f"session.deadline session={session.id}" not in log  # no cut-off counted
+    requests = requests_for(model, "holdcall:term2")
+    assert [pid_of(r) == leaving.pid for r in requests] == [True, False]  # no request after the SIGTERM
+    assert len(redis_list(redis_url, starts_key("quick-term2", prefix))) == 1  # its call ran once, before the yield
+    lines = lines_of(agent, session.id)
+    assert_no_stale_line(lines)
+    types = [ln["type"] for ln in lines]
+    assert types.index("tool_end") < types.index("turn_yield")
+    assert text_without_retracted(lines) == "partial done"
