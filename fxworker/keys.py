@@ -13,7 +13,8 @@ loses it again when new input is accepted):
 
     meta      HASH    agent, created_ms, head (last log cursor), ui (last UI cursor),
                       inbox (last inbox seq), turn / turn_seq / yielded / cutoffs /
-                      deaths / step (the open turn), turns, last_turn, cancel (the
+                      deaths / step / turn_cursor (the open turn; turn_cursor: the UI
+                      cursor of its turn_start line), turns, last_turn, cancel (the
                       message id a cancel targets), steers / steer_bytes (queued steers),
                       expiring (1 while the session's keys carry the retention TTL).
                       Written by accept, append, claim, release, cancel.
