@@ -9,7 +9,8 @@
     fx sessions             recent sessions and their status
 
 Exit codes: 0 done; 1 the turn ended in error, cancelled or unknown; 2 bad usage or
-configuration; 3 the API refused the request; 4 the API could not be reached.
+configuration; 3 the API refused the request; 4 the API could not be reached; 130 stopped
+with Ctrl-C (the turn itself goes on).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ EXIT_TURN_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_REFUSED = 3
 EXIT_UNREACHABLE = 4
+EXIT_INTERRUPTED = 130
 
 DEMO_AGENTS = "fxworker.demo"
 DEMO_PROMPT = "Look up the weather in Lisbon"
@@ -190,22 +192,37 @@ def worker(module: str | None, concurrency: int | None, queues: str | None, prin
 
 
 def _client(url: str | None) -> Any:
+    from urllib.parse import urlsplit
+
     from .web.client import ApiClient
 
     settings = _settings()
-    return ApiClient(url or settings.url, token=settings.api_token)
+    base = url or settings.url
+    parts = urlsplit(base)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        _fail(f"the API address must be an http(s) URL, got {base!r} (--url or FX_URL)", EXIT_CONFIG)
+    return ApiClient(base, token=settings.api_token)
 
 
-def _api_call(fn: Any) -> Any:
+def _api_call(fn: Any, *, session: Any = None) -> Any:
+    """Runs `fn`, turning API errors and Ctrl-C into messages and exit codes.
+
+    `session()` names the session being followed, for the Ctrl-C message.
+    """
     from .web.client import ApiError
 
     try:
         return fn()
     except ApiError as exc:
         _fail(f"{exc.code}: {exc.message}", EXIT_UNREACHABLE if exc.code == "FX_CONNECT" else EXIT_REFUSED)
+    except KeyboardInterrupt:
+        followed = session() if session is not None else None
+        hint = f"; follow it again with fx tail {followed}" if followed else ""
+        _fail(f"stopped following (the turn goes on){hint}", EXIT_INTERRUPTED)
 
 
-def _print_turn(lines: Any, *, as_json: bool) -> int:
+def _print_lines(lines: Any, *, as_json: bool) -> str | None:
+    """Prints stream lines as they come; returns the stop reason of the last `turn_end`."""
     from .web.client import render_line
 
     stop = None
@@ -216,7 +233,11 @@ def _print_turn(lines: Any, *, as_json: bool) -> int:
             click.echo(render_line(line), nl=False)
         if line.get("type") == "turn_end":
             stop = line.get("stopReason")
-    return 0 if stop == "end_turn" else EXIT_TURN_FAILED
+    return stop
+
+
+def _print_turn(lines: Any, *, as_json: bool) -> int:
+    return 0 if _print_lines(lines, as_json=as_json) == "end_turn" else EXIT_TURN_FAILED
 
 
 url_option = click.option("--url", default=None, help="The web API (default: FX_URL, http://127.0.0.1:8000).")
@@ -238,26 +259,29 @@ def prompt(text: str, session_id: str | None, agent: str | None, message_id: str
     def run() -> int:
         return _print_turn(_with_session_banner(client, lines, "session", err=True), as_json=as_json)
 
-    sys.exit(_api_call(run))
+    sys.exit(_api_call(run, session=lambda: client.session_id))
 
 
 @main.command()
 @click.argument("session_id")
 @click.option("--cursor", default=0, show_default=True, type=click.IntRange(0), help="Start after this cursor.")
-@click.option("--follow/--no-follow", default=True, show_default=True, help="Stay open for new lines.")
+@click.option("--follow/--no-follow", default=True, show_default=True,
+              help="Stay open until the running (or next) turn ends; without it, print what is stored.")
 @url_option
 @json_option
 def tail(session_id: str, cursor: int, follow: bool, url: str | None, as_json: bool) -> None:
-    """Stream a session's lines after --cursor."""
-    from .web.client import render_line
+    """Stream a session's lines after --cursor.
 
+    Following, it exits when the session has no turn running or waiting any more: 0 when
+    the last turn ended end_turn, 1 otherwise. Ctrl-C stops following (exit 130).
+    """
     client = _client(url)
 
-    def run() -> None:
-        for line in client.stream(session_id, cursor=cursor, follow=follow):
-            click.echo(json.dumps(line, ensure_ascii=False) if as_json else render_line(line), nl=as_json)
+    def run() -> int:
+        stop = _print_lines(client.tail(session_id, cursor=cursor, follow=follow), as_json=as_json)
+        return 0 if not follow or stop in (None, "end_turn") else EXIT_TURN_FAILED
 
-    _api_call(run)
+    sys.exit(_api_call(run, session=lambda: session_id))
 
 
 @main.command()

@@ -21,6 +21,7 @@ from fxengine.errors import FxError
 from .ndjson import MEDIA_TYPE
 
 RECONNECTS = 5
+_ENDS = ("turn_end", "idle")
 
 
 class ApiError(FxError):
@@ -86,6 +87,35 @@ class ApiClient:
                         yield json.loads(raw)
         except httpx.HTTPError as exc:
             raise ApiError(f"stream of {session_id} broke: {exc}", code="FX_CONNECT") from exc
+
+    def tail(self, session_id: str, *, cursor: int = 0, follow: bool = True) -> Iterator[dict[str, Any]]:
+        """The session's lines after `cursor`; following, until its turns are over.
+
+        Without `follow` it yields what is stored and stops. With it, it stays open for new
+        lines and stops after the `turn_end` (or `idle`) line that leaves the session with
+        no turn running or waiting: the end of the turn it is following. A session with
+        nothing to run is followed until its next turn ends. A dropped connection is
+        resumed from the last cursor seen.
+        """
+        if not follow:
+            yield from self.stream(session_id, cursor=cursor, follow=False)
+            return
+        stored = int(self.state(session_id).get("cursor") or 0)
+        for _ in range(RECONNECTS):
+            try:
+                for line in self.stream(session_id, cursor=cursor):
+                    cursor = max(cursor, int(line.get("cursor") or 0))
+                    yield line
+                    # Lines stored before the call are history: only a later end is checked.
+                    if line.get("type") in _ENDS and cursor >= stored:
+                        state = self.state(session_id)
+                        if state.get("status") == "idle":
+                            return
+                        stored = int(state.get("cursor") or cursor)
+            except ApiError as exc:
+                if exc.code != "FX_CONNECT":
+                    raise
+        raise ApiError(f"lost the stream of {session_id} {RECONNECTS} times", code="FX_CONNECT")
 
     def prompt(
         self, text: str, *, session_id: str | None = None, agent: str | None = None, message_id: str | None = None

@@ -1,0 +1,340 @@
+"""The `fx` client commands as a user runs them: real `fx` processes against `fx web` over loopback.
+
+`fx prompt` (new session, `--session`, `--agent`, streamed live), `fx tail` (after a cursor,
+following until the turn ends, Ctrl-C), `fx sessions`, every documented exit code, and
+`--help` of every command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from fxengine.testing import ScriptedModel
+from tests.support.redis_server import free_port
+from tests.support.workers import wait_until
+from tests.web._server import FX, ROOT, WebProcess
+from tests.web.conftest import TOKEN, ndjson_lines, read_turn
+
+pytestmark = [pytest.mark.redis, pytest.mark.celery]
+
+RUN_TIMEOUT_S = 30.0
+UNKNOWN_SESSION = "fxs_01JZZZZZZZZZZZZZZZZZZZZZZZ"
+SESSION_BANNER = re.compile(r"^session (fxs_\w+)$", re.M)
+
+
+def fx_env(url: str, **extra: str) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FX_") and k not in ("REDIS_URL", "AI_GATEWAY_API_KEY")}
+    return {**base, "PYTHONPATH": str(ROOT), "FX_URL": url, **extra}
+
+
+def fx(url: str, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    """`fx ARGS` to completion (bounded), with FX_URL pointing at `url`."""
+    return subprocess.run([FX, *args], env=fx_env(url, **extra), cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+
+
+class Running:
+    """A running `fx` child whose stdout and stderr are read as they arrive."""
+
+    def __init__(self, url: str, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [FX, *args], env=fx_env(url), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        self._out = bytearray()
+        self._err = bytearray()
+        self._readers = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout, self._out), daemon=True),
+            threading.Thread(target=self._pump, args=(self.proc.stderr, self._err), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _pump(pipe: object, into: bytearray) -> None:
+        fd = pipe.fileno()  # type: ignore[attr-defined]
+        while chunk := os.read(fd, 65536):
+            into.extend(chunk)
+
+    @property
+    def stdout(self) -> str:
+        return bytes(self._out).decode(errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return bytes(self._err).decode(errors="replace")
+
+    def wait_stdout(self, needle: str, timeout_s: float = 15.0) -> None:
+        def seen() -> bool:
+            if needle in self.stdout:
+                return True
+            assert self.proc.poll() is None, f"fx exited {self.proc.returncode} first: {self.stdout!r} {self.stderr!r}"
+            return False
+
+        wait_until(seen, timeout_s, what=f"{needle!r} on fx's stdout")
+
+    def session_id(self, timeout_s: float = 15.0) -> str:
+        match = wait_until(lambda: SESSION_BANNER.search(self.stderr), timeout_s, what="the session banner")
+        return match.group(1)  # type: ignore[union-attr]
+
+    def wait(self, timeout_s: float = RUN_TIMEOUT_S) -> int:
+        code = self.proc.wait(timeout_s)
+        for reader in self._readers:
+            reader.join(5)
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.wait(10)
+
+
+@pytest.fixture
+def running() -> Iterator[list[Running]]:
+    started: list[Running] = []
+    yield started
+    for child in started:
+        child.close()
+
+
+def start(started: list[Running], url: str, *args: str) -> Running:
+    child = Running(url, *args)
+    started.append(child)
+    return child
+
+
+def banner_session(result: subprocess.CompletedProcess[str]) -> str:
+    match = SESSION_BANNER.search(result.stderr)
+    assert match, result.stderr
+    return match.group(1)
+
+
+# ------------------------------------------------------------------------------- fx prompt
+
+
+def test_prompt_streams_the_answer_live_while_the_model_is_still_held(
+    web_open: WebProcess, model: ScriptedModel, running: list[Running]
+) -> None:
+    child = start(running, web_open.url, "prompt", "hold:cli-live")
+    try:
+        child.wait_stdout("partial ")
+        # The model is held until released below: the turn cannot have ended yet.
+        assert child.proc.poll() is None
+        assert "rest" not in child.stdout and "[end_turn]" not in child.stdout
+    finally:
+        model.release("cli-live")
+    assert child.wait() == 0, child.stderr
+    assert child.stdout == "> hold:cli-live\npartial rest\n[end_turn]\n"
+    assert SESSION_BANNER.search(child.stderr)
+
+
+def test_prompt_continues_a_session_and_names_the_agent(web_open: WebProcess, api: httpx.Client) -> None:
+    first = fx(web_open.url, "prompt", "--agent", "a", "first words")
+    assert first.returncode == 0, first.stderr
+    assert "echo:first words" in first.stdout
+    sid = banner_session(first)
+    second = fx(web_open.url, "prompt", "--session", sid, "--json", "second words")
+    assert second.returncode == 0, second.stderr
+    lines = [json.loads(raw) for raw in second.stdout.splitlines()]
+    assert [lines[0]["type"], lines[-1]["type"]] == ["turn_start", "turn_end"]
+    assert "".join(line["delta"] for line in lines if line["type"] == "text_delta") == "echo:second words "
+    assert {line["sessionId"] for line in lines if "sessionId" in line} == {sid}
+    state = api.get(f"/v1/sessions/{sid}").json()
+    assert state["agent"] == "a" and state["turns"] == 2 and state["status"] == "idle"
+
+
+def test_prompt_exits_1_when_the_turn_is_cancelled(
+    web_open: WebProcess, api: httpx.Client, model: ScriptedModel, running: list[Running]
+) -> None:
+    child = start(running, web_open.url, "prompt", "hold:cli-cancel")
+    try:
+        sid = child.session_id()
+        model.wait_held("cli-cancel", timeout_s=15)
+        assert api.post(f"/v1/sessions/{sid}/cancel").status_code == 202
+        assert child.wait() == 1, child.stderr
+    finally:
+        model.release("cli-cancel")
+    assert child.stdout.endswith("[cancelled]\n")
+
+
+def test_prompt_stopped_with_ctrl_c_exits_130_and_the_turn_goes_on(
+    web_open: WebProcess, api: httpx.Client, model: ScriptedModel, running: list[Running]
+) -> None:
+    child = start(running, web_open.url, "prompt", "hold:cli-sigint")
+    try:
+        sid = child.session_id()
+        child.wait_stdout("partial ")
+        child.proc.send_signal(signal.SIGINT)
+        assert child.wait() == 130
+    finally:
+        model.release("cli-sigint")
+    assert "Traceback" not in child.stderr and f"fx tail {sid}" in child.stderr
+    lines = read_turn(api, sid)
+    assert lines[-1]["stopReason"] == "end_turn"
+
+
+# --------------------------------------------------------------------------------- fx tail
+
+
+def test_tail_prints_only_the_lines_after_the_cursor(web_open: WebProcess, api: httpx.Client) -> None:
+    sid = api.post("/v1/sessions", json={"input": "tool:tailing"}).json()["sessionId"]
+    read_turn(api, sid)
+    whole = ndjson_lines(api.get(f"/v1/sessions/{sid}/stream", params={"follow": 0}))
+    types = [line["type"] for line in whole]
+    after = whole[types.index("tool_start") - 1]["cursor"]
+    shown = [line for line in whole if line["cursor"] > after]
+    assert shown and shown[0]["type"] == "tool_start"
+    # Following a finished session: what is stored after the cursor, then it exits.
+    result = fx(web_open.url, "tail", sid, "--cursor", str(after), "--json")
+    assert result.returncode == 0, result.stderr
+    assert [json.loads(raw) for raw in result.stdout.splitlines()] == shown
+    stored = fx(web_open.url, "tail", sid, "--cursor", str(after), "--no-follow")
+    assert stored.returncode == 0, stored.stderr
+    assert stored.stdout.startswith("\n→ lookup(") and "looked up" in stored.stdout
+    assert "> tool:tailing" not in stored.stdout  # the turn_start is at or before the cursor
+
+
+def test_tail_follows_a_running_turn_until_it_ends(
+    web_open: WebProcess, api: httpx.Client, model: ScriptedModel, running: list[Running]
+) -> None:
+    sid = api.post("/v1/sessions", json={"input": "hold:cli-tail"}).json()["sessionId"]
+    try:
+        model.wait_held("cli-tail", timeout_s=15)
+        child = start(running, web_open.url, "tail", sid)
+        child.wait_stdout("partial ")
+        assert child.proc.poll() is None
+    finally:
+        model.release("cli-tail")
+    assert child.wait() == 0, child.stderr
+    assert child.stdout == "> hold:cli-tail\npartial rest\n[end_turn]\n"
+
+
+def test_tail_from_the_end_of_an_idle_session_follows_its_next_turn(
+    web_open: WebProcess, api: httpx.Client, running: list[Running]
+) -> None:
+    sid = api.post("/v1/sessions", json={"input": "one"}).json()["sessionId"]
+    end = read_turn(api, sid)[-1]["cursor"]
+    child = start(running, web_open.url, "tail", sid, "--cursor", str(end), "--json")
+    # Whether the tail connects before or after this prompt, the turn it starts is the one
+    # it follows to the end.
+    second = api.post(f"/v1/sessions/{sid}/prompts", json={"input": "two", "messageId": "tail-next"})
+    assert second.status_code == 202
+    assert child.wait() == 0, child.stderr
+    lines = [json.loads(raw) for raw in child.stdout.splitlines()]
+    assert lines and all(line["cursor"] > end and line["messageId"] == "tail-next" for line in lines)
+    assert lines[0]["type"] == "turn_start"
+    assert lines[-1]["type"] == "turn_end" and lines[-1]["stopReason"] == "end_turn"
+
+
+def test_tail_exits_1_after_a_cancelled_turn_and_130_on_ctrl_c(
+    web_open: WebProcess, api: httpx.Client, model: ScriptedModel, running: list[Running]
+) -> None:
+    sid = api.post("/v1/sessions", json={"input": "hold:cli-tail-cancel"}).json()["sessionId"]
+    try:
+        model.wait_held("cli-tail-cancel", timeout_s=15)
+        cancelled = start(running, web_open.url, "tail", sid)
+        interrupted = start(running, web_open.url, "tail", sid)
+        cancelled.wait_stdout("partial ")
+        interrupted.wait_stdout("partial ")
+        interrupted.proc.send_signal(signal.SIGINT)
+        assert interrupted.wait() == 130
+        assert "Traceback" not in interrupted.stderr
+        assert api.post(f"/v1/sessions/{sid}/cancel").status_code == 202
+        assert cancelled.wait() == 1, cancelled.stderr
+    finally:
+        model.release("cli-tail-cancel")
+    assert cancelled.stdout.endswith("[cancelled]\n")
+
+
+# ----------------------------------------------------------------------------- fx sessions
+
+
+def test_sessions_lists_the_session_with_its_status(web_open: WebProcess, api: httpx.Client, model: ScriptedModel) -> None:
+    idle = api.post("/v1/sessions", json={"input": "listed", "agent": "a"}).json()["sessionId"]
+    read_turn(api, idle)
+    busy = api.post("/v1/sessions", json={"input": "hold:cli-list"}).json()["sessionId"]
+    try:
+        model.wait_held("cli-list", timeout_s=15)
+        as_json = fx(web_open.url, "sessions", "--json", "--limit", "200")
+        text = fx(web_open.url, "sessions", "--limit", "200")
+    finally:
+        model.release("cli-list")
+    assert as_json.returncode == 0 and text.returncode == 0, as_json.stderr + text.stderr
+    listed = {item["sessionId"]: item for item in json.loads(as_json.stdout)}
+    assert listed[idle]["status"] == "idle" and listed[idle]["agent"] == "a"
+    assert listed[busy]["status"] == "running"
+    rows = {line.split()[0]: line.split() for line in text.stdout.splitlines()}
+    assert rows[idle][1:3] == ["a", "idle"] and rows[busy][1:3] == ["default", "running"]
+    read_turn(api, busy)
+
+
+# ------------------------------------------------------------------------------ exit codes
+
+
+def test_usage_and_configuration_errors_exit_2(web_open: WebProcess) -> None:
+    missing_text = fx(web_open.url, "prompt")
+    assert missing_text.returncode == 2 and "Missing argument 'TEXT'" in missing_text.stderr
+    negative = fx(web_open.url, "tail", UNKNOWN_SESSION, "--cursor", "-1")
+    assert negative.returncode == 2 and "--cursor" in negative.stderr
+    bad_url = fx("ftp://nowhere", "sessions")
+    assert bad_url.returncode == 2 and "FX_URL" in bad_url.stderr
+    bad_setting = fx(web_open.url, "sessions", FX_LEASE_S="soon")
+    assert bad_setting.returncode == 2 and "FX_LEASE_S" in bad_setting.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (("prompt", "--agent", "nobody", "hi"), "FX_UNKNOWN_AGENT"),
+        (("prompt", "--session", UNKNOWN_SESSION, "hi"), "FX_UNKNOWN_SESSION"),
+        (("prompt", "--message-id", "bad id!", "hi"), "FX_INVALID_MESSAGE_ID"),
+        (("tail", UNKNOWN_SESSION), "FX_UNKNOWN_SESSION"),
+        (("tail", "not-a-session", "--no-follow"), "FX_INVALID_SESSION_ID"),
+    ],
+)
+def test_a_refused_request_exits_3_with_its_code(web_open: WebProcess, args: tuple[str, ...], code: str) -> None:
+    result = fx(web_open.url, *args)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert result.stderr.startswith(f"fx: {code}: ") and result.stdout == ""
+
+
+def test_the_token_comes_from_fx_api_token(web_auth: WebProcess) -> None:
+    refused = fx(web_auth.url, "sessions")
+    assert refused.returncode == 3 and "FX_UNAUTHORIZED" in refused.stderr
+    done = fx(web_auth.url, "prompt", "--agent", "b", "with token", FX_API_TOKEN=TOKEN)
+    assert done.returncode == 0, done.stderr
+    assert "echo:with token" in done.stdout
+
+
+@pytest.mark.parametrize("args", [("prompt", "hi"), ("tail", UNKNOWN_SESSION), ("sessions",)])
+def test_an_unreachable_api_exits_4(args: tuple[str, ...]) -> None:
+    result = fx(f"http://127.0.0.1:{free_port()}", *args)
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert result.stderr.startswith("fx: FX_CONNECT: cannot reach http://127.0.0.1:")
+
+
+# ---------------------------------------------------------------------------------- --help
+
+
+def test_every_command_has_help() -> None:
+    commands = ["", "dev", "demo", "web", "worker", "prompt", "tail", "sessions"]
+    children = {
+        name: subprocess.Popen([FX, *([name] if name else []), "--help"], env=fx_env("http://127.0.0.1:9"), cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name in commands
+    }
+    outputs = {}
+    for name, child in children.items():
+        out, err = child.communicate(timeout=RUN_TIMEOUT_S)
+        assert child.returncode == 0, err
+        assert out.startswith(f"Usage: fx {name}".rstrip()) and "--help" in out
+        outputs[name] = out
+    assert all(re.search(rf"^  {name}\b", outputs[""], re.M) for name in commands[1:])
+    assert "--session" in outputs["prompt"] and "--agent" in outputs["prompt"] and "--cursor" in outputs["tail"]
