@@ -9,9 +9,21 @@ crash, a step the journal holds has all its lines in the stream.
 
 A store outage (`FxStoreUnavailableError`, e.g. a Redis restart) is transient: both
 retry the same call with a bounded backoff while this worker's lease still stands
-(`lease_due_ms`); a retried record keeps its idempotency key, so a call whose reply was
-lost is answered from the store and stores nothing twice. Past the lease the error is
-raised, and the runner leaves the turn open for the next delivery.
+(`lease_due_ms`). Every call carries an idempotency key — a record its own, a line-only
+flush one of the writer's (`lines:<epoch>:<n>`) — and a retry keeps it, so a call that
+ran but lost its reply is answered from the store and stores nothing twice (§11.7). Past
+the lease the error is raised, and the runner leaves the turn open for the next delivery.
+
+A batch whose call failed may still have been stored (the reply was lost, or the call
+was cancelled in flight). It is held, not merged back into the queue: the next write
+sends it first, alone and under the same key, so it lands once whatever happened. Lines
+that rode with a record are held under the record's key (the journal never sends a key
+again after a failed append): resent, they are stored only if that record call did not
+run.
+
+`RunnerPersistence` can also add a line to a record's own call (`end_line`): the runner
+puts the turn's `turn_end` (or `turn_yield`) line in the same fenced call as the engine's
+end (or yield) record, so both are stored or neither.
 """
 
 from __future__ import annotations
@@ -91,10 +103,13 @@ class LineWriter:
         self._queued_bytes = 0
         self._timer: asyncio.TimerHandle | None = None
         self._flushing: asyncio.Task[None] | None = None
+        self._calls = 0
+        self._held: tuple[str, list[dict[str, Any]]] | None = None  # (key, lines) of a call that may have run
         self.closed = False
 
     def __repr__(self) -> str:
-        return f"<LineWriter session={self.session_id} epoch={self.epoch} queued={len(self._queue)}>"
+        held = len(self._held[1]) if self._held else 0
+        return f"<LineWriter session={self.session_id} epoch={self.epoch} queued={len(self._queue)} held={held}>"
 
     def push(self, line: dict[str, Any]) -> None:
         if self.closed:
@@ -145,31 +160,55 @@ class LineWriter:
             self._timer = None
         return lines
 
-    def requeue(self, lines: list[dict[str, Any]]) -> None:
-        """Puts back lines a failed write did not store, ahead of newer ones."""
-        self._queue[:0] = lines
+    def hold(self, key: str, lines: list[dict[str, Any]]) -> None:
+        """Keeps lines whose call (keyed `key`) failed and may have run: `send_held()`
+        resends them first, alone, under the same key (hold `lock`)."""
+        if lines and not self.closed:
+            self._held = (key, lines)
+
+    def fenced(self) -> None:
+        """A write was refused: this writer writes nothing more."""
+        self.closed = True
+        self._held = None
+        self._queue, self._queued_bytes = [], 0
+        if self.on_fenced:
+            self.on_fenced()
+
+    async def send_held(self) -> None:
+        """Resends a held batch under its own key (hold `lock`): stored once, whether or
+        not its first call ran."""
+        if self._held is not None:
+            key, lines = self._held
+            self._held = None
+            await self._send(key, lines)
+
+    async def _send(self, key: str, lines: list[dict[str, Any]]) -> None:
+        try:
+            await retry_unavailable(
+                lambda: self.store.append(self.session_id, self.epoch, lines=lines, idempotency_key=key),
+                due_ms=self.lease_due_ms,
+                what=f"writing {len(lines)} line(s) of {self.session_id}",
+                stop=lambda: self.closed,
+            )
+        except FxLeaseLostError:
+            self.fenced()
+            raise
+        except BaseException:
+            self.hold(key, lines)
+            raise
 
     async def flush(self) -> None:
-        """Writes every queued line now (one fenced call)."""
+        """Writes every queued line now (a held batch first), one fenced call per batch."""
         async with self.lock:
+            await self.send_held()
             lines = self.take()
             if not lines:
                 return
-            try:
-                await retry_unavailable(
-                    lambda: self.store.append(self.session_id, self.epoch, records=[], lines=lines),
-                    due_ms=self.lease_due_ms,
-                    what=f"writing {len(lines)} line(s) of {self.session_id}",
-                    stop=lambda: self.closed,
-                )
-            except FxLeaseLostError:
-                self.closed = True
-                if self.on_fenced:
-                    self.on_fenced()
-                raise
-            except BaseException:
-                self.requeue(lines)
-                raise
+            self._calls += 1
+            await self._send(f"lines:{self.epoch}:{self._calls}", lines)
+
+
+EndLine = Callable[[list[tuple[str, dict[str, Any]]]], "dict[str, Any] | None"]
 
 
 class RunnerPersistence:
@@ -178,6 +217,10 @@ class RunnerPersistence:
     `load()` is the claim's snapshot (checkpoint, records after it, head); `append()` is
     one fenced store call with the record and every line queued before it; a repeated
     idempotency key returns the stored cursor (the store's own dedup).
+
+    `end_line(events)`, given the decoded events of a record that ends or yields a turn,
+    returns the line to store last in the same call (or None); `on_end_line(line)` is
+    told once that call succeeded.
     """
 
     def __init__(
@@ -188,6 +231,8 @@ class RunnerPersistence:
         writer: LineWriter,
         *,
         on_record: Callable[[], None] | None = None,
+        end_line: EndLine | None = None,
+        on_end_line: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.store = store
         self.session_id = session_id
@@ -195,6 +240,8 @@ class RunnerPersistence:
         self.epoch = claim.epoch
         self.writer = writer
         self.on_record = on_record
+        self.end_line = end_line
+        self.on_end_line = on_end_line
 
     def __repr__(self) -> str:
         return f"<RunnerPersistence session={self.session_id} epoch={self.epoch}>"
@@ -202,6 +249,14 @@ class RunnerPersistence:
     async def load(self) -> Loaded:
         loaded: Loaded = self.claim.loaded()
         return loaded
+
+    def _end_line_of(self, data: bytes, marks: list[Mark]) -> dict[str, Any] | None:
+        if self.end_line is None or not any("end" in m or "yield" in m for m in marks):
+            return None
+        from fxengine.journal.records import decode_batch
+
+        line = self.end_line(decode_batch(bytes(data)))
+        return None if line is None else {**line, "epoch": self.epoch}
 
     async def append(
         self,
@@ -215,8 +270,11 @@ class RunnerPersistence:
         from .store.types import StoreRecord
 
         record = StoreRecord(idempotency_key, bytes(data), list(marks))
+        end_line = self._end_line_of(data, marks)
         async with self.writer.lock:
+            await self.writer.send_held()  # an earlier batch that may have run goes first
             lines = self.writer.take()
+            sent = lines + [end_line] if end_line is not None else lines
             try:
                 # A retry sends the same idempotency key: a call that ran but lost its
                 # reply is answered from the store and stores nothing again.
@@ -225,7 +283,7 @@ class RunnerPersistence:
                         self.session_id,
                         self.epoch,
                         records=[record],
-                        lines=lines,
+                        lines=sent,
                         expected=expected,
                         durable=barrier,
                     ),
@@ -234,13 +292,14 @@ class RunnerPersistence:
                     stop=lambda: self.writer.closed,
                 )
             except FxLeaseLostError:
-                self.writer.closed = True
-                if self.writer.on_fenced:
-                    self.writer.on_fenced()
+                self.writer.fenced()
                 raise
             except BaseException:
-                self.writer.requeue(lines)
+                # The end line is not held: it is stored with its record or not at all.
+                self.writer.hold(idempotency_key, lines)
                 raise
+        if end_line is not None and self.on_end_line:
+            self.on_end_line(end_line)
         if self.on_record:
             self.on_record()
         return str(appended.records[0])

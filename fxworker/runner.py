@@ -15,6 +15,9 @@ A warm shutdown (SIGTERM) pulls the deadline in to `now + reserve_s` and yields 
 at once (`Turn.yield_now()`): a request that ends within the reserve finishes and the turn
 yields cleanly, with no cut-off counted; one still running at the hard stop is cut off.
 
+A turn's `turn_end` (or `turn_yield`) line is stored in the same fenced call as the
+engine's end (or yield) record, so a turn the store holds as ended always shows its end.
+
 The next delivery writes `turn_resume {interrupted, retract}` and continues. A step cut
 off 3 times in a row is not run again (a tool call is answered as possibly run, a model
 request cancels the turn); a turn whose workers died 3 times with no progress between is
@@ -89,6 +92,11 @@ class Runner:
         self.store_lost = False
         self.writer: LineWriter | None = None
         self._engine_key: tuple[Any, Any] | None = None
+        # The turn's turn_end / turn_yield line rides in the engine's end / yield record's
+        # call (both stored or neither): `_end_armed` while the next such record is this
+        # turn's, `_end_stored` once that call stored the line.
+        self._end_armed = False
+        self._end_stored: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -309,7 +317,8 @@ class Runner:
         settings = settings or {}
         assert self.writer is not None
         persistence = RunnerPersistence(
-            self.store, self.session_id, self.claim, self.writer, on_record=self._on_record
+            self.store, self.session_id, self.claim, self.writer, on_record=self._on_record,
+            end_line=self._end_line, on_end_line=self._on_end_line,
         )
         self.engine = await create_engine(
             model=settings.get("model") or self.agent.model,
@@ -352,6 +361,35 @@ class Runner:
         assert self.writer is not None
         await self.writer.flush()
 
+    def _end_line(self, events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any] | None:
+        """The line that goes in the same call as a record ending (or yielding) this turn."""
+        if not self._end_armed or self.turn_id is None or self.cut_off or self.fenced:
+            return None
+        line: dict[str, Any] | None = None
+        for kind, body in events:
+            if kind == "turn_start":
+                line = None  # an earlier turn's end, before this one started
+            elif kind == "turn_end":
+                line = {"type": "turn_end", "messageId": self.turn_id, "stopReason": body.get("stopReason"),
+                        "usage": body.get("usage") or {}}
+                if body.get("error"):
+                    line["error"] = body["error"]
+            elif kind == "turn_yield":
+                line = {"type": "turn_yield", "messageId": self.turn_id}
+        return line
+
+    def _on_end_line(self, line: dict[str, Any]) -> None:
+        self._end_armed = False
+        self._end_stored = line
+
+    def _arm_end(self, armed: bool) -> None:
+        self._end_armed = armed
+        self._end_stored = None
+
+    def _end_written(self, type_: str) -> bool:
+        """Whether this turn's `type_` line was stored with the engine's record."""
+        return self._end_stored is not None and self._end_stored.get("type") == type_
+
     async def _start_turn(self, entry: Any) -> str:
         engine = await self._open_engine(entry.context, entry.settings)
         if engine is None:
@@ -363,6 +401,8 @@ class Runner:
             text_input = prompt_text(entry.input)
         # The line rides with the engine's first record (the turn's start barrier).
         self._line("turn_start", sessionId=self.session_id, input=text_input)
+        # An engine still holding an older open turn ends it first: that end is not ours.
+        self._arm_end(engine.open_turn is None)
         self.turn = engine.prompt(entry.input, yield_at=self._yield_at(), turn_id=entry.message_id)
         self._yield_if_stopping()
         # Steers accepted after this prompt and waiting join it (§6).
@@ -391,6 +431,7 @@ class Runner:
             line["retract"] = retract
         self._line("turn_resume", **line)
         await self._flush()
+        self._arm_end(True)
         if claim.deaths >= MAX_DEATHS:
             return await self._end_open(
                 "cancelled",
@@ -440,7 +481,8 @@ class Runner:
         if error:
             end["error"] = error
             self.emit("session.error", epoch=self.epoch, turn=self.turn_id, error=error)
-        self._line("turn_end", **end)
+        if not self._end_written("turn_end"):
+            self._line("turn_end", **end)
         await self._flush()
         self.turn = None
         self.turn_id = None
@@ -468,16 +510,18 @@ class Runner:
                 self.turn = None
                 self.store_lost = True
                 return "yielded"
-        if self.cut_off or result.stop_reason == "yielded":
+        if not self._end_written("turn_end") and (self.cut_off or result.stop_reason == "yielded"):
             # The turn stays open in the journal; the next delivery continues it.
-            self._line("turn_yield")
+            if not self._end_written("turn_yield"):
+                self._line("turn_yield")
             await self._flush()
             self.turn = None
             return "yielded"
         end: dict[str, Any] = {"stopReason": result.stop_reason, "usage": result.usage or {}}
         if error:
             end["error"] = error
-        self._line("turn_end", **end)
+        if not self._end_written("turn_end"):
+            self._line("turn_end", **end)
         await self._flush()
         self.turn = None
         self.turn_id = None

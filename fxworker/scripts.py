@@ -253,12 +253,14 @@ def append(
     records: Sequence[tuple[str, bytes, str, Sequence[tuple[str, str]]]],
     marks: Sequence[tuple[str, str]],
     lines: Sequence[tuple[str, str]],
+    call_key: str = "",
 ) -> Call:
     """append.lua: the fenced write. `records` are (key, data, marks JSON, flat marks);
     `marks` apply without a record; `lines` are (JSON text without its last brace, the
-    message id a `turn_end` line ends or "")."""
+    message id a `turn_end` line ends or ""); `call_key` is the idempotency key of a call
+    with no records (a line-only flush), "" for none."""
     args: list[Arg] = [epoch, now_ms, ttl_ms, (expected or "0") if check_expected else "", len(records),
-                       len(lines), len(marks)]
+                       len(lines), len(marks), call_key]
     for key, data, marks_json, flat in records:
         args += [key, data, marks_json, len(flat)]
         for name, value in flat:

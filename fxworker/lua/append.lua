@@ -4,7 +4,8 @@
 --       6 msgs (HASH)  7 pending (ZSET)  8 keys (HASH)  9 ckpt (HASH)      -- one session, one slot
 -- ARGV  1 epoch   2 now_ms   3 ttl_ms ("0" keeps finished sessions)   4 expected head
 --       ("" unchecked, "0" none yet, else a log cursor)   5 n records   6 n lines
---       7 n store marks, then per record: idempotency key, data, marks JSON, n marks,
+--       7 n store marks   8 call key: the idempotency key of a call with no records ("" none;
+--       a call with records is keyed by its records), then per record: idempotency key, data, marks JSON, n marks,
 --       n x (mark name, value); then n store marks x (name, value); then per line:
 --       JSON text without its closing brace, message id it ends ("" unless a turn_end).
 --       Mark names: start <turn id> | end | yield | accepted <input id> | step <name> |
@@ -19,7 +20,10 @@
 -- Invariant: only the head of the epoch chain writes. A call whose epoch is not the
 -- lease's, or whose lease was released or expired by now_ms, stores nothing at all (log,
 -- marks and UI alike). A repeated idempotency key returns what the first call stored and
--- stores nothing, UI lines included. Line cursors are contiguous: `N-0`, N = last + 1.
+-- stores nothing, UI lines included; so does a repeated call key of a call with no records
+-- (a line-only flush): the session keeps the newest such key only (meta `line_key`), as
+-- its writer retries a call before it sends the next one. Line cursors are contiguous:
+-- `N-0`, N = last + 1.
 -- Progress (§6): the death count of the open turn restarts only on a record that names a
 -- new step or carries `done`; a resume record, a rerun's request, a steer or a yield
 -- names the step the turn was at, so a turn that kills its worker every time is poison.
@@ -36,19 +40,21 @@ end
 local m = redis.call('HMGET', meta, 'head', 'ui', 'turn', 'step', 'cancel')
 local head, ui_last, turn, step, cancel = tonumber(m[1] or 0), tonumber(m[2] or 0), m[3] or '', m[4] or '', m[5] or ''
 
-if nrec > 0 then
-  local again = redis.call('HGET', keys, ARGV[8])
-  if again then
-    -- A retry of a call that already ran (its reply was lost): report, store nothing.
-    local cursors, i = {}, 8
-    for _ = 1, nrec do
-      local v = redis.call('HGET', keys, ARGV[i]) or again
-      cursors[#cursors + 1] = string.match(v, '^(%d+)')
-      i = i + 4 + 2 * tonumber(ARGV[i + 3])
-    end
-    local _, first, last = string.match(again, '^(%d+):(%d+):(%d+)')
-    return {'ok', head, cursors, tonumber(first), tonumber(last), 1}
+local call_key = ''
+if nrec == 0 then call_key = ARGV[8] end
+local again = nil
+if nrec > 0 then again = redis.call('HGET', keys, ARGV[9])
+elseif call_key ~= '' then again = redis.call('HGET', keys, call_key) end
+if again then
+  -- A retry of a call that already ran (its reply was lost): report, store nothing.
+  local cursors, i = {}, 9
+  for _ = 1, nrec do
+    local v = redis.call('HGET', keys, ARGV[i]) or again
+    cursors[#cursors + 1] = string.match(v, '^(%d+)')
+    i = i + 4 + 2 * tonumber(ARGV[i + 3])
   end
+  local _, first, last = string.match(again, '^(%d+):(%d+):(%d+)')
+  return {'ok', head, cursors, tonumber(first), tonumber(last), 1}
 end
 if ARGV[4] ~= '' and tonumber(ARGV[4]) ~= head then return {'conflict', head} end
 
@@ -101,7 +107,7 @@ local function apply(name, value)
 end
 
 local cursors = {}
-local i = 8
+local i = 9
 for _ = 1, nrec do
   local key, data, marks_json, n = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
   head = head + 1
@@ -148,10 +154,18 @@ for _ = 1, nlines do
 end
 
 -- Each key remembers its cursor and the call's line range, for a retried call.
-local j = 8
+local j = 9
 for r = 1, nrec do
   redis.call('HSET', keys, ARGV[j], cursors[r] .. ':' .. first .. ':' .. ui_last)
   j = j + 4 + 2 * tonumber(ARGV[j + 3])
+end
+if call_key ~= '' then
+  -- Only the newest call key is kept (its cursor part: the log head it followed), so
+  -- line flushes do not grow the hash between compactions.
+  local previous = redis.call('HGET', meta, 'line_key')
+  if previous and previous ~= call_key then redis.call('HDEL', keys, previous) end
+  redis.call('HSET', keys, call_key, head .. ':' .. first .. ':' .. ui_last)
+  changed.line_key = call_key
 end
 
 changed.head, changed.ui = head, ui_last

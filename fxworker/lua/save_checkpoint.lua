@@ -34,6 +34,16 @@ if through > 0 then
     trimmed = trimmed + 1
   end
   redis.call('XTRIM', log, 'MINID', (through + 1) .. '-0')
+  -- The newest line-only call key (append.lua) goes too once a later record is covered:
+  -- its writer no longer retries it. One written after record `through` may still be.
+  local line_key = redis.call('HGET', meta, 'line_key')
+  if line_key then
+    local v = redis.call('HGET', keys, line_key)
+    if not v or tonumber(string.match(v, '^(%d+)')) < through then
+      redis.call('HDEL', keys, line_key)
+      redis.call('HDEL', meta, 'line_key')
+    end
+  end
 end
 
 -- Keep inbox entries from the oldest one still needed (waiting, or the open turn's).

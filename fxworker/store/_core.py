@@ -214,8 +214,11 @@ class StoreCore:
         expected: str | None | _Unchecked,
         durable: bool,
         now_ms: int | None,
+        idempotency_key: str | None = None,
     ) -> Op[Appended]:
         keys = self.keys(session_id)
+        if idempotency_key is not None and (records or not idempotency_key):
+            raise ValueError("idempotency_key= keys a call without records (its records carry their own keys)")
         encoded = []
         for record in records:
             if isinstance(record, StoreRecord):
@@ -228,6 +231,7 @@ class StoreCore:
             keys, epoch=int(epoch), now_ms=self.now(now_ms), ttl_ms=self.ttl_ms,
             expected=expected if check else None, check_expected=check,  # type: ignore[arg-type]
             records=encoded, marks=r.encode_marks(marks), lines=[r.encode_line(line) for line in lines],
+            call_key=idempotency_key or "",
         )
         steps: list[Step] = [call]
         if durable:

@@ -144,7 +144,7 @@ class RedisStore:
     async def append(
         self, session_id: str, epoch: int, *, records: Sequence[RecordLike] = (),
         lines: Sequence[Mapping[str, Any]] = (), marks: Sequence[Mark] = (), expected: Any = UNCHECKED,
-        durable: bool = False, now_ms: int | None = None,
+        durable: bool = False, now_ms: int | None = None, idempotency_key: str | None = None,
     ) -> Appended:
         """The fenced write: log records (with their marks), store marks and UI lines, in one call.
 
@@ -154,11 +154,15 @@ class RedisStore:
         `epoch` and `cursor` added. `marks` without a record: `{"drop": id}` consumes an
         input no turn takes, `{"end": True}` closes the open turn. `expected` (a cursor or
         None) refuses with `FxFencedError` unless it is the log head. `durable=True`
-        also waits for the store's `ack` level.
+        also waits for the store's `ack` level. `idempotency_key` keys a call without
+        records (a line-only flush): repeated, it returns the first call's line cursors
+        (`repeated=True`) and stores nothing. The session keeps its newest such key only
+        (a writer retries a call before its next one); compaction drops it once a later
+        record is covered.
         """
         return await self._exec(self._core.op_append(
             session_id, epoch, records=records, lines=lines, marks=marks, expected=expected, durable=durable,
-            now_ms=now_ms))
+            now_ms=now_ms, idempotency_key=idempotency_key))
 
     async def renew(self, session_id: str, epoch: int, *, lease_ms: int, now_ms: int | None = None) -> int:
         """Extends the lease to `now_ms + lease_ms` and returns that; `FxLeaseLostError` if it is gone."""

@@ -72,12 +72,12 @@ class SyncRedisStore:
     def append(
         self, session_id: str, epoch: int, *, records: Sequence[RecordLike] = (),
         lines: Sequence[Mapping[str, Any]] = (), marks: Sequence[Mark] = (), expected: Any = UNCHECKED,
-        durable: bool = False, now_ms: int | None = None,
+        durable: bool = False, now_ms: int | None = None, idempotency_key: str | None = None,
     ) -> Appended:
         """See `RedisStore.append`."""
         return self._exec(self._core.op_append(
             session_id, epoch, records=records, lines=lines, marks=marks, expected=expected, durable=durable,
-            now_ms=now_ms))
+            now_ms=now_ms, idempotency_key=idempotency_key))
 
     def renew(self, session_id: str, epoch: int, *, lease_ms: int, now_ms: int | None = None) -> int:
         """See `RedisStore.renew`."""

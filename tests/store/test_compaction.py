@@ -98,3 +98,21 @@ async def test_the_engine_persistence_adapter(store: RedisStore, sid: str) -> No
     stale = store.persistence(sid, claim.epoch, claim)
     with pytest.raises(FxLeaseLostError):
         await stale.append(expected=second, idempotency_key="e:3", data=b"c", barrier=False, marks=[])
+
+
+async def test_compaction_drops_a_line_call_key_once_a_later_record_is_covered(store: RedisStore, sid: str) -> None:
+    await store.accept(sid, agent="default", message_id="m1", input="hello")
+    claim = await store.claim(sid, holder="w1", lease_ms=60_000)
+    assert claim is not None
+    keys = store.core.keys(sid)
+    line = [{"type": "text_delta", "messageId": "m1", "delta": "a"}]
+    r1 = await store.append(sid, claim.epoch, records=[("k1", b"r1", [{"start": "m1"}])])
+    await store.append(sid, claim.epoch, lines=line, idempotency_key="lines:1")  # after record 1
+    # Covering only record 1 keeps the key: a retry of that call may still be in flight.
+    await store.save_checkpoint(sid, claim.epoch, through=r1.records[0], data=b"r1")
+    assert await store.client.hexists(keys.keys, "lines:1") == 1
+    r2 = await store.append(sid, claim.epoch, records=[("k2", b"r2", [])])
+    await store.save_checkpoint(sid, claim.epoch, through=r2.records[0], data=b"r1|r2")
+    assert await store.client.hexists(keys.keys, "lines:1") == 0
+    assert await store.client.hlen(keys.keys) == 0
+    assert await store.client.hget(keys.meta, "line_key") is None

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
-from fxworker.errors import FxInvalidCursorError
+from fxworker.errors import FxInvalidCursorError, FxLeaseLostError
 from fxworker.store import RedisStore
 
 
@@ -71,3 +72,39 @@ async def test_a_line_needs_a_type(store: RedisStore, sid: str) -> None:
     with pytest.raises(ValueError):
         await store.append(sid, epoch, lines=[{"delta": "x"}])
     assert await store.read_lines(sid, 0) == []
+
+
+async def test_a_repeated_line_only_call_key_stores_its_lines_once(store: RedisStore, sid: str) -> None:
+    epoch = await _writer(store, sid)
+    batch = [{"type": "text_delta", "messageId": "m1", "delta": "a"}, {"type": "text_delta", "messageId": "m1", "delta": "b"}]
+    first = await store.append(sid, epoch, lines=batch, idempotency_key="lines:1")
+    # A retry whose first try ran (its reply lost): the same cursors, nothing stored again.
+    again = await store.append(sid, epoch, lines=batch, idempotency_key="lines:1")
+    assert (first.lines, first.repeated) == ([1, 2], False)
+    assert (again.lines, again.repeated) == ([1, 2], True)
+    assert [line["delta"] for line in await store.read_lines(sid, 0)] == ["a", "b"]
+    # A new key stores; the key before it is forgotten (only the newest is kept).
+    third = await store.append(sid, epoch, lines=batch[:1], idempotency_key="lines:2")
+    assert (third.lines, third.repeated) == ([3], False)
+    assert (await store.append(sid, epoch, lines=batch[:1], idempotency_key="lines:2")).lines == [3]
+    assert [line["cursor"] for line in await store.read_lines(sid, 0)] == [1, 2, 3]
+    keys = store.core.keys(sid)
+    assert await store.client.hexists(keys.keys, "lines:1") == 0
+    assert await store.client.hexists(keys.keys, "lines:2") == 1
+
+
+async def test_a_call_key_is_refused_on_a_call_with_records(store: RedisStore, sid: str) -> None:
+    epoch = await _writer(store, sid)
+    with pytest.raises(ValueError):
+        await store.append(sid, epoch, records=[("k1", b"x", [])], idempotency_key="lines:1")
+    with pytest.raises(ValueError):
+        await store.append(sid, epoch, lines=[{"type": "idle"}], idempotency_key="")
+
+
+async def test_a_fenced_line_only_call_is_refused_whatever_its_key(store: RedisStore, sid: str, clock: Any) -> None:
+    epoch = await _writer(store, sid)
+    await store.append(sid, epoch, lines=[{"type": "text_delta", "delta": "a"}], idempotency_key="lines:1")
+    clock.advance(61_000)
+    assert await store.claim(sid, holder="w2", lease_ms=60_000) is not None
+    with pytest.raises(FxLeaseLostError):
+        await store.append(sid, epoch, lines=[{"type": "text_delta", "delta": "a"}], idempotency_key="lines:1")
