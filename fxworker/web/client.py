@@ -4,23 +4,30 @@
     for line in client.prompt("hello"):        # accepts, then streams the turn's lines
         print(render_line(line), end="")
 
-`prompt()` keeps going after a dropped connection: it reconnects to the session stream
-with the last cursor it saw and stops at its turn's `turn_end`.
+`prompt()` and `tail()` keep going after a dropped connection: they reconnect to the
+session stream with the last cursor they saw (backing off, about 12 s in all before
+they give up with `FX_CONNECT`), so no line is shown twice or lost. `prompt()` names its
+prompt with a fresh message id when the caller gives none, so it can tell its turn's lines
+from those of other turns.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 
 from fxengine.errors import FxError
 
+from ..ids import new_message_id
 from .ndjson import MEDIA_TYPE
 
-RECONNECTS = 5
+RECONNECTS = 7
+RECONNECT_FIRST_S = 0.25
+RECONNECT_MAX_S = 4.0
 _ENDS = ("turn_end", "idle")
 
 
@@ -101,29 +108,65 @@ class ApiClient:
             yield from self.stream(session_id, cursor=cursor, follow=False)
             return
         stored = int(self.state(session_id).get("cursor") or 0)
-        for _ in range(RECONNECTS):
+
+        def done(line: dict[str, Any]) -> bool:
+            nonlocal stored
+            # Lines stored before the call are history: only a later end is checked.
+            if line.get("type") not in _ENDS or int(line.get("cursor") or 0) < stored:
+                return False
+            state = self._state_retrying(session_id)
+            stored = int(state.get("cursor") or 0)
+            return state.get("status") == "idle"
+
+        yield from self._follow(session_id, cursor, keep=lambda line: True, done=done)
+
+    def _follow(
+        self, session_id: str, cursor: int, *, keep: Callable[[dict[str, Any]], bool], done: Callable[[dict[str, Any]], bool]
+    ) -> Iterator[dict[str, Any]]:
+        """Follows the session from `cursor` until `done(line)`, reconnecting after a drop.
+
+        Yields the lines `keep` accepts. Gives up with `FX_CONNECT` after `RECONNECTS`
+        connections in a row that brought no line, waiting 0.25 s, 0.5 s, ... (at most 4 s)
+        between them.
+        """
+        failures = 0
+        why = "the stream closed"
+        while True:
             try:
                 for line in self.stream(session_id, cursor=cursor):
+                    failures = 0
                     cursor = max(cursor, int(line.get("cursor") or 0))
+                    if not keep(line):
+                        continue
                     yield line
-                    # Lines stored before the call are history: only a later end is checked.
-                    if line.get("type") in _ENDS and cursor >= stored:
-                        state = self.state(session_id)
-                        if state.get("status") == "idle":
-                            return
-                        stored = int(state.get("cursor") or cursor)
+                    if done(line):
+                        return
             except ApiError as exc:
                 if exc.code != "FX_CONNECT":
                     raise
-        raise ApiError(f"lost the stream of {session_id} {RECONNECTS} times", code="FX_CONNECT")
+                why = exc.message
+            failures += 1
+            if failures >= RECONNECTS:
+                raise ApiError(f"lost the stream of {session_id} {failures} times in a row: {why}", code="FX_CONNECT")
+            _backoff(failures)
+
+    def _state_retrying(self, session_id: str) -> dict[str, Any]:
+        """`state()`, retried like a dropped stream while the API cannot be reached."""
+        for attempt in range(1, RECONNECTS + 1):
+            try:
+                return self.state(session_id)
+            except ApiError as exc:
+                if exc.code != "FX_CONNECT" or attempt == RECONNECTS:
+                    raise
+                _backoff(attempt)
+        raise AssertionError("unreachable")
 
     def prompt(
         self, text: str, *, session_id: str | None = None, agent: str | None = None, message_id: str | None = None
     ) -> Iterator[dict[str, Any]]:
         """Send a prompt (a new session when `session_id` is None) and yield its turn's lines."""
-        body: dict[str, Any] = {"input": text}
-        if message_id:
-            body["messageId"] = message_id
+        turn_id = message_id or new_message_id()
+        body: dict[str, Any] = {"input": text, "messageId": turn_id}
         if session_id is None:
             path = "/v1/sessions"
             if agent:
@@ -131,7 +174,6 @@ class ApiClient:
         else:
             path = f"/v1/sessions/{session_id}/prompts"
         cursor = 0
-        turn_id: str | None = message_id
         try:
             with self.http.stream("POST", path, json=body, headers={"Accept": MEDIA_TYPE}) as response:
                 self._check(response)
@@ -141,27 +183,24 @@ class ApiClient:
                         continue
                     line = json.loads(raw)
                     cursor = max(cursor, int(line.get("cursor") or 0))
-                    turn_id = turn_id or line.get("messageId")
                     yield line
                     if line.get("type") == "turn_end":
                         return
         except httpx.HTTPError as exc:
             if self.session_id is None:
                 raise ApiError(f"cannot reach {self.base_url}: {exc}", code="FX_CONNECT") from exc
+        if self.session_id is None:  # a server that does not name the session: nothing to follow
+            raise ApiError("the prompt's stream ended before its turn did", code="FX_CONNECT")
         # The connection dropped before the turn ended: follow the session from the last cursor.
-        for _ in range(RECONNECTS):
-            try:
-                for line in self.stream(self.session_id, cursor=cursor):
-                    cursor = max(cursor, int(line.get("cursor") or 0))
-                    if turn_id is not None and line.get("messageId") != turn_id:
-                        continue
-                    yield line
-                    if line.get("type") == "turn_end":
-                        return
-            except ApiError as exc:
-                if exc.code != "FX_CONNECT":
-                    raise
-        raise ApiError(f"lost the stream of {self.session_id} {RECONNECTS} times", code="FX_CONNECT")
+        yield from self._follow(
+            self.session_id, cursor,
+            keep=lambda line: line.get("messageId") == turn_id,
+            done=lambda line: line.get("type") == "turn_end",
+        )
+
+
+def _backoff(failures: int) -> None:
+    time.sleep(min(RECONNECT_FIRST_S * 2 ** (failures - 1), RECONNECT_MAX_S))
 
 
 def _short(value: Any, limit: int = 120) -> str:

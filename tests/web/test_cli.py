@@ -20,9 +20,10 @@ import pytest
 
 from fxengine.testing import ScriptedModel
 from tests.support.redis_server import free_port
-from tests.support.workers import wait_until
+from tests.support.workers import Workers, wait_until
+from tests.web import _server
 from tests.web._server import FX, ROOT, WebProcess
-from tests.web.conftest import TOKEN, ndjson_lines, read_turn
+from tests.web.conftest import TOKEN, _env, ndjson_lines, read_turn
 
 pytestmark = [pytest.mark.redis, pytest.mark.celery]
 
@@ -178,6 +179,31 @@ def test_prompt_stopped_with_ctrl_c_exits_130_and_the_turn_goes_on(
     assert "Traceback" not in child.stderr and f"fx tail {sid}" in child.stderr
     lines = read_turn(api, sid)
     assert lines[-1]["stopReason"] == "end_turn"
+
+
+def test_prompt_rides_out_a_web_restart_without_showing_a_line_twice(
+    redis_url: str, prefix: str, model: ScriptedModel, workers: Workers, running: list[Running],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    port = free_port()
+    monkeypatch.setattr(_server, "free_port", lambda: port)  # both web processes on one address
+    env = _env(redis_url, prefix, model, "default")
+    first = WebProcess(env=env).wait_ready()
+    second = None
+    try:
+        child = start(running, first.url, "prompt", "--url", first.url, "hold:cli-drop")
+        child.wait_stdout("partial ")
+        first.proc.kill()
+        first.proc.wait(10)
+        second = WebProcess(env=env).wait_ready()
+        model.release("cli-drop")
+        assert child.wait() == 0, child.stderr
+    finally:
+        model.release("cli-drop")
+        first.close()
+        if second is not None:
+            second.close()
+    assert child.stdout == "> hold:cli-drop\npartial rest\n[end_turn]\n"
 
 
 # --------------------------------------------------------------------------------- fx tail
