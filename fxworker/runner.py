@@ -39,7 +39,7 @@ from fxengine.limits import prompt_text
 from . import metrics
 from .errors import FxLeaseLostError, FxStoreUnavailableError
 from .leases import LeaseKeeper
-from .runtime import BoundedStore
+from .runtime import TimedStore
 from .lines import LineWriter, RunnerPersistence
 from .watch import InboxWatcher
 
@@ -71,7 +71,7 @@ class Runner:
         stopping: Any = None,
     ) -> None:
         self.agent = agent
-        self.store = BoundedStore(agent.store)
+        self.store = TimedStore(agent.store)
         self.session_id = session_id
         self.deadline_ms = deadline_ms
         self.reason = reason

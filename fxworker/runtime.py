@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import threading
 from collections.abc import Coroutine
@@ -206,48 +205,40 @@ def next_embedded_worker() -> LoopThread | None:
 
 # ---------------------------------------------------------------------------- store calls
 
-STORE_CALLS_PER_LOOP = 64
-_slots: dict[int, asyncio.Semaphore] = {}
 
+class TimedStore:
+    """A store whose async calls are each timed in `fxworker.metrics.STORE_LATENCY` under
+    their method name: the one place the core measures the store. A blocking read
+    (`block_ms` set) measures a wait, not the store, and is not timed.
 
-class BoundedStore:
-    """A store whose async calls from one loop are at most `STORE_CALLS_PER_LOOP` at a time,
-    each timed in `fxworker.metrics.STORE_LATENCY` under its method name (the one place the
-    core measures the store; a blocking read, `block_ms` set, measures a wait and is not timed).
-
-    A process carrying 100+ turns bursts (claims, renewals, inbox polls, appends) past
-    redis-py's connection pool, which fails a call instead of queueing it; queueing the
-    calls here keeps every turn going. `bounded=False` only times (a web process, whose
-    followers block on reads and must not hold a slot while they wait).
+    Calls need no bound here: each loop's store client draws on a bounded pool that makes
+    a call wait for a free connection (`FX_REDIS_MAX_CONNECTIONS`), where redis-py's
+    default pool would fail it.
     """
 
-    def __init__(self, store: Any, *, bounded: bool = True) -> None:
+    def __init__(self, store: Any) -> None:
         self._store = store
-        self._bounded = bounded
 
     def __repr__(self) -> str:
-        return f"<BoundedStore {self._store!r} bounded={self._bounded}>"
+        return f"<TimedStore {self._store!r}>"
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)
         if not asyncio.iscoroutinefunction(attr):
             return attr
-        bounded = self._bounded
 
         async def call(*args: Any, **kwargs: Any) -> Any:
             if kwargs.get("block_ms"):
-                timer: Any = contextlib.nullcontext()
-            else:
-                timer = metrics.store_timer(name)
-            if not bounded:
-                with timer:
-                    return await attr(*args, **kwargs)
-            loop = asyncio.get_running_loop()
-            slots = _slots.get(id(loop))
-            if slots is None:
-                slots = _slots[id(loop)] = asyncio.Semaphore(STORE_CALLS_PER_LOOP)
-            async with slots:
-                with timer:
-                    return await attr(*args, **kwargs)
+                return await attr(*args, **kwargs)
+            with metrics.store_timer(name):
+                return await attr(*args, **kwargs)
 
         return call
+
+
+class BoundedStore(TimedStore):
+    """The former name of `TimedStore`; `bounded` is accepted and ignored (the store's
+    connection pool bounds the calls now)."""
+
+    def __init__(self, store: Any, *, bounded: bool = True) -> None:
+        super().__init__(store)

@@ -55,6 +55,10 @@ class Settings:
     metrics_port: int | None = None
     # FX_METRICS_HOST: the address a worker's metrics port binds.
     metrics_host: str = "127.0.0.1"
+    # FX_REDIS_MAX_CONNECTIONS: the most connections one store client opens (one client per
+    # event loop, one for blocking calls); a call finding all busy waits for one (up to
+    # the store's socket timeout, then FX_STORE_UNAVAILABLE) instead of failing.
+    redis_max_connections: int = 200
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -100,4 +104,5 @@ class Settings:
             no_agent_retry_s=number("FX_NO_AGENT_RETRY_S", 5.0, minimum=0.1),
             metrics_port=int(number("FX_METRICS_PORT", 0, minimum=1)) if text("FX_METRICS_PORT") else None,
             metrics_host=text("FX_METRICS_HOST") or "127.0.0.1",
+            redis_max_connections=int(number("FX_REDIS_MAX_CONNECTIONS", 200, minimum=1)),
         )

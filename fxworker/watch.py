@@ -4,7 +4,8 @@ The watcher reads the session's inbox stream after the last entry it saw every
 `WATCH_INTERVAL_S` and hands each new input to the runner, in acceptance order, so a
 cancel reaches the running turn well within a second of being stored. It polls (XREAD
 without BLOCK) rather than blocking: a blocking read pins one Redis connection per
-running turn, and a process carrying 100+ turns would exhaust its connection pool.
+running turn, so a process carrying 100+ turns would keep most of its loop's pool
+(`FX_REDIS_MAX_CONNECTIONS`) parked in reads, and every other call would wait for one.
 """
 
 from __future__ import annotations

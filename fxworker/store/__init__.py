@@ -89,6 +89,8 @@ def redis_store(
     session_ttl_s: float | None = None,
     clock: Callable[[], int] | None = None,
     socket_timeout_s: float = 5.0,
+    max_connections: int | None = None,
+    pool_timeout_s: float | None = None,
     settings: Settings | None = None,
 ) -> RedisStore:
     """The store on Redis at `url` (default `REDIS_URL`); with neither, the embedded store.
@@ -97,7 +99,10 @@ def redis_store(
     first use) or "replica" (WAIT 1). `client` / `sync_client`: redis-py clients of your
     own (asyncio / blocking, `decode_responses=False`); `cluster=True` for Redis Cluster.
     `clock` returns ms and stands in for wall time in every lease decision (tests).
-    Unset arguments come from `settings` (default `Settings.from_env()`).
+    `max_connections` bounds each client's pool (default `FX_REDIS_MAX_CONNECTIONS`); a
+    call finding it full waits up to `pool_timeout_s` (default `socket_timeout_s`), then
+    raises `FxStoreUnavailableError`. Unset arguments come from `settings` (default
+    `Settings.from_env()`).
     """
     settings = settings or Settings.from_env()
     prefix = prefix or settings.prefix
@@ -115,8 +120,13 @@ def redis_store(
     )
     make_async: Callable[[], Any]
     make_sync: Callable[[], Any]
+    max_connections = max_connections or settings.redis_max_connections
+    pool_timeout_s = socket_timeout_s if pool_timeout_s is None else pool_timeout_s
     if url is not None:
-        make_async, make_sync = client_factories(url, cluster=cluster, socket_timeout_s=socket_timeout_s)
+        make_async, make_sync = client_factories(
+            url, cluster=cluster, socket_timeout_s=socket_timeout_s, max_connections=max_connections,
+            pool_timeout_s=pool_timeout_s,
+        )
     else:
         def missing() -> Any:
             raise FxConfigError("this store was given only one client; pass both client= and sync_client=")
@@ -126,7 +136,11 @@ def redis_store(
         make_async = lambda: client  # noqa: E731
     if sync_client is not None:
         make_sync = lambda: sync_client  # noqa: E731
-    return RedisStore(core, make_async_client=make_async, make_sync_client=make_sync, kind="cluster" if cluster else "redis")
+    return RedisStore(
+        core, make_async_client=make_async, make_sync_client=make_sync, kind="cluster" if cluster else "redis",
+        # redis-py's asyncio cluster client fails a call on a full pool: the store waits instead.
+        max_calls=max_connections if cluster and url is not None else None, wait_s=pool_timeout_s,
+    )
 
 
 __all__ = [

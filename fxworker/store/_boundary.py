@@ -74,9 +74,20 @@ def _no_retry(asyncio_client: bool) -> Any:
 
 
 def client_factories(
-    url: str, *, cluster: bool, socket_timeout_s: float
+    url: str, *, cluster: bool, socket_timeout_s: float, max_connections: int, pool_timeout_s: float
 ) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    """(async factory, sync factory) of redis-py clients for `url`, retries off."""
+    """(async factory, sync factory) of redis-py clients for `url`, retries off.
+
+    Each client draws on a `BlockingConnectionPool` of at most `max_connections`: a call
+    finding every connection busy waits for one up to `pool_timeout_s`, then fails with
+    redis-py's `ConnectionError` (`FxStoreUnavailableError` once mapped) — redis-py's
+    default pool fails such a call at once. On a cluster the blocking client's per-node
+    pools wait alike; the asyncio cluster client has no waiting pool (its per-node limit
+    fails a call at once), so it keeps its unbounded default and the store bounds its
+    calls itself (`RedisStore`).
+    """
+    if max_connections < 1:
+        raise ValueError(f"max_connections must be at least 1, got {max_connections}")
     common: dict[str, Any] = {"socket_timeout": socket_timeout_s, "socket_connect_timeout": socket_timeout_s}
     if cluster:
         import redis.asyncio.cluster as async_cluster
@@ -84,11 +95,23 @@ def client_factories(
 
         return (
             lambda: async_cluster.RedisCluster.from_url(url, **common),
-            lambda: sync_cluster.RedisCluster.from_url(url, **common),
+            lambda: sync_cluster.RedisCluster.from_url(
+                url, connection_pool_class=redis_py.BlockingConnectionPool, max_connections=max_connections,
+                timeout=pool_timeout_s, **common,
+            ),
         )
     import redis.asyncio as async_redis
 
-    return (
-        lambda: async_redis.Redis.from_url(url, retry=_no_retry(True), **common),
-        lambda: redis_py.Redis.from_url(url, retry=_no_retry(False), **common),
-    )
+    def make_async() -> Any:
+        pool = async_redis.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=pool_timeout_s, retry=_no_retry(True), **common
+        )
+        return async_redis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes it
+
+    def make_sync() -> Any:
+        pool = redis_py.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=pool_timeout_s, retry=_no_retry(False), **common
+        )
+        return redis_py.Redis.from_pool(pool)
+
+    return make_async, make_sync

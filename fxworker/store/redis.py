@@ -4,17 +4,24 @@ Every write is one Lua script (`fxworker/lua/`); reads are one XREAD or one read
 script. Connection failures and timeouts surface as `FxStoreUnavailableError`
 (`map_redis_errors`, in `_boundary`); the next call reconnects.
 
-The async client is bound to the event loop that first used it; a store used from a new
-loop (one `asyncio.run` per Celery task, say) opens a client for that loop.
+An asyncio client is bound to the event loop that opened it, so the store keeps one per
+loop: the web app's, each embedded worker's, the blocking twins' private loop (`Session`'s
+`blocking_session()`), each `asyncio.run` of a Celery task. A loop that stopped loses its
+client the next time the store opens one for a new loop. Each client's pool is bounded
+(`FX_REDIS_MAX_CONNECTIONS`) and a call waits for a free connection rather than failing
+(`_boundary.client_factories`); `store.sync` has its own bounded pool.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
+
+from ..errors import FxStoreUnavailableError
 
 from ..scripts import AsyncRunner
 from ._boundary import ServerCheck, client_factories, map_redis_errors
@@ -42,17 +49,27 @@ class RedisStore:
         make_async_client: Callable[[], Any],
         make_sync_client: Callable[[], Any],
         kind: str = "redis",
+        max_calls: int | None = None,
+        wait_s: float = 5.0,
     ) -> None:
         self._core = core
         self._make_async_client = make_async_client
         self._check = ServerCheck()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner: AsyncRunner | None = None
+        # One runner (client) per event loop; id(loop) -> (loop, runner, call slots).
+        self._runners: dict[int, tuple[asyncio.AbstractEventLoop, AsyncRunner, asyncio.Semaphore | None]] = {}
+        self._runners_lock = threading.Lock()
+        # The asyncio cluster client has no waiting pool: with `max_calls`, at most that many
+        # calls per loop run at once, the others wait up to `wait_s` (then FX_STORE_UNAVAILABLE).
+        self._max_calls = max_calls
+        self._wait_s = wait_s
         self.kind = kind
         self.sync = SyncRedisStore(core, make_sync_client, self._check)
 
     def __repr__(self) -> str:
-        return f"<RedisStore kind={self.kind} prefix={self._core.prefix!r} ack={self._core.ack}>"
+        return (
+            f"<RedisStore kind={self.kind} prefix={self._core.prefix!r} ack={self._core.ack} "
+            f"loops={len(self._runners)}>"
+        )
 
     @property
     def prefix(self) -> str:
@@ -77,15 +94,45 @@ class RedisStore:
         return self._core.clock()
 
     def _get_runner(self) -> AsyncRunner:
+        return self._loop_runner()[0]
+
+    def _loop_runner(self) -> tuple[AsyncRunner, asyncio.Semaphore | None]:
         loop = asyncio.get_running_loop()
-        if self._runner is None or self._loop is not loop:
+        entry = self._runners.get(id(loop))
+        if entry is not None and entry[0] is loop:
+            return entry[1], entry[2]
+        with self._runners_lock:
+            entry = self._runners.get(id(loop))
+            if entry is not None and entry[0] is loop:
+                return entry[1], entry[2]
+            # Loops that stopped (an `asyncio.run` that returned, a closed worker loop) no
+            # longer need their client; their sockets go with them.
+            for key, (other, _, _) in list(self._runners.items()):
+                if other.is_closed() or not other.is_running():
+                    del self._runners[key]
             with map_redis_errors():
-                self._runner = AsyncRunner(self._make_async_client(), cluster=self._core.cluster)
-            self._loop = loop
-        return self._runner
+                runner = AsyncRunner(self._make_async_client(), cluster=self._core.cluster)
+            slots = asyncio.Semaphore(self._max_calls) if self._max_calls else None
+            self._runners[id(loop)] = (loop, runner, slots)
+            return runner, slots
 
     async def _exec(self, op: Op[T]) -> T:
-        runner = self._get_runner()
+        runner, slots = self._loop_runner()
+        if slots is None:
+            return await self._run(runner, op)
+        try:
+            async with asyncio.timeout(self._wait_s):
+                await slots.acquire()
+        except TimeoutError:
+            raise FxStoreUnavailableError(
+                f"no store connection came free within {self._wait_s} s ({self._max_calls} calls in flight)"
+            ) from None
+        try:
+            return await self._run(runner, op)
+        finally:
+            slots.release()
+
+    async def _run(self, runner: AsyncRunner, op: Op[T]) -> T:
         with map_redis_errors():
             if not self._check.done:
                 client = runner.client
@@ -256,8 +303,12 @@ class RedisStore:
         return core.ready_from(ids, states)
 
     async def aclose(self) -> None:
-        """Closes the async client of the running loop (and the blocking twin's)."""
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.client.aclose()
+        """Closes the running loop's async client and the blocking twin's; the clients of
+        other loops are dropped (a client can only be closed on its own loop)."""
+        loop = asyncio.get_running_loop()
+        with self._runners_lock:
+            entries, self._runners = list(self._runners.values()), {}
+        for other, runner, _ in entries:
+            if other is loop:
+                await runner.client.aclose()
         self.sync.close()
