@@ -210,8 +210,12 @@ def accept(
     steer_max_total_bytes: int,
     ready: IndexKeys | None = None,
     session_id: str = "",
+    steer_bytes: int | None = None,
 ) -> Call:
     """accept.lua: store a prompt (`kind="p"`) or steer (`"s"`) once per message id.
+
+    `steer_bytes` is what a steer counts against its limits: the UTF-8 bytes of its text
+    (the script checks it and keeps the queued totals); without it, its JSON's length.
 
     With `ready` (standalone Redis only: those keys sit in another cluster slot) the same
     script first marks `session_id` ready, as `mark_ready` does; without it the caller
@@ -222,6 +226,8 @@ def accept(
     # settings, and only a steer is checked against the limits.
     if kind == "s":
         args += (context_json, settings_json, steer_max_bytes, steer_max_count, steer_max_total_bytes)
+        if steer_bytes is not None:
+            args.append(steer_bytes)
     elif context_json or settings_json:
         args += (context_json, settings_json)
     return Call(_ACCEPT, keys.names if ready is None else keys.names + ready.names, args)

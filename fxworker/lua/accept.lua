@@ -7,14 +7,16 @@
 --       5 now_ms   6 create ("1" creates the session on first input, "0" refuses)
 --       7 session id (the ready set's member, with KEYS 10-11)
 --       8 context (JSON text, "" or absent)   9 settings (JSON text, "" or absent)
---       10 steer max bytes   11 steer max queued count   12 steer max queued bytes (steers only)
+--       10 steer max bytes   11 steer max queued count   12 steer max queued bytes
+--       13 the steer's size: UTF-8 bytes of its text, not of its JSON (10-13: steers only)
 -- Returns {"ok", agent, state, seq, end_cursor, ui_cursor, created(0|1)}
 --         {"repeated", agent, state, seq, end_cursor, ui_cursor, 0}
 --         {"in_use", stored_kind} | {"unknown"} | {"too_large", limit} | {"queue_full", what, limit}
 --
 -- Invariant: a message id names one input. The same id and kind again stores nothing and
 -- reports the original (state w waiting | r its turn is open | d done); the same id with
--- the other kind is refused. Steer limits hold for the queued (unconsumed) steers.
+-- the other kind is refused. Steer limits hold for the queued (unconsumed) steers, in
+-- bytes of text as §6 counts them (ARGV 13), so quotes and escapes of the JSON never count.
 -- The session is in the ready set before the input is stored (§5): given KEYS 10-11 (one
 -- server, no slots), the script marks it first, as mark_ready.lua does, whatever it then
 -- answers; on a cluster those keys sit in another slot, and the caller ran mark_ready.lua
@@ -31,7 +33,8 @@ end
 local m = redis.call('HMGET', meta, 'agent', 'ui', 'inbox', 'steers', 'steer_bytes', 'expiring')
 local owner, ui = m[1], tonumber(m[2] or 0)
 local seq = tonumber(m[3] or 0) + 1
-local size = string.len(input)
+-- The size stored with the id is what append.lua gives back when the steer is consumed.
+local size = tonumber(ARGV[13]) or string.len(input)
 
 -- One command both looks the id up and takes it for this input; a refusal below gives it
 -- back (the script is atomic, so no one sees it taken in between).

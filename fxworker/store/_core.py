@@ -155,8 +155,13 @@ class StoreCore:
         validate_message_id(message_id)
         code = r.kind_code(kind)
         input_json = r.dumps(input)
-        if len(input_json.encode()) > INPUT_MAX_BYTES:
+        json_bytes = len(input_json.encode())
+        if json_bytes > INPUT_MAX_BYTES:
             raise FxLimitError(f"an input is limited to {INPUT_MAX_BYTES} bytes of JSON", code="FX_LIMIT_INPUT")
+        # §6 limits a steer's text, not its JSON: quotes and escapes do not count.
+        steer_bytes = None
+        if code == "s":
+            steer_bytes = len(input.encode("utf-8", "surrogatepass")) if isinstance(input, str) else json_bytes
         now = self.clock() if now_ms is None else int(now_ms)
         cluster = self.cluster
         accept = scripts.accept(
@@ -165,7 +170,7 @@ class StoreCore:
             settings_json="" if settings is None else r.dumps(settings),
             agent=agent, now_ms=now, create=create, steer_max_bytes=STEER_MAX_BYTES,
             steer_max_count=STEER_MAX_QUEUED, steer_max_total_bytes=STEER_MAX_QUEUED_BYTES,
-            ready=None if cluster else self.index, session_id=session_id,
+            ready=None if cluster else self.index, session_id=session_id, steer_bytes=steer_bytes,
         )
         # The ready mark goes first (§5): a sender that dies after the acknowledgement
         # leaves the session for the sweeper. On one server the accept script marks it

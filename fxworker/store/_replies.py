@@ -118,7 +118,7 @@ def parse_accept(reply: list[Any], session_id: str, message_id: str, kind: Input
     if word == b"unknown":
         raise FxUnknownSessionError(f"no session {session_id}")
     if word == b"too_large":
-        raise FxLimitError(f"a steer is limited to {reply[1]} bytes", code="FX_LIMIT_STEER")
+        raise FxLimitError(f"a steer is limited to {reply[1]} bytes of text", code="FX_LIMIT_STEER_SIZE")
     if word == b"queue_full":
         what = "steers" if reply[1] == b"count" else "bytes of queued steers"
         raise FxQueueFullError(f"session {session_id} already holds the most {what} it may queue ({reply[2]})")

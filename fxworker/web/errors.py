@@ -57,11 +57,12 @@ def error_body(code: str, message: str) -> dict[str, dict[str, str]]:
 
 
 def error_response(code: str, message: str, status: int) -> JSONResponse:
-    """A JSON error response; 401 says how to authenticate, 503 says when to come back."""
+    """A JSON error response; 401 says how to authenticate, 503 and a full steer queue
+    (429 `FX_LIMIT_QUEUE`) say when to come back."""
     headers: dict[str, str] = {}
     if status == 401 and code == "FX_UNAUTHORIZED":
         headers["WWW-Authenticate"] = "Bearer"
-    if status == 503:
+    if status == 503 or (status == 429 and code == "FX_LIMIT_QUEUE"):
         headers["Retry-After"] = "1"
     return JSONResponse(error_body(code, message), status_code=status, headers=headers)
 

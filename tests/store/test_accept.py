@@ -12,7 +12,7 @@ from fxworker.errors import (
     FxQueueFullError,
     FxUnknownSessionError,
 )
-from fxworker.store import STEER_MAX_BYTES, STEER_MAX_QUEUED, RedisStore
+from fxworker.store import STEER_MAX_BYTES, STEER_MAX_QUEUED, STEER_MAX_QUEUED_BYTES, RedisStore
 
 
 async def test_a_repeated_prompt_stores_nothing_and_reports_the_original(store: RedisStore, sid: str) -> None:
@@ -74,7 +74,7 @@ async def test_a_refused_input_leaves_its_message_id_free(store: RedisStore, sid
     first = await store.accept(sid, agent="default", message_id="m1", input="a")
     assert (first.created, first.repeated, first.seq) == (True, False, 1)
     with pytest.raises(FxLimitError):
-        await store.accept(sid, agent="default", kind="steer", message_id="s1", input="x" * STEER_MAX_BYTES)
+        await store.accept(sid, agent="default", kind="steer", message_id="s1", input="x" * (STEER_MAX_BYTES + 1))
     steer = await store.accept(sid, agent="default", kind="steer", message_id="s1", input="small")
     assert (steer.repeated, steer.seq) == (False, 2)
     state = await store.state(sid)
@@ -102,7 +102,7 @@ async def test_ids_are_validated_before_anything_is_stored(store: RedisStore, si
 async def test_steer_limits_hold_in_the_script(store: RedisStore, sid: str) -> None:
     await store.accept(sid, agent="default", message_id="m1", input="go")
     with pytest.raises(FxLimitError):
-        await store.accept(sid, agent="default", kind="steer", message_id="big", input="x" * STEER_MAX_BYTES)
+        await store.accept(sid, agent="default", kind="steer", message_id="big", input="x" * (STEER_MAX_BYTES + 1))
     for i in range(STEER_MAX_QUEUED):
         await store.accept(sid, agent="default", kind="steer", message_id=f"s{i}", input="x")
     with pytest.raises(FxQueueFullError) as caught:
@@ -126,6 +126,48 @@ async def test_queued_steer_bytes_are_limited(store: RedisStore, sid: str) -> No
             break
     else:
         pytest.fail("1 MiB of queued steers was not enforced")
+
+
+async def test_a_steer_is_measured_in_bytes_of_text_not_of_json(store: RedisStore, sid: str) -> None:
+    await store.accept(sid, agent="default", message_id="m1", input="go")
+    # Exactly 64 KiB of text is 65538 bytes of JSON: accepted; one byte more is not.
+    await store.accept(sid, agent="default", kind="steer", message_id="exact", input="w" * STEER_MAX_BYTES)
+    with pytest.raises(FxLimitError) as caught:
+        await store.accept(sid, agent="default", kind="steer", message_id="over", input="w" * (STEER_MAX_BYTES + 1))
+    assert caught.value.code == "FX_LIMIT_STEER_SIZE"
+    # Two-byte characters count two: 32 Ki of "é" is exactly the limit, one more is over.
+    await store.accept(sid, agent="default", kind="steer", message_id="e-exact", input="é" * (STEER_MAX_BYTES // 2))
+    with pytest.raises(FxLimitError):
+        await store.accept(sid, agent="default", kind="steer", message_id="e-over",
+                           input="é" * (STEER_MAX_BYTES // 2 + 1))
+    # 40 KiB of double quotes is 80 KiB once escaped: still 40 KiB of text.
+    quotes = '"' * (40 * 1024)
+    await store.accept(sid, agent="default", kind="steer", message_id="quotes", input=quotes)
+    # A refused id stays free; the accepted steers are stored as sent.
+    await store.accept(sid, agent="default", kind="steer", message_id="over", input="ok")
+    claim = await store.claim(sid, holder="w1", lease_ms=1000)
+    assert claim is not None
+    steers = {i.message_id: i.input for i in claim.pending if i.kind == "steer"}
+    assert steers == {"exact": "w" * STEER_MAX_BYTES, "e-exact": "é" * (STEER_MAX_BYTES // 2), "quotes": quotes,
+                      "over": "ok"}
+
+
+async def test_queued_steer_bytes_count_text_not_json(store: RedisStore, sid: str) -> None:
+    await store.accept(sid, agent="default", message_id="m1", input="go")
+    # 16 steers of 64 KiB of quotes are exactly 1 MiB of text (2 MiB of JSON): all fit.
+    quotes = '"' * STEER_MAX_BYTES
+    for i in range(STEER_MAX_QUEUED_BYTES // STEER_MAX_BYTES):
+        await store.accept(sid, agent="default", kind="steer", message_id=f"q{i}", input=quotes)
+    with pytest.raises(FxQueueFullError) as caught:
+        await store.accept(sid, agent="default", kind="steer", message_id="one-byte-more", input="x")
+    assert caught.value.code == "FX_LIMIT_QUEUE"
+    # Consuming a steer gives back exactly its text bytes: 64 KiB fit again, one more does not.
+    claim = await store.claim(sid, holder="w1", lease_ms=1000)
+    assert claim is not None
+    await store.append(sid, claim.epoch, records=[("k1", b"r", [{"start": "m1"}, {"accepted": "q0"}])])
+    await store.accept(sid, agent="default", kind="steer", message_id="refill", input=quotes)
+    with pytest.raises(FxQueueFullError):
+        await store.accept(sid, agent="default", kind="steer", message_id="one-byte-more", input="x")
 
 
 async def test_cancel_targets_the_open_turn_else_the_waiting_one(store: RedisStore, sid: str) -> None:
