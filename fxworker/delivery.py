@@ -25,8 +25,8 @@ from typing import Any
 
 from . import metrics, registry
 from .errors import FxNoAgentError, FxUnknownSessionError
-from .lines import retry_unavailable
 from .settings import Settings
+from .store.persistence import retry_unavailable
 
 log = logging.getLogger("fxworker.delivery")
 

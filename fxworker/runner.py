@@ -40,7 +40,7 @@ from . import metrics
 from .errors import FxLeaseLostError, FxStoreUnavailableError
 from .leases import LeaseKeeper
 from .runtime import TimedStore
-from .lines import LineWriter, RunnerPersistence
+from .store.persistence import LineWriter, StorePersistence
 from .watch import InboxWatcher
 
 log = logging.getLogger("fxworker.runner")
@@ -140,7 +140,7 @@ class Runner:
             self.emit("session.takeover", epoch=self.epoch, turn=turn, deaths=claim.deaths)
         self.pending = deque(claim.pending)
         keeper = LeaseKeeper(self.store, self.session_id, self.epoch, lease_ms=self.lease_ms, on_lost=self._lost)
-        # Writes that meet a store outage are retried while the lease stands (lines.py).
+        # Writes that meet a store outage are retried while the lease stands (store/persistence.py).
         self.writer = LineWriter(
             self.store, self.session_id, self.epoch, on_fenced=self._writer_fenced,
             lease_due_ms=lambda: keeper.expires_ms,
@@ -316,8 +316,8 @@ class Runner:
 
         settings = settings or {}
         assert self.writer is not None
-        persistence = RunnerPersistence(
-            self.store, self.session_id, self.claim, self.writer, on_record=self._on_record,
+        persistence = StorePersistence(
+            self.store, self.claim, writer=self.writer, on_record=self._on_record,
             end_line=self._end_line, on_end_line=self._on_end_line,
         )
         self.engine = await create_engine(

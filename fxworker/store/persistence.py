@@ -1,61 +1,293 @@
-"""`StorePersistence`: the engine's `Persistence` (DESIGN.md §9) over one claimed session.
+"""The engine's `Persistence` over one claimed session, and the UI lines that ride with it.
 
-`load()` answers from the claim (no round trip). `append()` is the store's fenced append:
-a record whose epoch lost the lease raises `FxLeaseLostError` (an `FxFencedError`), one
-whose `expected` is not the log head raises `FxFencedError`; either way nothing is
-stored. UI lines queued with `queue_lines()` ride along in the next append, so a step's
-record and its lines cost one round trip; `flush_lines()` sends what is left.
-`save_checkpoint()` compacts the log.
+`StorePersistence` is the engine's `Persistence` (DESIGN.md §9) for one claim: `load()`
+answers from the claim (no round trip), `append()` is the store's fenced append and
+`save_checkpoint()` compacts the log. A record whose epoch lost the lease raises
+`FxLeaseLostError` (an `FxFencedError`), one whose `expected` is not the log head raises
+`FxFencedError`; either way nothing is stored. `store.persistence(sid, epoch, claim)`
+builds one; the runner builds one on its own `LineWriter`.
+
+`LineWriter` queues the UI lines of a running turn (§4, §5). Consecutive text (or
+reasoning) deltas of one step are merged while they wait (at most `COALESCE_MS` or
+`COALESCE_BYTES`), never reordered or lost; one fenced store call writes a batch. Each
+journal record goes out in the same fenced call as the lines queued before it, so a
+step's record and its lines cost one round trip and its lines are stored no later than
+its record — after a crash, a step the journal holds has all its lines in the stream.
+Lines queued with `queue_lines()` are kept as given (no merging, no timer) and ride with
+the next record, or with `flush_lines()`.
+
+A store outage (`FxStoreUnavailableError`, e.g. a Redis restart) is transient: both
+retry the same call with a bounded backoff while this worker's lease still stands
+(`lease_due_ms`; without it, one try). Every call carries an idempotency key — a record
+its own, a line-only flush one of the writer's (`lines:<epoch>:<n>`) — and a retry keeps
+it, so a call that ran but lost its reply is answered from the store and stores nothing
+twice (§11.7). Past the lease the error is raised, and the runner leaves the turn open
+for the next delivery.
+
+A batch whose call failed may still have been stored (the reply was lost, or the call
+was cancelled in flight). It is held, not merged back into the queue: the next write
+sends it first, alone and under the same key, so it lands once whatever happened. Lines
+that rode with a record are held under the record's key (the journal never sends a key
+again after a failed append): resent, they are stored only if that record call did not
+run.
+
+`StorePersistence` can also add a line to a record's own call (`end_line`): the runner
+puts the turn's `turn_end` (or `turn_yield`) line in the same fenced call as the engine's
+end (or yield) record, so both are stored or neither.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from fxengine.persistence import Loaded, Mark
 
-from .types import Appended, Claim, StoreRecord
+from ..errors import FxLeaseLostError, FxStoreUnavailableError
+from .types import Claim, StoreRecord
 
-if TYPE_CHECKING:
-    from .redis import RedisStore
+T = TypeVar("T")
+log = logging.getLogger("fxworker.lines")
+
+COALESCE_MS = 5
+COALESCE_BYTES = 4096
+_MERGEABLE = ("text_delta", "reasoning_delta")
+RETRY_FIRST_MS = 50
+RETRY_MAX_MS = 500
+RETRY_MARGIN_MS = 100  # the last try starts this long before `due_ms`
 
 
-class StorePersistence:
-    """One engine's journal in one session, written under one lease epoch."""
+def now_ms() -> int:
+    return int(time.time() * 1000)
 
-    def __init__(self, store: RedisStore, session_id: str, epoch: int, claim: Claim) -> None:
+
+async def retry_unavailable(
+    call: Callable[[], Awaitable[T]],
+    *,
+    due_ms: Callable[[], int] | None,
+    what: str,
+    stop: Callable[[], bool] | None = None,
+) -> T:
+    """`await call()`, retried on `FxStoreUnavailableError` with a doubling backoff
+    (`RETRY_FIRST_MS` to `RETRY_MAX_MS`) until `due_ms()` (a wall-clock ms, e.g. when the
+    lease would expire) is near or `stop()` says so; then the last error is raised.
+    Without `due_ms`, one try."""
+    delay_ms = RETRY_FIRST_MS
+    attempt = 0
+    while True:
+        try:
+            return await call()
+        except FxStoreUnavailableError as exc:
+            attempt += 1
+            left_ms = (due_ms() if due_ms is not None else 0) - RETRY_MARGIN_MS - now_ms()
+            if left_ms <= 0 or (stop is not None and stop()):
+                log.warning("%s failed after %d tries, giving up: %s", what, attempt, exc)
+                raise
+            wait_ms = min(delay_ms, left_ms)
+            log.warning("%s failed (%s); retry %d in %d ms", what, exc, attempt, wait_ms)
+            await asyncio.sleep(wait_ms / 1000)
+            delay_ms = min(delay_ms * 2, RETRY_MAX_MS)
+
+
+class LineWriter:
+    """Queues one runner's UI lines and writes them in order, fenced by its epoch."""
+
+    def __init__(
+        self,
+        store: Any,
+        session_id: str,
+        epoch: int,
+        *,
+        on_fenced: Callable[[], None] | None = None,
+        lease_due_ms: Callable[[], int] | None = None,
+    ) -> None:
         self.store = store
         self.session_id = session_id
         self.epoch = epoch
-        self.claim = claim
-        self.head = claim.head
-        self._lines: list[Mapping[str, Any]] = []
-        self._lock = asyncio.Lock()
+        self.on_fenced = on_fenced
+        self.lease_due_ms = lease_due_ms  # when this worker's lease would expire (retry bound)
+        self.lock = asyncio.Lock()
+        self._queue: list[dict[str, Any]] = []
+        self._queued_bytes = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._flushing: asyncio.Task[None] | None = None
+        self._calls = 0
+        self._held: tuple[str, list[dict[str, Any]]] | None = None  # (key, lines) of a call that may have run
+        self.closed = False
 
     def __repr__(self) -> str:
-        return f"<StorePersistence session={self.session_id} epoch={self.epoch} head={self.head} queued={len(self._lines)}>"
+        held = len(self._held[1]) if self._held else 0
+        return f"<LineWriter session={self.session_id} epoch={self.epoch} queued={len(self._queue)} held={held}>"
+
+    def push(self, line: dict[str, Any]) -> None:
+        if self.closed:
+            return
+        line = {**line, "epoch": self.epoch}
+        last = self._queue[-1] if self._queue else None
+        kind = line.get("type")
+        if (
+            last is not None
+            and kind in _MERGEABLE
+            and last.get("type") == kind
+            and last.get("step") == line.get("step")
+            and last.get("messageId") == line.get("messageId")
+        ):
+            last["delta"] = last["delta"] + line["delta"]
+        else:
+            self._queue.append(line)
+        self._queued_bytes += len(str(line.get("delta", ""))) + 64
+        if self._queued_bytes >= COALESCE_BYTES:
+            self._schedule(0)
+        elif self._timer is None:
+            self._schedule(COALESCE_MS / 1000)
+
+    def queue(self, lines: Iterable[Mapping[str, Any]]) -> None:
+        """Queues lines as given: no merging and no timer, so they wait for the next
+        record or `flush()`."""
+        if self.closed:
+            return
+        for line in lines:
+            self._queue.append({**line, "epoch": self.epoch})
+            self._queued_bytes += len(str(line.get("delta", ""))) + 64
+
+    def _schedule(self, delay_s: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(delay_s, self._background_flush)
+
+    def _background_flush(self) -> None:
+        self._timer = None
+        if self._flushing is None or self._flushing.done():
+            self._flushing = asyncio.ensure_future(self._flush_quietly())
+
+    async def _flush_quietly(self) -> None:
+        try:
+            await self.flush()
+        except FxLeaseLostError:
+            pass
+        except Exception:  # noqa: BLE001 - the next flush (or the record) retries
+            log.warning("writing lines of %s failed", self.session_id, exc_info=True)
+
+    def take(self) -> list[dict[str, Any]]:
+        """Removes and returns the queued lines (the caller writes them; hold `lock`)."""
+        lines, self._queue, self._queued_bytes = self._queue, [], 0
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        return lines
+
+    def hold(self, key: str, lines: list[dict[str, Any]]) -> None:
+        """Keeps lines whose call (keyed `key`) failed and may have run: `send_held()`
+        resends them first, alone, under the same key (hold `lock`)."""
+        if lines and not self.closed:
+            self._held = (key, lines)
+
+    def fenced(self) -> None:
+        """A write was refused: this writer writes nothing more."""
+        self.closed = True
+        self._held = None
+        self._queue, self._queued_bytes = [], 0
+        if self.on_fenced:
+            self.on_fenced()
+
+    async def send_held(self) -> list[int]:
+        """Resends a held batch under its own key (hold `lock`): stored once, whether or
+        not its first call ran. Returns the batch's cursors."""
+        if self._held is None:
+            return []
+        key, lines = self._held
+        self._held = None
+        return await self._send(key, lines)
+
+    async def _send(self, key: str, lines: list[dict[str, Any]]) -> list[int]:
+        try:
+            appended = await retry_unavailable(
+                lambda: self.store.append(self.session_id, self.epoch, lines=lines, idempotency_key=key),
+                due_ms=self.lease_due_ms,
+                what=f"writing {len(lines)} line(s) of {self.session_id}",
+                stop=lambda: self.closed,
+            )
+        except FxLeaseLostError:
+            self.fenced()
+            raise
+        except BaseException:
+            self.hold(key, lines)
+            raise
+        return list(appended.lines)
+
+    async def flush(self) -> list[int]:
+        """Writes every queued line now (a held batch first), one fenced call per batch;
+        returns the cursors of the lines it stored."""
+        async with self.lock:
+            cursors = await self.send_held()
+            lines = self.take()
+            if not lines:
+                return cursors
+            self._calls += 1
+            return cursors + await self._send(f"lines:{self.epoch}:{self._calls}", lines)
+
+
+EndLine = Callable[[list[tuple[str, dict[str, Any]]]], "dict[str, Any] | None"]
+
+
+class StorePersistence:
+    """The engine's `Persistence` for one claim: fenced appends that carry the queued lines.
+
+    `load()` is the claim's snapshot (checkpoint, records after it, head); `append()` is
+    one fenced store call with the record and every line queued before it; a repeated
+    idempotency key returns the stored cursor (the store's own dedup). Writes go under
+    the session and epoch of `writer` (by default a new `LineWriter` of the claim).
+
+    `end_line(events)`, given the decoded events of a record that ends or yields a turn,
+    returns the line to store last in the same call (or None); `on_end_line(line)` is
+    told once that call succeeded, `on_record()` after every stored record.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        claim: Claim,
+        *,
+        writer: LineWriter | None = None,
+        on_record: Callable[[], None] | None = None,
+        end_line: EndLine | None = None,
+        on_end_line: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.claim = claim
+        self.writer = writer if writer is not None else LineWriter(store, claim.session_id, claim.epoch)
+        self.session_id = self.writer.session_id
+        self.epoch = self.writer.epoch
+        self.head = claim.head
+        self.on_record = on_record
+        self.end_line = end_line
+        self.on_end_line = on_end_line
+
+    def __repr__(self) -> str:
+        return f"<StorePersistence session={self.session_id} epoch={self.epoch} head={self.head}>"
 
     def queue_lines(self, lines: Iterable[Mapping[str, Any]]) -> None:
-        """UI lines to store with the next record (or with `flush_lines()`)."""
-        self._lines.extend(lines)
+        """UI lines to store with the next record (or with `flush_lines()`), as given."""
+        self.writer.queue(lines)
 
     async def flush_lines(self) -> list[int]:
         """Stores the queued UI lines now (fenced); returns their cursors."""
-        async with self._lock:
-            if not self._lines:
-                return []
-            lines, self._lines = self._lines, []
-            try:
-                appended = await self.store.append(self.session_id, self.epoch, lines=lines)
-            except BaseException:
-                self._lines[:0] = lines
-                raise
-            return appended.lines
+        return await self.writer.flush()
 
     async def load(self) -> Loaded:
         return self.claim.loaded()
+
+    def _end_line_of(self, data: bytes, marks: list[Mark]) -> dict[str, Any] | None:
+        if self.end_line is None or not any("end" in m or "yield" in m for m in marks):
+            return None
+        from fxengine.journal.records import decode_batch
+
+        line = self.end_line(decode_batch(bytes(data)))
+        return None if line is None else {**line, "epoch": self.epoch}
 
     async def append(
         self,
@@ -66,23 +298,41 @@ class StorePersistence:
         barrier: bool,
         marks: list[Mark],
     ) -> str:
-        async with self._lock:
-            lines, self._lines = self._lines, []
+        record = StoreRecord(idempotency_key, bytes(data), list(marks))
+        end_line = self._end_line_of(data, marks)
+        async with self.writer.lock:
+            await self.writer.send_held()  # an earlier batch that may have run goes first
+            lines = self.writer.take()
+            sent = lines + [end_line] if end_line is not None else lines
             try:
-                appended: Appended = await self.store.append(
-                    self.session_id,
-                    self.epoch,
-                    records=[StoreRecord(idempotency_key, bytes(data), list(marks))],
-                    lines=lines,
-                    expected=expected,
-                    durable=barrier,
+                # A retry sends the same idempotency key: a call that ran but lost its
+                # reply is answered from the store and stores nothing again.
+                appended = await retry_unavailable(
+                    lambda: self.store.append(
+                        self.session_id,
+                        self.epoch,
+                        records=[record],
+                        lines=sent,
+                        expected=expected,
+                        durable=barrier,
+                    ),
+                    due_ms=self.writer.lease_due_ms,
+                    what=f"appending record {idempotency_key} of {self.session_id}",
+                    stop=lambda: self.writer.closed,
                 )
-            except BaseException:
-                self._lines[:0] = lines
+            except FxLeaseLostError:
+                self.writer.fenced()
                 raise
-            self.head = appended.records[0]
-            return appended.records[0]
+            except BaseException:
+                # The end line is not held: it is stored with its record or not at all.
+                self.writer.hold(idempotency_key, lines)
+                raise
+        self.head = str(appended.records[0])
+        if end_line is not None and self.on_end_line:
+            self.on_end_line(end_line)
+        if self.on_record:
+            self.on_record()
+        return self.head
 
     async def save_checkpoint(self, *, through: str, data: bytes) -> None:
-        async with self._lock:
-            await self.store.save_checkpoint(self.session_id, self.epoch, through=through, data=data)
+        await self.store.save_checkpoint(self.session_id, self.epoch, through=through, data=data)

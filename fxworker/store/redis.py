@@ -26,7 +26,7 @@ from ..errors import FxStoreUnavailableError
 from ..scripts import AsyncRunner
 from ._boundary import ServerCheck, client_factories, map_redis_errors
 from ._core import READY_GRACE_MS, UNCHECKED, Op, RecordLike, StoreCore
-from .persistence import StorePersistence
+from .persistence import LineWriter, StorePersistence
 from .sync import SyncRedisStore
 from .types import Accepted, Appended, Claim, Input, InputKind, Mark, ReadySession, Released, SessionState
 
@@ -241,7 +241,7 @@ class RedisStore:
 
     def persistence(self, session_id: str, epoch: int, claim: Claim) -> StorePersistence:
         """The engine-facing `Persistence` of this claim (fenced on `epoch`)."""
-        return StorePersistence(self, session_id, epoch, claim)
+        return StorePersistence(self, claim, writer=LineWriter(self, session_id, epoch))
 
     # -- readers -------------------------------------------------------------------------
 

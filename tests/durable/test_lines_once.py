@@ -25,7 +25,7 @@ from fxengine.testing import Reply, ScriptedModel, tool_call
 from fxengine.tools import Tool
 from fxworker import Agent, Settings, runtime
 from fxworker.errors import FxStoreUnavailableError
-from fxworker.lines import LineWriter, RunnerPersistence, now_ms
+from fxworker.store.persistence import LineWriter, StorePersistence, now_ms
 from fxworker.store import RedisStore, memory_store
 from fxworker.wakers import InProcessWaker
 from tests.durable.conftest import last_message_text, responder
@@ -91,7 +91,7 @@ async def test_a_batch_that_may_have_run_is_resent_under_its_key_before_newer_li
     assert _deltas(await store.read_lines(sid, 0)) == ["a", "b"]
     # A record's call that ran but lost its reply: the lines that rode with it are held
     # under the record's key, so resent alone they are not stored again.
-    persistence = RunnerPersistence(store, sid, claim, writer)
+    persistence = StorePersistence(store, claim, writer=writer)
     writer.push({"type": "text_delta", "messageId": "m1", "step": 2, "delta": "c"})
     due["ms"] = now_ms()
     store.lose = 1
