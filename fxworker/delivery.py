@@ -97,7 +97,7 @@ async def handle_wake(payload: dict[str, Any], *, deadline_ms: int | None = None
         session_id,
         deadline_ms=deadline_ms,
         reason=reason,
-        http_client=loop_thread.http_client if loop_thread is not None else None,
+        http_client=loop_thread.http_client_for(session_id) if loop_thread is not None else None,
         stopping=loop_thread.stopping if loop_thread is not None else None,
     )
     outcome = await runner.run()

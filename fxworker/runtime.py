@@ -2,7 +2,10 @@
 
 A Celery `threads` pool hands each delivery to this loop (`run_coroutine_threadsafe`)
 and waits on it, so one process runs 100+ turns at once while each waits on its model.
-All engines of the process share one `httpx.AsyncClient`.
+The engines of the process share `HTTP_CLIENTS` `httpx.AsyncClient`s, a session always
+on the same one: httpcore's pool walks every connection it holds (and asks each idle
+one's socket whether it is readable) on every request start and end, so one pool of
+100+ connections costs a turn more CPU than the rest of its HTTP work.
 
 The embedded dev mode (no `REDIS_URL`) runs the same runner in worker threads of this
 process (`start_embedded_workers`): each has its own loop, and the loss of one is
@@ -16,6 +19,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import zlib
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -26,15 +30,21 @@ from . import metrics
 T = TypeVar("T")
 log = logging.getLogger("fxworker.runtime")
 
+# The loop's shared HTTP clients, and the connection limits of each: together the same
+# 1000 connections (200 kept alive) one client had.
+HTTP_CLIENTS = 8
+HTTP_LIMITS = httpx.Limits(max_connections=1000 // HTTP_CLIENTS, max_keepalive_connections=200 // HTTP_CLIENTS)
+HTTP_TIMEOUT = httpx.Timeout(connect=10.0, read=600.0, write=30.0, pool=600.0)
+
 
 class LoopThread:
-    """An asyncio loop running in a daemon thread, with the process's shared HTTP client."""
+    """An asyncio loop running in a daemon thread, with the process's shared HTTP clients."""
 
     def __init__(self, name: str = "fx-loop") -> None:
         self.name = name
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
-        self._client: httpx.AsyncClient | None = None
+        self._clients: list[httpx.AsyncClient] = []
         self.stopping = threading.Event()  # warm shutdown: running turns yield and requeue
         self.killed = False
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
@@ -55,13 +65,18 @@ class LoopThread:
 
     @property
     def http_client(self) -> httpx.AsyncClient:
-        """The shared client of every engine on this loop (created on first use, on the loop)."""
-        if self._client is None:
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(connect=10.0, read=600.0, write=30.0, pool=600.0),
-                limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
-            )
-        return self._client
+        """The first of this loop's shared HTTP clients (see `http_client_for`)."""
+        return self._http_clients()[0]
+
+    def http_client_for(self, session_id: str) -> httpx.AsyncClient:
+        """The shared HTTP client of `session_id`'s engines on this loop (always the same one)."""
+        clients = self._http_clients()
+        return clients[zlib.crc32(session_id.encode()) % len(clients)]
+
+    def _http_clients(self) -> list[httpx.AsyncClient]:
+        if not self._clients:  # created on first use, on the loop
+            self._clients = [httpx.AsyncClient(timeout=HTTP_TIMEOUT, limits=HTTP_LIMITS) for _ in range(HTTP_CLIENTS)]
+        return self._clients
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Schedules `coro` on the loop from any thread."""
@@ -74,7 +89,7 @@ class LoopThread:
         return self.submit(coro).result(timeout_s)
 
     def close(self, *, timeout_s: float = 5.0) -> None:
-        """Closes the shared client and stops the loop."""
+        """Closes the shared HTTP clients and stops the loop."""
         if not self.loop.is_running():
             return
 
@@ -84,9 +99,9 @@ class LoopThread:
             for task in others:
                 task.cancel()
             await asyncio.gather(*others, return_exceptions=True)
-            if self._client is not None:
-                await self._client.aclose()
-                self._client = None
+            clients, self._clients = self._clients, []
+            for client in clients:
+                await client.aclose()
 
         try:
             self.submit(_aclose()).result(timeout_s)

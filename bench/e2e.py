@@ -1,0 +1,276 @@
+"""End to end: many turns at once on one worker process, against the time of one (§7).
+
+Starts, each in its own process: a throwaway `redis-server`, the scripted model server
+(every request waits `DELAY_MS`, then answers "ok"), and one Celery worker
+(`-P threads -c 100`, agents of `tests.durable.agents`). This process is the client: it
+prompts one session and follows its turn to the end (the one-session time, best of a few),
+then prompts `SESSIONS` new sessions at once and follows every turn to its end.
+
+Prints the one-session time, the many-session time and their ratio, where the many-session
+time goes (when the model requests arrived, relative to the first prompt), and the Redis
+commands per turn (`INFO commandstats` deltas over the many-session run, client included).
+
+Run: ``.venv/bin/python bench/e2e.py`` (about 20 s); ``--sessions N``, ``--delay-ms MS``;
+``--monitor`` also lists every Redis command of one turn, by the process that sent it;
+``--profile PATH`` samples the worker with py-spy during the many-session run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.support.redis_server import RedisServer  # noqa: E402
+from tests.support.workers import CeleryWorker  # noqa: E402
+
+SESSIONS = 100
+DELAY_MS = 200
+ONE_RUNS = 3
+ROUNDS = 4
+
+
+# ---------------------------------------------------------------------------- model server
+
+
+def serve_model() -> None:
+    """The model server process: prints its base URL, serves until stdin closes, then
+    prints the arrival times (epoch ms) of the chat requests as one JSON line."""
+    from fxengine.testing import Reply, ScriptedModel, delay, text
+
+    def responder(request: Any) -> Reply:
+        messages = request.body.get("messages") or []
+        last = messages[-1].get("content") if messages else ""
+        ms = float(last[5:]) if isinstance(last, str) and last.startswith("slow:") else 0.0
+        return Reply(delay(ms), text("ok"))
+
+    with ScriptedModel(responder=responder) as model:
+        print(model.base_url, flush=True)
+        sys.stdin.read()
+        arrivals = [r.at_ms for r in model.requests if r.path.endswith("/chat/completions")]
+        print(json.dumps(arrivals), flush=True)
+
+
+class ModelProcess:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve-model"], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.base_url = self.proc.stdout.readline().strip()
+        if not self.base_url.startswith("http"):
+            raise RuntimeError("the model server did not start")
+
+    def arrivals_ms(self) -> list[float]:
+        """Stops the server; the arrival times of every chat request it served."""
+        out, _ = self.proc.communicate(timeout=15)
+        return json.loads(out.strip().splitlines()[-1])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+# ---------------------------------------------------------------------------- client
+
+
+def commandstats(client: redis.Redis) -> dict[str, int]:
+    return {name.removeprefix("cmdstat_"): int(s["calls"]) for name, s in client.info("commandstats").items()}
+
+
+def cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) a process used so far, its threads included."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def monitor_one_turn(redis_url: str, run: Any) -> list[tuple[str, str]]:
+    """(client address, command) of every Redis command sent while `run()` runs."""
+    from fxworker.scripts import SCRIPTS
+
+    names = {s.sha: s.name for s in SCRIPTS.values()}
+    seen: list[tuple[str, str]] = []
+    stop = threading.Event()
+    started = threading.Event()
+
+    def watch() -> None:
+        client = redis.Redis.from_url(redis_url)
+        with client.monitor() as m:
+            started.set()
+            for event in m.listen():
+                if stop.is_set():
+                    return
+                parts = event["command"].split(" ")
+                if parts[0] == "EVALSHA" and len(parts) > 1:
+                    parts[0] = f"EVALSHA {names.get(parts[1], parts[1][:8])}"
+                seen.append((event["client_address"] + ":" + str(event["client_port"]), parts[0]))
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    started.wait(5)
+    run()
+    time.sleep(0.3)  # let the worker's release and the monitor's last lines arrive
+    stop.set()
+    redis.Redis.from_url(redis_url).ping()  # one more event so the listener returns
+    thread.join(5)
+    return seen
+
+
+def extra_env() -> dict[str, str]:
+    """`FX_BENCH_AGENTS` (a module on `FX_BENCH_PYTHONPATH`) replaces the worker's agents module."""
+    env = {}
+    if os.environ.get("FX_BENCH_AGENTS"):
+        env["FX_AGENTS"] = os.environ["FX_BENCH_AGENTS"]
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("FX_BENCH_PYTHONPATH", "")])
+    return env
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--serve-model", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sessions", type=int, default=SESSIONS)
+    parser.add_argument("--delay-ms", type=int, default=DELAY_MS)
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="bursts of new sessions, one after another")
+    parser.add_argument("--concurrency", type=int, default=100, help="the worker's -c")
+    parser.add_argument("--monitor", action="store_true", help="list the Redis commands of one turn")
+    parser.add_argument("--profile", metavar="PATH", help="py-spy the worker during the many-session run "
+                        "(collapsed stacks to PATH; needs py-spy installed)")
+    args = parser.parse_args()
+    if args.serve_model:
+        serve_model()
+        return
+
+    started = time.monotonic()
+    server = RedisServer()
+    model = ModelProcess()
+    prefix = f"fxbench{uuid.uuid4().hex[:8]}"
+    worker = CeleryWorker(
+        redis_url=server.url, prefix=prefix, queues=("default",), agents=("default",),
+        concurrency=args.concurrency,
+        env={"FX_TEST_MODEL_URL": model.base_url, "FX_LOG_LEVEL": "WARNING", **extra_env()},
+    )
+    try:
+        worker.start(timeout_s=30)
+        print(f"worker pid {worker.pid}, model server pid {model.proc.pid}, redis port {server.port}")
+        run(args, server, model, worker, prefix)
+    finally:
+        worker.close()
+        model.close()
+        server.stop()
+    print(f"bench took {time.monotonic() - started:.1f} s")
+
+
+def run(args: Any, server: RedisServer, model: ModelProcess, worker: CeleryWorker, prefix: str) -> None:
+    from fxworker import Agent, Settings
+    from fxworker.agent import _loop
+    from fxworker.celery_app import make_celery_app
+    from fxworker.store import redis_store
+    from fxworker.wakers import CeleryWaker
+    from tests.durable.tooling import provider, tools
+
+    settings = Settings(redis_url=server.url, prefix=prefix, lease_s=3.0, reserve_s=4.0)
+    agent = Agent(
+        "default", model="scripted", provider=provider(model.base_url), tools=tools(), api_key="test-key",
+        store=redis_store(server.url, prefix=prefix), waker=CeleryWaker(make_celery_app(settings)), settings=settings,
+    )
+    prompt = f"slow:{args.delay_ms}"
+    stats = redis.Redis.from_url(server.url)
+
+    def one() -> float:
+        t0 = time.monotonic()
+        result = agent.blocking_session().prompt(prompt).result()
+        assert result.stop_reason == "end_turn", result
+        return time.monotonic() - t0
+
+    one()  # warm up the worker and this process
+    one_s = min(one() for _ in range(ONE_RUNS))
+
+    if args.monitor:
+        seen = monitor_one_turn(server.url, one)
+        by_client: dict[str, list[str]] = {}
+        for addr, command in seen:
+            by_client.setdefault(addr, []).append(command)
+        print("Redis commands of one turn, by connection:")
+        for addr, commands in by_client.items():
+            print(f"  {addr}: {len(commands)}: {', '.join(commands)}")
+
+    async def many() -> tuple[list[Any], float]:
+        sessions = [agent.session() for _ in range(args.sessions)]
+        turns = await asyncio.gather(*[s.prompt(prompt) for s in sessions])
+        accepted_s = time.monotonic()
+        # Followed one after the other, as the test does: a turn that ended is read at once.
+        return [await t.result() for t in turns], accepted_s
+
+    spy = None
+    if args.profile:
+        spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(worker.pid), "-r", "400",
+                                "--format", "raw", "-o", args.profile, "--nonblocking", "--gil", "--threads"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)  # py-spy attaches
+    pids = {"worker": worker.pid, "model server": model.proc.pid, "redis": server.proc.pid if server.proc else None,
+            "client": os.getpid()}
+    rounds: list[dict[str, Any]] = []
+    for _ in range(args.rounds):
+        cpu_before = {name: cpu_s(pid) for name, pid in pids.items()}
+        before = commandstats(stats)
+        t0_wall_ms = time.time() * 1000
+        t0 = time.monotonic()
+        results, accepted_s = _loop().run(many(), timeout_s=120)
+        many_s = time.monotonic() - t0
+        after = commandstats(stats)
+        assert [r.stop_reason for r in results] == ["end_turn"] * args.sessions, results[:3]
+        rounds.append({
+            "s": many_s, "accepted_s": accepted_s - t0, "t0_wall_ms": t0_wall_ms, "end_wall_ms": time.time() * 1000,
+            "cpu": {name: cpu_s(pid) - cpu_before[name] for name, pid in pids.items()},
+            "commands": {k: after[k] - before.get(k, 0) for k in after},
+        })
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(30)
+    arrivals_ms = model.arrivals_ms()
+
+    n = args.sessions
+    print(f"one session: {one_s * 1000:.0f} ms (best of {ONE_RUNS}), model delay {args.delay_ms} ms")
+    for i, r in enumerate(rounds, 1):
+        arrivals = sorted(a - r["t0_wall_ms"] for a in arrivals_ms if r["t0_wall_ms"] <= a <= r["end_wall_ms"])
+        print(f"round {i}{' (cold pools)' if i == 1 else ''}: {n} sessions at once on one worker: "
+              f"{r['s'] * 1000:.0f} ms ({r['s'] / one_s:.1f}x)")
+        print(f"  prompts accepted and woken by {r['accepted_s'] * 1000:.0f} ms; model requests arrived "
+              f"{arrivals[0]:.0f} ms (first) to {arrivals[-1]:.0f} ms (last); after the last delay "
+              f"{r['s'] * 1000 - arrivals[-1] - args.delay_ms:.0f} ms to the end")
+        print("  CPU: " + ", ".join(f"{name} {v * 1000:.0f} ms" for name, v in r["cpu"].items())
+              + f" ({os.cpu_count()} cores)")
+    per_turn = {k: v / n for k, v in rounds[-1]["commands"].items() if k != "info"}
+    print("Redis commands per turn, client and worker (last round): "
+          + ", ".join(f"{k} {v:.1f}" for k, v in sorted(per_turn.items(), key=lambda kv: -kv[1]) if v >= 0.05))
+    times = sorted(r["s"] for r in rounds)
+    median_s = times[len(times) // 2]
+    print(f"RESULT one session {one_s * 1000:.0f} ms; {n} at once: first round {rounds[0]['s'] * 1000:.0f} ms "
+          f"({rounds[0]['s'] / one_s:.1f}x), median of {len(rounds)} {median_s * 1000:.0f} ms ({median_s / one_s:.1f}x)")
+    agent.close()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
