@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .background import SessionLoop
 from .errors import FxLeaseLostError, FxStoreUnavailableError
 
 log = logging.getLogger("fxworker.leases")
@@ -24,8 +25,10 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class LeaseKeeper:
+class LeaseKeeper(SessionLoop):
     """Renews one claimed lease until stopped; reports a lost lease through `on_lost`."""
+
+    TASK_NAME = "lease"
 
     def __init__(
         self,
@@ -43,26 +46,12 @@ class LeaseKeeper:
         self.on_lost = on_lost
         self.expires_ms = now_ms() + lease_ms
         self.lost = False
-        self._task: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return (
             f"<LeaseKeeper session={self.session_id} epoch={self.epoch} "
             f"expires_in_ms={self.expires_ms - now_ms()} lost={self.lost}>"
         )
-
-    def start(self) -> LeaseKeeper:
-        self._task = asyncio.create_task(self._run(), name=f"lease:{self.session_id}")
-        return self
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
 
     async def _run(self) -> None:
         interval_s = self.lease_ms / 3000

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from .background import SessionLoop
 from .errors import FxStoreUnavailableError
 
 log = logging.getLogger("fxworker.watch")
@@ -22,31 +23,19 @@ log = logging.getLogger("fxworker.watch")
 WATCH_INTERVAL_S = 0.25
 
 
-class InboxWatcher:
+class InboxWatcher(SessionLoop):
     """Follows a session's inbox after `after_seq`, calling `on_input(entry)` for each entry."""
+
+    TASK_NAME = "watch"
 
     def __init__(self, store: Any, session_id: str, *, after_seq: int, on_input: Callable[[Any], None]) -> None:
         self.store = store
         self.session_id = session_id
         self.after_seq = after_seq
         self.on_input = on_input
-        self._task: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"<InboxWatcher session={self.session_id} after_seq={self.after_seq}>"
-
-    def start(self) -> InboxWatcher:
-        self._task = asyncio.create_task(self._run(), name=f"watch:{self.session_id}")
-        return self
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
 
     async def _run(self) -> None:
         while True:
