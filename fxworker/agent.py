@@ -244,9 +244,9 @@ class Session:
     @property
     def store(self) -> Any:
         """The agent's store, each call timed in `fxworker.metrics.STORE_LATENCY`."""
-        from .runtime import BoundedStore
+        from .runtime import TimedStore
 
-        return BoundedStore(self.agent.store, bounded=False)
+        return TimedStore(self.agent.store)
 
     def _settings_payload(self) -> dict[str, Any] | None:
         out: dict[str, Any] = {}

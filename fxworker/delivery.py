@@ -43,13 +43,13 @@ def _store_for(hint: str | None) -> tuple[Any, Any]:
     if agent is None:
         known = registry.agents()
         agent = next(iter(known.values()), None)
-    from .runtime import BoundedStore
+    from .runtime import TimedStore
 
     if agent is not None:
-        return BoundedStore(agent.store), agent
+        return TimedStore(agent.store), agent
     from .agent import default_store
 
-    return BoundedStore(default_store(Settings.from_env())), None
+    return TimedStore(default_store(Settings.from_env())), None
 
 
 async def handle_wake(payload: dict[str, Any], *, deadline_ms: int | None = None, loop_thread: Any = None) -> str:

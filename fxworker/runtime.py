@@ -249,11 +249,3 @@ class TimedStore:
                 return await attr(*args, **kwargs)
 
         return call
-
-
-class BoundedStore(TimedStore):
-    """The former name of `TimedStore`; `bounded` is accepted and ignored (the store's
-    connection pool bounds the calls now)."""
-
-    def __init__(self, store: Any, *, bounded: bool = True) -> None:
-        super().__init__(store)

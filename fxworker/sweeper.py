@@ -50,9 +50,9 @@ class Sweeper:
     """One sweeping loop: `sweep_once()` every `interval_s` while it holds the guard."""
 
     def __init__(self, store: Any, *, interval_s: float, guard: Any, wake: Any) -> None:
-        from .runtime import BoundedStore
+        from .runtime import TimedStore
 
-        self.store = BoundedStore(store)
+        self.store = TimedStore(store)
         self.interval_s = interval_s
         self.guard = guard  # async callable(px_ms) -> bool: may this process sweep now?
         self.wake = wake  # callable(session_id, agent) -> None
