@@ -16,8 +16,10 @@ loses it again when new input is accepted):
                       deaths / step / turn_cursor (the open turn; turn_cursor: the UI
                       cursor of its turn_start line), turns, last_turn, cancel (the
                       message id a cancel targets), steers / steer_bytes (queued steers),
-                      expiring (1 while the session's keys carry the retention TTL).
-                      Written by accept, append, claim, release, cancel.
+                      expiring (1 while the session's keys carry the retention TTL),
+                      line_key (the newest line-only call key, see `keys`).
+                      Written by accept, append, claim, release, cancel; save_checkpoint
+                      clears line_key.
     lease     HASH    holder, epoch, expires_ms, state (held | released). The epoch
                       never goes down, even across releases. claim, renew, release;
                       checked by append and save_checkpoint.
@@ -35,7 +37,12 @@ loses it again when new input is accepted):
     pending   ZSET    ids not yet consumed, scored by inbox seq (acceptance order).
                       accept, append; read by claim, cancel, state.
     keys      HASH    idempotency key -> "cursor:first_line:last_line" of the call that
-                      stored it. append; pruned by save_checkpoint with the records.
+                      stored it. Besides the records' keys it holds the newest line-only
+                      call key (a line flush's `lines:<epoch>:<n>`, named by meta
+                      line_key) -> "head:first_line:last_line", head being the log head
+                      the flush followed; append replaces it with the next one. append;
+                      pruned by save_checkpoint with the records, and of the line-only
+                      key once a later record is covered.
     ckpt      HASH    data (opaque bytes, <= 4 MiB), through (log cursor it covers).
                       save_checkpoint; read by claim.
 
@@ -48,6 +55,12 @@ Across sessions (tag `{~index}`, no TTL):
                       a grace period (see `fxworker.store`).
     sessions  ZSET    session id -> ms first seen. Written with every ready mark; read by
                       list_sessions.
+
+Outside the scripts (plain commands, no hash tag, no session TTL):
+
+    sweeper                  STRING  who sweeps now (`sweeper_guard_key`)
+    workers:<hostname>       STRING  a started Celery worker's pid (`worker_ready_key`)
+    wake:seen:<signature>    STRING  a signed wake already taken (`wake_seen_key`)
 """
 
 from __future__ import annotations
@@ -116,3 +129,24 @@ def session_keys(prefix: str, session_id: str) -> SessionKeys:
 def index_keys(prefix: str) -> IndexKeys:
     """The ready set and the session index under `prefix`, tagged `{~index}`."""
     return IndexKeys(ready=f"{prefix}:{INDEX_TAG}:ready", sessions=f"{prefix}:{INDEX_TAG}:sessions")
+
+
+def sweeper_guard_key(prefix: str) -> str:
+    """Which worker process sweeps now (`fxworker.sweeper`)."""
+    # STRING, PX = 0.9 x the sweep interval (at least 50 ms): the value is the sweeping process's token,
+    # set with SET NX PX. Not a session key (no hash tag).
+    return f"{prefix}:sweeper"
+
+
+def worker_ready_key(prefix: str, hostname: str) -> str:
+    """The pid of the Celery worker `hostname` once it consumes (`fxworker.sweeper`)."""
+    # STRING, 1 h TTL: set with SET EX when the worker is ready; tests wait on it.
+    return f"{prefix}:workers:{hostname}"
+
+
+def wake_seen_key(prefix: str, signature: str) -> str:
+    """A signed wake already taken by a web process (`fxworker.web.wake`)."""
+    # STRING, PX = twice the wake window: a signature stays taken for as long as its
+    # timestamp is accepted (either side of now). SET NX PX; deleted when the delivery
+    # should be let through again. Not a session key (no hash tag).
+    return f"{prefix}:wake:seen:{signature.removeprefix('sha256=')}"

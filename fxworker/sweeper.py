@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any
 
+from .keys import sweeper_guard_key, worker_ready_key
 from .settings import Settings
 
 log = logging.getLogger("fxworker.sweeper")
@@ -23,16 +24,6 @@ log = logging.getLogger("fxworker.sweeper")
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def guard_key(prefix: str) -> str:
-    # STRING, PX = the sweep interval: who sweeps now. Not a session key (no hash tag).
-    return f"{prefix}:sweeper"
-
-
-def worker_ready_key(prefix: str, hostname: str) -> str:
-    # STRING, 1 h TTL: the pid of a Celery worker that finished starting (tests wait on it).
-    return f"{prefix}:workers:{hostname}"
 
 
 def mark_worker_ready(settings: Settings, *, hostname: str, pid: int) -> None:
@@ -108,7 +99,7 @@ def _redis_guard(settings: Settings) -> Any:
         nonlocal client
         if client is None:
             client = aioredis.Redis.from_url(settings.redis_url or "")
-        key = guard_key(settings.prefix)
+        key = sweeper_guard_key(settings.prefix)
         if await client.set(key, token, nx=True, px=max(px_ms, 50)):
             return True
         return (await client.get(key)) == token.encode()

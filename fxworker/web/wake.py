@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response
 from fxengine.errors import FxError
 from fxworker import metrics
 from fxworker.errors import FxConfigError, FxUnknownSessionError, FxWakeRefusedError
+from fxworker.keys import wake_seen_key
 
 from .bodies import WakeBody, parse_body, read_body
 from .errors import error_body, fx_error_response
@@ -106,8 +107,7 @@ class RedisReplayGuard:
         return f"<RedisReplayGuard prefix={self.prefix}>"
 
     def key(self, signature: str) -> str:
-        # string, TTL = the wake window; not a session key, so it carries no session hash tag.
-        return f"{self.prefix}:wake:seen:{signature.removeprefix('sha256=')}"
+        return wake_seen_key(self.prefix, signature)
 
     async def reserve(self, signature: str, window_s: float) -> bool:
         return bool(await self.client.set(self.key(signature), b"1", nx=True, px=int(window_s * 2000)))
