@@ -476,11 +476,15 @@ class Runner:
     async def _end_open(self, stop_reason: str, error: dict[str, Any] | None) -> str:
         assert self.engine is not None
         result = await self.engine.end_open_turn(stop_reason, error=error)
-        usage = getattr(result, "usage", None) or {}
+        if error:
+            self.emit("session.error", epoch=self.epoch, turn=self.turn_id, error=error)
+        return await self._write_end(stop_reason, getattr(result, "usage", None) or {}, error)
+
+    async def _write_end(self, stop_reason: str, usage: Any, error: dict[str, Any] | None) -> str:
+        """Writes the `turn_end` line (unless it rode with the end record) and lets the turn go."""
         end: dict[str, Any] = {"stopReason": stop_reason, "usage": usage}
         if error:
             end["error"] = error
-            self.emit("session.error", epoch=self.epoch, turn=self.turn_id, error=error)
         if not self._end_written("turn_end"):
             self._line("turn_end", **end)
         await self._flush()
@@ -517,15 +521,7 @@ class Runner:
             await self._flush()
             self.turn = None
             return "yielded"
-        end: dict[str, Any] = {"stopReason": result.stop_reason, "usage": result.usage or {}}
-        if error:
-            end["error"] = error
-        if not self._end_written("turn_end"):
-            self._line("turn_end", **end)
-        await self._flush()
-        self.turn = None
-        self.turn_id = None
-        return "ended"
+        return await self._write_end(result.stop_reason, result.usage or {}, error)
 
     def _fenced_cause(self, result: Any) -> bool:
         cause = result.error.get("cause") if isinstance(result.error, dict) else None
