@@ -8,9 +8,8 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-import redis
 
-from tests.support.redis_server import RedisServer, external_redis_url
+from tests.support.redis_server import RedisServer, delete_prefix, external_redis_url
 
 if sys.version_info[:2] == (3, 11):
     # CPython 3.11 keeps one AST-construction depth counter per interpreter. Formatting a
@@ -41,9 +40,4 @@ def key_prefix(redis_url: str) -> Iterator[str]:
     """A prefix no other test uses; every key under it is deleted afterwards."""
     prefix = f"fxt{uuid.uuid4().hex[:10]}"
     yield prefix
-    client = redis.Redis.from_url(redis_url)
-    try:
-        for key in client.scan_iter(match=f"*{prefix}*", count=1000):
-            client.delete(key)
-    finally:
-        client.close()
+    delete_prefix(redis_url, prefix)

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 
 from fxengine.testing import Reply, ScriptedModel, delay, hold, text, tool_call
 from tests.durable.tooling import provider, tools
+from tests.support.redis_server import delete_prefix
 from tests.support.workers import Workers
 
 
@@ -72,12 +72,7 @@ def prefix(redis_url: str) -> Iterator[str]:
     """A key prefix for the whole module (the workers are started with it)."""
     value = f"fxd{uuid.uuid4().hex[:10]}"
     yield value
-    client = redis.Redis.from_url(redis_url)
-    try:
-        for key in client.scan_iter(match=f"*{value}*", count=1000):
-            client.delete(key)
-    finally:
-        client.close()
+    delete_prefix(redis_url, value)
 
 
 @pytest.fixture(scope="module")

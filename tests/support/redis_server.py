@@ -99,5 +99,15 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def delete_prefix(url: str, prefix: str) -> None:
+    """Deletes every key of the server at `url` that contains `prefix` (a test's own keys)."""
+    client = redis.Redis.from_url(url)
+    try:
+        for key in client.scan_iter(match=f"*{prefix}*", count=1000):
+            client.delete(key)
+    finally:
+        client.close()
+
+
 def external_redis_url() -> str | None:
     return os.environ.get("FX_TEST_REDIS_URL") or None

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import hypothesis  # noqa: F401  # imported now, at a shallow stack: CPython 3.11.7's AST depth check misfires when the plugin imports it late
 import pytest
-import redis
 
 from fxengine.testing import ScriptedModel
+from tests.support.redis_server import delete_prefix
 from tests.support.workers import Workers
 from tests.web._model import responder
 from tests.web._server import WebProcess
@@ -37,12 +37,7 @@ def model() -> Iterator[ScriptedModel]:
 def prefix(redis_url: str) -> Iterator[str]:
     value = f"fxw{uuid.uuid4().hex[:10]}"
     yield value
-    client = redis.Redis.from_url(redis_url)
-    try:
-        for key in client.scan_iter(match=f"*{value}*", count=1000):
-            client.delete(key)
-    finally:
-        client.close()
+    delete_prefix(redis_url, value)
 
 
 def _env(redis_url: str, prefix: str, model: ScriptedModel, agents: str, **extra: str) -> dict[str, str]:
