@@ -57,9 +57,11 @@ class LeaseKeeper(SessionLoop):
         interval_s = self.lease_ms / 3000
         retry_s = min(interval_s, RETRY_S)
         wait_s = interval_s
-        while True:
+        while not self.stopping:
             await asyncio.sleep(wait_s)
             wait_s = interval_s
+            if self.stopping:
+                return
             try:
                 self.expires_ms = await self.store.renew(
                     self.session_id, self.epoch, lease_ms=self.lease_ms, now_ms=now_ms()

@@ -38,13 +38,15 @@ class InboxWatcher(SessionLoop):
         return f"<InboxWatcher session={self.session_id} after_seq={self.after_seq}>"
 
     async def _run(self) -> None:
-        while True:
+        while not self.stopping:
             try:
                 entries = await self.store.watch_inbox(self.session_id, self.after_seq, block_ms=None)
             except FxStoreUnavailableError as exc:
                 log.warning("watching %s failed (%s); retrying", self.session_id, exc)
                 await asyncio.sleep(0.2)
                 continue
+            if self.stopping:
+                return  # the runner has moved on: what was read stays in the inbox for the next claim
             if not entries:
                 await asyncio.sleep(WATCH_INTERVAL_S)
             for entry in entries:

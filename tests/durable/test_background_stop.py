@@ -1,0 +1,135 @@
+"""`SessionLoop.stop()` returns within a bound, even when its cancel is lost inside a Redis call.
+
+On Python 3.11 redis-py writes to its socket inside `asyncio.wait_for`, which drops a
+cancellation that lands as the write completes; a watcher or lease keeper that lost its
+cancel that way ran for ever and its runner waited at `stop()` (fxworker/background.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from fxworker.background import STOP_TIMEOUT_S
+from fxworker.ids import new_session_id
+from fxworker.leases import LeaseKeeper
+from fxworker.store import redis_store
+from fxworker.watch import InboxWatcher
+
+pytestmark = pytest.mark.redis
+
+STOP_BOUND_S = STOP_TIMEOUT_S + 0.5
+
+
+class CancelSwallowingStore:
+    """A real store whose calls wait at a gate the first time and drop the cancellation that
+    reaches them there, as Python 3.11's `asyncio.wait_for` does when the cancel lands as
+    the inner call completes; then they make the real call and return its result."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.entered = asyncio.Event()
+        self.swallowed = 0
+        self.calls_after_swallow = 0
+
+    async def _swallowing(self, make_call: Any) -> Any:
+        if self.swallowed:
+            self.calls_after_swallow += 1
+        elif not self.entered.is_set():
+            self.entered.set()
+            try:
+                await asyncio.sleep(10)  # the stop's cancel lands here
+            except asyncio.CancelledError:
+                self.swallowed += 1
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        return await make_call()
+
+    async def watch_inbox(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._swallowing(lambda: self.store.watch_inbox(*args, **kwargs))
+
+    async def renew(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._swallowing(lambda: self.store.renew(*args, **kwargs))
+
+
+async def _accepted_session(store: Any) -> str:
+    sid = new_session_id()
+    await store.accept(sid, agent="a", kind="prompt", message_id="m1", input=[{"type": "text", "text": "x"}],
+                       now_ms=int(time.time() * 1000))
+    return sid
+
+
+async def _stop_within_bound(loop: Any) -> float:
+    """Seconds `loop.stop()` took; fails when it has not returned after `STOP_BOUND_S`."""
+    started = time.monotonic()
+    # Not wait_for: cancelling a stop() that waits on its task cancels the task again.
+    stopping = asyncio.ensure_future(loop.stop())
+    done, _ = await asyncio.wait({stopping}, timeout=STOP_BOUND_S)
+    assert done, f"{loop!r}.stop() has not returned after {STOP_BOUND_S} s"
+    stopping.result()
+    return time.monotonic() - started
+
+
+def _watcher(store: Any, sid: str) -> InboxWatcher:
+    return InboxWatcher(store, sid, after_seq=0, on_input=lambda entry: None)
+
+
+def _keeper(store: Any, sid: str, epoch: int) -> LeaseKeeper:
+    # A short lease so renewals (and cancels landing in them) come quickly.
+    return LeaseKeeper(store, sid, epoch, lease_ms=300, on_lost=lambda exc: None)
+
+
+async def _claimed(store: Any, sid: str) -> int:
+    claim = await store.claim(sid, holder="wkr_test", lease_ms=300, now_ms=int(time.time() * 1000))
+    assert claim is not None
+    return claim.epoch
+
+
+@pytest.mark.parametrize("kind", ["watch", "lease"])
+def test_stop_ends_a_loop_whose_cancel_was_swallowed(redis_url: str, key_prefix: str, kind: str) -> None:
+    async def main() -> None:
+        store = CancelSwallowingStore(redis_store(redis_url, prefix=key_prefix))
+        sid = await _accepted_session(store.store)
+        if kind == "watch":
+            loop = _watcher(store, sid).start()
+        else:
+            loop = _keeper(store, sid, await _claimed(store.store, sid)).start()
+        task = loop._task
+        assert task is not None
+        # Stop while a store call is in flight, so the first cancel lands inside it.
+        await asyncio.wait_for(store.entered.wait(), 5)
+        await _stop_within_bound(loop)
+        assert task.done()
+        assert store.swallowed == 1, "the cancel never landed inside a store call"
+        calls = store.calls_after_swallow
+        await asyncio.sleep(0.5)
+        assert store.calls_after_swallow == calls, "the loop went on calling the store after stop()"
+
+    asyncio.run(main())
+
+
+def test_many_stops_on_a_real_store_each_return_within_the_bound(redis_url: str, key_prefix: str) -> None:
+    """1,000 watchers and 200 lease keepers, each stopped at a random point of its loop."""
+
+    async def main() -> None:
+        store = redis_store(redis_url, prefix=key_prefix)
+        sids = [await _accepted_session(store) for _ in range(50)]
+        slowest = 0.0
+        for round_ in range(20):
+            watchers = [_watcher(store, sid).start() for sid in sids]
+            await asyncio.sleep(0.003 * (round_ % 7))
+            durations = await asyncio.gather(*(_stop_within_bound(w) for w in watchers))
+            slowest = max(slowest, *durations)
+            assert all(w._task is None for w in watchers)
+        for round_ in range(4):
+            keepers = [_keeper(store, sid, await _claimed(store, sid)).start() for sid in sids]
+            await asyncio.sleep(0.1 + 0.03 * round_)
+            durations = await asyncio.gather(*(_stop_within_bound(k) for k in keepers))
+            slowest = max(slowest, *durations)
+            for sid, keeper in zip(sids, keepers):
+                await store.release(sid, keeper.epoch)
+        print(f"slowest stop: {slowest * 1000:.1f} ms")
+
+    asyncio.run(main())
