@@ -26,14 +26,13 @@ from .errors import FxError, FxInputError
 from .events import Event
 from .journal.journal import Journal
 from .journal.records import ENGINE_VERSION, decode_batch, decode_checkpoint, encode_checkpoint
-from .limits import check_prompt_input
+from .limits import INSTRUCTIONS_MAX_BYTES, check_context, check_instructions, check_prompt_input
 from .loop import OnAmbiguous, TurnRunner
 from .persistence import Mark, Persistence
-from .providers import Provider, resolve_model, resolve_provider
+from .providers import Provider, check_model, resolve_provider
 from .tools.definition import Tool, check_tools
 from .turn import Turn, TurnResult
 
-INSTRUCTIONS_MAX_BYTES = 64 * 1024
 DEFAULT_MAX_MODEL_TURNS = 50
 # A streamed reply may pause for minutes (long reasoning); connecting may not.
 DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=300.0, write=30.0, pool=30.0)
@@ -44,16 +43,11 @@ EventSink = Callable[[Event], None]
 _TURN_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
 
 
-def _check_instructions(instructions: Any) -> str | None:
-    if instructions is None:
-        return None
-    if isinstance(instructions, (list, tuple)) and all(isinstance(i, str) for i in instructions):
-        instructions = "\n\n".join(instructions)
-    if not isinstance(instructions, str):
-        raise FxInputError("instructions must be a string or a list of strings")
-    if len(instructions.encode("utf-8")) > INSTRUCTIONS_MAX_BYTES:
-        raise FxInputError("instructions are over 64 KiB", code="FX_LIMIT_INSTRUCTIONS")
-    return instructions or None
+def check_max_model_turns(max_model_turns: Any) -> int:
+    """Model requests per turn: a positive integer (`FX_INVALID_INPUT` otherwise)."""
+    if isinstance(max_model_turns, bool) or not isinstance(max_model_turns, int) or max_model_turns < 1:
+        raise FxInputError("max_model_turns must be a positive integer")
+    return max_model_turns
 
 
 def _check_turn_id(turn_id: Any) -> str:
@@ -413,34 +407,36 @@ async def create_engine(
         event_sink: gets every turn event synchronously, in order.
         max_model_turns: model requests per turn before it stops `max_model_turns`.
         http_client: a shared `httpx.AsyncClient` (not closed by the engine).
-        session_id, context, epoch: handed to every tool call's `ctx`.
+        session_id, context, epoch: handed to every tool call's `ctx`; `context` is JSON
+            (`fxengine.limits.check_context`: finite numbers, valid Unicode, ≤ 32 levels,
+            ≤ 64 KiB).
         model_catalog: model entries for AI Gateway, to check settings offline.
 
     Raises:
-        FxInputError: a bad model, setting, provider, tool or option (`FX_*` codes).
+        FxInputError: a bad model, setting, provider, tool or option (`FX_*` codes); the
+            model is checked by `fxengine.providers.check_model`, the check the durable
+            layer runs when an agent or session is made.
         FxProviderError: `FX_PROVIDER_NO_CREDENTIALS` when AI Gateway has no key.
         FxJournalVersionError: the journal or checkpoint is from a newer fxengine.
         FxJournalError: the journal or checkpoint does not parse.
     """
     tools_by_name = check_tools(tools)
     resolved = resolve_provider(provider, api_key=api_key, model_catalog=model_catalog)
-    spec = resolve_model(model, resolved)
-    if isinstance(max_model_turns, bool) or not isinstance(max_model_turns, int) or max_model_turns < 1:
-        raise FxInputError("max_model_turns must be a positive integer")
+    # The same checks `fxworker` runs when an Agent or a Session is made (§10): a setting
+    # the door accepted is never refused here.
+    spec = check_model(model, resolved)
+    instructions = check_instructions(instructions)
+    context = check_context(context)
+    check_max_model_turns(max_model_turns)
     if checkpoint is not None and not isinstance(checkpoint, (bytes, bytearray, memoryview)):
         raise FxInputError("checkpoint must be bytes from Engine.checkpoint()")
     if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int)):
         raise FxInputError("epoch must be an integer")
-    if context is not None:
-        try:
-            json.dumps(context)
-        except (TypeError, ValueError):
-            raise FxInputError("context must be JSON") from None
     engine = Engine(
         provider=resolved,
         spec=spec,
         tools=tools_by_name,
-        instructions=_check_instructions(instructions),
+        instructions=instructions,
         persistence=persistence,
         on_event=on_event,
         event_sink=event_sink,

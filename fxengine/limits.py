@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -29,6 +31,11 @@ STEER_QUEUE_MAX = 64
 STEER_QUEUE_MAX_BYTES = 1 * MIB
 MESSAGE_ID_MAX_CHARS = 128
 TOOL_INPUT_PREVIEW_MAX_BYTES = 64 * KIB
+INSTRUCTIONS_MAX_BYTES = 64 * KIB
+# A session's tool context is stored with every input it sends and handed to every tool
+# call: small by design (ids, a tenant, flags), and shallow enough for any JSON parser.
+CONTEXT_MAX_BYTES = 64 * KIB
+CONTEXT_MAX_DEPTH = 32
 
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 
@@ -160,3 +167,89 @@ def check_message_id(message_id: object) -> str:
     if not isinstance(message_id, str) or not _MESSAGE_ID.fullmatch(message_id):
         raise FxInputError("a message id is 1 to 128 of A-Z a-z 0-9 . _ : -", code="FX_INVALID_MESSAGE_ID")
     return message_id
+
+
+def is_utf8(text: str) -> bool:
+    """True when `text` encodes to UTF-8 (no lone surrogate such as ``"\\ud800"``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_instructions(instructions: object) -> str | None:
+    """Instructions (the system prompt): a string or a sequence of strings, joined by a
+    blank line; at most 64 KiB of UTF-8. Returns the joined text (None when empty).
+
+    Raises:
+        FxInputError: not a string or a sequence of strings, or text with a lone surrogate.
+        FxLimitError: over 64 KiB (`FX_LIMIT_INSTRUCTIONS`).
+    """
+    if instructions is None:
+        return None
+    if isinstance(instructions, Sequence) and not isinstance(instructions, (str, bytes, bytearray)):
+        parts = list(instructions)
+        if not all(isinstance(part, str) for part in parts):
+            raise FxInputError("instructions must be a string or a list of strings")
+        instructions = "\n\n".join(parts)
+    if not isinstance(instructions, str):
+        raise FxInputError(f"instructions must be a string or a list of strings, got {type(instructions).__name__}")
+    if len(instructions.encode("utf-8", "surrogatepass")) > INSTRUCTIONS_MAX_BYTES:
+        raise FxLimitError("instructions are over 64 KiB", code="FX_LIMIT_INSTRUCTIONS")
+    if not is_utf8(instructions):
+        raise FxInputError("instructions contain a lone surrogate (text that is not valid Unicode)")
+    return instructions or None
+
+
+def check_context(context: object) -> Any:
+    """A tool context: JSON values only, returned as a plain copy (tuples become lists).
+
+    Objects need string keys; numbers must be finite (no NaN or Infinity, which JSON
+    lacks); strings must be valid Unicode (no lone surrogates); nesting is at most
+    `CONTEXT_MAX_DEPTH` (32) levels and the JSON text at most `CONTEXT_MAX_BYTES` (64 KiB).
+
+    Raises:
+        FxInputError: a value JSON cannot carry, named by its path (`FX_INVALID_INPUT`).
+        FxLimitError: too deep or too large (`FX_LIMIT_CONTEXT`).
+    """
+    budget = [CONTEXT_MAX_BYTES]  # every value costs at least one byte of JSON
+
+    def walk(value: object, path: str, depth: int) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise FxLimitError(f"context is over {CONTEXT_MAX_BYTES // KIB} KiB of JSON", code="FX_LIMIT_CONTEXT")
+        if value is None or isinstance(value, bool):
+            return value
+        if isinstance(value, int):
+            return int(value)
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise FxInputError(f"context{path} is {value!r}: JSON has no NaN or Infinity")
+            return float(value)
+        if isinstance(value, str):
+            if not is_utf8(value):
+                raise FxInputError(f"context{path} contains a lone surrogate (text that is not valid Unicode)")
+            return value
+        if isinstance(value, (Mapping, list, tuple)):
+            if depth >= CONTEXT_MAX_DEPTH:
+                raise FxLimitError(f"context nests deeper than {CONTEXT_MAX_DEPTH} levels", code="FX_LIMIT_CONTEXT")
+            if isinstance(value, Mapping):
+                out: dict[str, Any] = {}
+                for key, item in value.items():
+                    if not isinstance(key, str):
+                        raise FxInputError(f"context{path} has a key {key!r}: JSON object keys are strings")
+                    if not is_utf8(key):
+                        raise FxInputError(f"context{path} has a key with a lone surrogate")
+                    out[key] = walk(item, f"{path}.{key}", depth + 1)
+                return out
+            return [walk(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
+        raise FxInputError(f"context{path} is a {type(value).__name__}, which is not JSON")
+
+    if context is None:
+        return None
+    plain = walk(context, "", 0)
+    size = len(json.dumps(plain, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8"))
+    if size > CONTEXT_MAX_BYTES:
+        raise FxLimitError(f"context is {size} bytes of JSON, over {CONTEXT_MAX_BYTES // KIB} KiB", code="FX_LIMIT_CONTEXT")
+    return plain
