@@ -34,7 +34,10 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
-from fxengine.limits import check_prompt_input, check_steer_text
+from fxengine.engine import check_max_model_turns
+from fxengine.errors import FxInputError
+from fxengine.limits import check_context, check_instructions, check_prompt_input, check_steer_text
+from fxengine.providers import Provider, check_model
 from fxengine.tools import check_tools
 
 from . import metrics, registry
@@ -100,9 +103,17 @@ class Agent:
             `FX_LEASE_S`).
         on_event: diagnostics callback (`session.*`, `tool.rerun`, `checkpoint.mismatch`...).
 
+    The model, instructions and provider are checked here, offline, by the checks the
+    engine runs (`fxengine.providers.check_model`, `fxengine.limits.check_instructions`),
+    so a worker never meets a setting the agent accepted and the engine refuses.
+
     Raises:
         FxAgentExistsError: this process already has an agent of this name.
         FxToolDefinitionError: a tool does not declare `idempotent`.
+        FxInputError: a bad model (`FX_INVALID_INPUT`, `FX_MODEL_UNKNOWN`,
+            `FX_MODEL_UNSUPPORTED_EFFORT` / `_FAST` / `_ULTRAFAST`), provider
+            (`FX_PROVIDER_INVALID`), instructions (`FX_INVALID_INPUT`,
+            `FX_LIMIT_INSTRUCTIONS`), `api_key` or `max_model_turns`.
     """
 
     def __init__(
@@ -124,6 +135,14 @@ class Agent:
     ) -> None:
         if not isinstance(name, str) or not _AGENT_NAME.fullmatch(name):
             raise FxConfigError(f"agent name must be 1 to 64 of A-Z a-z 0-9 . _ -, got {name!r}")
+        if provider is not None and not isinstance(provider, (dict, Provider)):
+            raise FxInputError("provider must be a custom provider dict {name, base_url, models}",
+                               code="FX_PROVIDER_INVALID")
+        check_model(model, provider)
+        check_instructions(instructions)
+        if api_key is not None and not isinstance(api_key, str):
+            raise FxInputError("api_key must be a string")
+        check_max_model_turns(max_model_turns)
         self.name = name
         self.model = model
         self.instructions = instructions
@@ -181,7 +200,12 @@ class Agent:
         instructions: str | Sequence[str] | None = None,
         context: Any = None,
     ) -> Session:
-        """A session object; a new session id is assigned at once when `session_id` is None."""
+        """A session object; a new session id is assigned at once when `session_id` is None.
+
+        `model` and `instructions` override the agent's for the turns this object starts;
+        `context` (JSON) is handed to every tool call. All three are checked here, and
+        again when a prompt or steer is stored (`FX_` errors, nothing stored).
+        """
         return Session(self, session_id, model=model, instructions=instructions, context=context)
 
     def blocking_session(
@@ -215,7 +239,14 @@ class Agent:
 
 
 class Session:
-    """One conversation, addressed by id; every method goes through the store."""
+    """One conversation, addressed by id; every method goes through the store.
+
+    Raises (when built, and from `prompt` / `steer` before anything is stored):
+        FxInputError: a bad `model` (checked against the agent's provider catalog by
+            `fxengine.providers.check_model`), `instructions` or `context`
+            (`fxengine.limits.check_context`: JSON with finite numbers and valid Unicode,
+            at most 32 levels and 64 KiB, else `FX_LIMIT_CONTEXT`).
+    """
 
     def __init__(
         self,
@@ -231,12 +262,8 @@ class Session:
         self.id = validate_session_id(session_id, memory=memory) if session_id is not None else new_session_id()
         self.model = model
         self.instructions = instructions
-        if context is not None:
-            try:
-                context = json.loads(json.dumps(context))
-            except (TypeError, ValueError) as exc:
-                raise FxConfigError("session context must be JSON") from exc
         self.context = context
+        self.context = self._checked()[0]
 
     def __repr__(self) -> str:
         return f"<Session {self.id} agent={self.agent.name!r}>"
@@ -248,13 +275,19 @@ class Session:
 
         return TimedStore(self.agent.store)
 
-    def _settings_payload(self) -> dict[str, Any] | None:
+    def _checked(self) -> tuple[Any, dict[str, Any] | None]:
+        """(context, settings) as the store keeps them, after the engine's own checks:
+        a setting accepted here is one the worker's engine takes."""
+        context = check_context(self.context)
         out: dict[str, Any] = {}
         if self.model is not None:
-            out["model"] = self.model
+            check_model(self.model, self.agent.provider)
+            out["model"] = self.model if isinstance(self.model, str) else dict(self.model)
         if self.instructions is not None:
-            out["instructions"] = self.instructions
-        return out or None
+            check_instructions(self.instructions)
+            instructions = self.instructions
+            out["instructions"] = instructions if isinstance(instructions, str) else list(instructions)
+        return context, out or None
 
     async def _wake(self, owner: str, reason: str) -> None:
         await asyncio.to_thread(self.agent.wake, self.id, agent=owner, reason=reason)
@@ -275,14 +308,15 @@ class Session:
         """
         blocks = check_prompt_input(input)
         message_id = validate_message_id(message_id) if message_id is not None else new_message_id()
+        context, settings = self._checked()
         accepted = await self.store.accept(
             self.id,
             agent=self.agent.name,
             kind="prompt",
             message_id=message_id,
             input=blocks,
-            context=self.context,
-            settings=self._settings_payload(),
+            context=context,
+            settings=settings,
             now_ms=now_ms(),
         )
         metrics.ACCEPTED.inc()
@@ -298,14 +332,15 @@ class Session:
         """
         text = check_steer_text(input)
         message_id = validate_message_id(message_id) if message_id is not None else f"str_{uuid.uuid4().hex}"
+        context, settings = self._checked()
         accepted = await self.store.accept(
             self.id,
             agent=self.agent.name,
             kind="steer",
             message_id=message_id,
             input=text,
-            context=self.context,
-            settings=self._settings_payload(),
+            context=context,
+            settings=settings,
             now_ms=now_ms(),
         )
         metrics.ACCEPTED.inc()
@@ -355,10 +390,12 @@ class Session:
         }
 
     async def checkpoint(self) -> bytes:
-        """A read-only export of the conversation (the engine's checkpoint bytes)."""
-        from .runner import export_checkpoint
+        """A read-only export of the conversation: `Engine.checkpoint()` bytes that
+        `fxengine.create_engine(..., checkpoint=data)` continues from. Takes no lease and
+        writes nothing (a running turn goes on); `FxUnknownSessionError` for no session."""
+        from .export import export_checkpoint
 
-        return await export_checkpoint(self.agent, self.id)
+        return await export_checkpoint(self.agent, self.id, store=self.store, model=self.model)
 
 
 class Turn:

@@ -549,18 +549,3 @@ def _poison_cause(in_flight: dict[str, Any] | None) -> str:
         names = sorted({str(c.get("name")) for c in in_flight.get("calls") or []})
         return f"while running {', '.join(names) or 'its tool calls'} (step {in_flight.get('step')})"
     return f"during model request {in_flight.get('step')}"
-
-
-async def export_checkpoint(agent: Any, session_id: str) -> bytes:
-    """`session.checkpoint()`: the conversation as engine checkpoint bytes, read-only."""
-    from fxengine import create_engine
-
-    loaded = await agent.store.load(session_id)
-    engine = await create_engine(
-        model=agent.model, tools=agent.tools, provider=agent.provider, api_key=agent.api_key,
-        persistence=loaded, session_id=session_id,
-    )
-    try:
-        return engine.checkpoint()
-    finally:
-        await engine.close()

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from fxengine.errors import FxLimitError
+from fxengine.persistence import JournalRecord, Loaded, StoredCheckpoint
 
 from .. import scripts
 from ..errors import FxConfigError, FxInvalidCursorError, FxStoreUnavailableError, FxUnknownSessionError
@@ -317,6 +318,42 @@ class StoreCore:
             return state
 
         return Op([scripts.state(self.keys(session_id))], parse)
+
+    def op_load(self, session_id: str) -> Op[Loaded]:
+        """The session's conversation as the engine loads it (checkpoint and the log records
+        after it), read-only: no lease, no script, nothing written.
+
+        Three plain reads, the log before the checkpoint. Compaction (save_checkpoint.lua)
+        only trims records its new checkpoint covers, so whatever it does between the two
+        reads, the checkpoint read second covers every record trimmed from the log read
+        first: the pair is always a checkpoint plus the records after it (records it
+        covers are dropped here), a state the session really had.
+        """
+        keys = self.keys(session_id)
+        steps: list[Step] = [
+            Command(("HGET", keys.meta, "agent"), key=keys.meta),
+            Command(("XRANGE", keys.log, "-", "+"), key=keys.log),
+            Command(("HMGET", keys.ckpt, "data", "through"), key=keys.ckpt),
+        ]
+
+        def parse(replies: list[Any]) -> Loaded:
+            agent, entries, (data, through) = replies
+            if not agent:
+                raise FxUnknownSessionError(f"no session {session_id}")
+            covered = int(through) if through is not None else 0
+            checkpoint = StoredCheckpoint(bytes(data or b""), str(covered)) if through is not None else None
+            records = []
+            for entry_id, fields in entries or ():
+                cursor = int(r._text(entry_id).split("-", 1)[0])
+                if cursor <= covered:
+                    continue
+                if isinstance(fields, list):
+                    fields = {fields[i]: fields[i + 1] for i in range(0, len(fields), 2)}
+                records.append(JournalRecord(str(cursor), bytes(fields.get(b"d", b""))))
+            head = records[-1].cursor if records else (checkpoint.through if checkpoint and covered else None)
+            return Loaded(checkpoint=checkpoint, journal=records, head=head)
+
+        return Op(steps, parse)
 
     def op_states(self, session_ids: Sequence[str], *, now_ms: int | None) -> Op[list[SessionState | None]]:
         now = self.now(now_ms)

@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
+from fxengine.persistence import Loaded
+
 from ..errors import FxStoreUnavailableError
 
 from ..scripts import AsyncRunner
@@ -264,6 +266,11 @@ class RedisStore:
     async def state(self, session_id: str, *, now_ms: int | None = None) -> SessionState:
         """Agent, status (idle / waiting / running), last cursor, turns, epoch; `FxUnknownSessionError` if none."""
         return await self._exec(self._core.op_state(session_id, now_ms=now_ms))
+
+    async def load(self, session_id: str) -> Loaded:
+        """The session's checkpoint and the log records after it (what a claim loads), read
+        without a lease: `session.checkpoint()` exports from it. `FxUnknownSessionError` if none."""
+        return await self._exec(self._core.op_load(session_id))
 
     async def list_sessions(self, limit: int = 100) -> list[str]:
         """Ids of the newest sessions the store still holds, newest first."""
