@@ -22,7 +22,7 @@ from .journal.journal import JournalStopped
 from .limits import check_message_id, check_steer_text
 from .models.openai_chat import StepOutput, build_request, model_step
 from .tools.definition import Signal, ToolContext
-from .tools.runner import PlannedCall, ToolOutcome, parse_arguments, run_calls
+from .tools.runner import PlannedCall, ToolOutcome, execution_id, parse_arguments, run_calls
 from .turn import EventBuffer, TurnResult
 
 if TYPE_CHECKING:
@@ -350,7 +350,7 @@ class TurnRunner:
         return ToolContext(self.signal, call.execution_id, engine.session_id, engine.context, engine.epoch)
 
     def _execution_id(self, step: int, call_id: str) -> str:
-        return f"{self.turn_id}:{step}:{call_id}"
+        return execution_id(self.engine.session_id, self.turn_id, step, call_id)
 
     async def _run_tools(self, step: int, calls: list[dict[str, Any]],
                          response_future: asyncio.Future[str | None] | None) -> None:

@@ -59,7 +59,8 @@ class ToolContext:
 
     Attributes:
         signal: aborts when the turn is cancelled.
-        execution_id: the call's id, the same on every rerun of that call.
+        execution_id: the call's id, the same on every rerun of that call and unique
+            across sessions: `<session>:<turn>:<step>:<call id>` (`runner.execution_id`).
         session_id: the session (or None for an engine alone).
         context: the JSON context handed to the engine.
         epoch: the lease epoch of the process running the call (a fencing token), or None.

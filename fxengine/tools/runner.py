@@ -42,6 +42,19 @@ def _thread_pool() -> ThreadPoolExecutor:
     return _executor
 
 
+def execution_id(session_id: str | None, turn_id: str, step: int, call_id: str) -> str:
+    """A call's `ctx.execution_id`: `<session>:<turn>:<step>:<call id>` (no session: `<turn>:<step>:<call id>`).
+
+    Built only from what the journal keeps, so every rerun of the call gets the same one.
+    The session is part of it: turn ids are message ids, which the caller picks, so two
+    sessions may run turns of the same id, and a service deduplicating on the execution
+    id must not merge their calls.
+    """
+    if session_id is None:
+        return f"{turn_id}:{step}:{call_id}"
+    return f"{session_id}:{turn_id}:{step}:{call_id}"
+
+
 @dataclass(frozen=True, slots=True)
 class PlannedCall:
     """One call of a response, as the runner gets it.

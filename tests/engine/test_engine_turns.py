@@ -151,7 +151,7 @@ async def test_tool_ctx_carries_session_context_epoch_and_execution_id(model: Sc
     engine = await make_engine(tools=[record], session_id="ses_1", context={"user": 7}, epoch=4)
     turn = engine.prompt("go", turn_id="turn_a")
     await run(turn)
-    assert seen == [("n", "turn_a:1:call_9", "ses_1", {"user": 7}, 4, False)]
+    assert seen == [("n", "ses_1:turn_a:1:call_9", "ses_1", {"user": 7}, 4, False)]
 
 
 async def test_a_checkpoint_restores_the_conversation(model: ScriptedModel, make_engine: Any) -> None:
