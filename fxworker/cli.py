@@ -222,15 +222,20 @@ def _api_call(fn: Any, *, session: Any = None) -> Any:
 
 
 def _print_lines(lines: Any, *, as_json: bool) -> str | None:
-    """Prints stream lines as they come; returns the stop reason of the last `turn_end`."""
-    from .web.client import render_line
+    """Prints stream lines as they come; returns the stop reason of the last `turn_end`.
 
+    Text goes through `Transcript`, which honours `retract` (a marker line, then the turn
+    again without the withdrawn steps); `--json` prints every line as it is.
+    """
+    from .web.client import Transcript
+
+    transcript = Transcript()
     stop = None
     for line in lines:
         if as_json:
             click.echo(json.dumps(line, ensure_ascii=False))
         else:
-            click.echo(render_line(line), nl=False)
+            click.echo(transcript.feed(line), nl=False)
         if line.get("type") == "turn_end":
             stop = line.get("stopReason")
     return stop

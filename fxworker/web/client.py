@@ -1,8 +1,9 @@
 """A small blocking client of the HTTP API, and how the `fx` command prints stream lines.
 
     client = ApiClient("http://127.0.0.1:8000", token=None)
+    transcript = Transcript()
     for line in client.prompt("hello"):        # accepts, then streams the turn's lines
-        print(render_line(line), end="")
+        print(transcript.feed(line), end="")
 
 `prompt()` and `tail()` keep going after a dropped connection: they reconnect to the
 session stream with the last cursor they saw (backing off, about 12 s in all before
@@ -206,6 +207,50 @@ def _backoff(failures: int) -> None:
 def _short(value: Any, limit: int = 120) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class Transcript:
+    """What `fx prompt` and `fx tail` print for each stream line, honouring `retract` (§4).
+
+    A `turn_resume` line may retract model steps: a request cut off before its response
+    was recorded, whose partial output is not part of the conversation and is streamed
+    again by the rerun. A terminal cannot take back what it printed, so when a retracted
+    step had printed something, `feed()` answers a marker line naming the steps, then the
+    turn so far again without them; the rerun streams after it. Everything below the last
+    marker is the turn as it stands. A retracted step that printed nothing (a `fx tail`
+    that started after it) needs no marker.
+    """
+
+    def __init__(self) -> None:
+        self._turn: str | None = None
+        self._shown: list[tuple[int | None, str]] = []  # (step, text) printed for the current turn
+
+    def __repr__(self) -> str:
+        return f"<Transcript turn={self._turn} pieces={len(self._shown)}>"
+
+    def feed(self, line: dict[str, Any]) -> str:
+        """The text to print for `line` ('' for nothing)."""
+        message_id = line.get("messageId")
+        if line.get("type") == "turn_start" or (message_id is not None and message_id != self._turn):
+            self._turn, self._shown = message_id, []
+        text = render_line(line)
+        if line.get("type") == "turn_resume":
+            text += self._retract(line, lead=not text)
+        step = line.get("step")
+        if text:
+            self._shown.append((step if isinstance(step, int) else None, text))
+        return text
+
+    def _retract(self, line: dict[str, Any], *, lead: bool) -> str:
+        steps = {s for s in line.get("retract") or () if isinstance(s, int) and not isinstance(s, bool)}
+        withdrawn = sorted({step for step, text in self._shown if step in steps and text})
+        if not withdrawn:
+            return ""
+        self._shown = [(step, text) for step, text in self._shown if step not in steps]
+        named = ", ".join(str(s) for s in withdrawn)
+        noun = "step" if len(withdrawn) == 1 else "steps"
+        marker = f"[cut off: the output of {noun} {named} above is withdrawn and reruns; the turn so far:]\n"
+        return ("\n" if lead else "") + marker + "".join(text for _, text in self._shown)
 
 
 def render_line(line: dict[str, Any]) -> str:

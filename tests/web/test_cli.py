@@ -13,13 +13,14 @@ import re
 import signal
 import subprocess
 import threading
+import uuid
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from fxengine.testing import ScriptedModel
-from tests.support.redis_server import free_port
+from tests.support.redis_server import delete_prefix, free_port
 from tests.support.workers import Workers, wait_until
 from tests.web import _server
 from tests.web._server import FX, ROOT, WebProcess
@@ -204,6 +205,50 @@ def test_prompt_rides_out_a_web_restart_without_showing_a_line_twice(
         if second is not None:
             second.close()
     assert child.stdout == "> hold:cli-drop\npartial rest\n[end_turn]\n"
+
+
+RETRACTED = (
+    "> holdonce:cli-retract\n"
+    "partial \n"  # step 1, cut off by the kill: printed live, then withdrawn
+    "[resumed after an interruption]\n"
+    "[cut off: the output of step 1 above is withdrawn and reruns; the turn so far:]\n"
+    "> holdonce:cli-retract\n"
+    "after the kill\n"
+    "[end_turn]\n"
+)
+
+
+def test_prompt_withdraws_the_text_of_a_step_cut_off_by_a_killed_worker(
+    redis_url: str, model: ScriptedModel, running: list[Running]
+) -> None:
+    # A pool of its own (its own prefix and queues): killing it leaves the module's worker alone.
+    prefix = f"fxr{uuid.uuid4().hex[:10]}"
+    pool = Workers(redis_url=redis_url, prefix=prefix, env={"FX_TEST_MODEL_URL": model.base_url})
+    web = None
+    try:
+        first = pool.start(queues=("default",), concurrency=4)
+        web = WebProcess(env=_env(redis_url, prefix, model, "default")).wait_ready()
+        child = start(running, web.url, "prompt", "holdonce:cli-retract")
+        child.wait_stdout("partial ")
+        sid = child.session_id()
+        first.kill()  # mid-stream: step 1's response is never recorded
+        pool.start(queues=("default",), concurrency=4)  # takes the turn over once the lease is dead
+        assert child.wait() == 0, child.stderr
+        assert child.stdout == RETRACTED
+        with httpx.Client(base_url=web.url, timeout=15.0) as api:
+            lines = ndjson_lines(api.get(f"/v1/sessions/{sid}/stream", params={"follow": 0}))
+        assert [line.get("retract") for line in lines if line["type"] == "turn_resume"] == [[1]]
+        # fx tail reads the same stored lines the same way; --json keeps them as they are.
+        tail = fx(web.url, "tail", sid, "--no-follow")
+        assert tail.returncode == 0 and tail.stdout == RETRACTED, tail.stderr
+        raw = fx(web.url, "tail", sid, "--no-follow", "--json")
+        assert [json.loads(x) for x in raw.stdout.splitlines()] == lines
+    finally:
+        model.release("cli-retract")
+        if web is not None:
+            web.close()
+        pool.close()
+        delete_prefix(redis_url, prefix)
 
 
 # --------------------------------------------------------------------------------- fx tail
