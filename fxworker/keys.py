@@ -61,6 +61,8 @@ Outside the scripts (plain commands, no hash tag, no session TTL):
     sweeper                  STRING  who sweeps now (`sweeper_guard_key`)
     workers:<hostname>       STRING  a started Celery worker's pid (`worker_ready_key`)
     wake:seen:<signature>    STRING  a signed wake already taken (`wake_seen_key`)
+    created:<message id>     STRING  the session a create with that message id made
+                                     (`created_session_key`)
 """
 
 from __future__ import annotations
@@ -150,3 +152,12 @@ def wake_seen_key(prefix: str, signature: str) -> str:
     # timestamp is accepted (either side of now). SET NX PX; deleted when the delivery
     # should be let through again. Not a session key (no hash tag).
     return f"{prefix}:wake:seen:{signature.removeprefix('sha256=')}"
+
+
+def created_session_key(prefix: str, message_id: str) -> str:
+    """The session that `POST /v1/sessions` with `message_id` created (`RedisStore.session_for_message`)."""
+    # STRING, the session TTL (`FX_SESSION_TTL_S`, none when unset), counted from the create:
+    # the session id, set with SET NX (PX) before the first prompt is accepted, so a repeated
+    # create prompts the same session and `accept` answers it as repeated. A message id has
+    # no braces, so the key has no hash tag: one key, any slot. Not a session key.
+    return f"{prefix}:created:{message_id}"

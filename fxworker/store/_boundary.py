@@ -1,23 +1,50 @@
 """The boundary with redis-py: error translation, start-up checks and client factories.
 
 Third-party errors are translated here, once: connection failures, timeouts and error
-replies become `FxStoreUnavailableError` (`map_redis_errors`). redis-py's own retries are
-off, because a blind retry of a claim whose reply was lost would bump the epoch twice;
-the next call simply reconnects.
+replies become `FxStoreUnavailableError` (`map_redis_errors`), with a message that names
+the failure but not the server's address. redis-py's own retries are off, because a
+blind retry of a claim whose reply was lost would bump the epoch twice.
+
+A connection Redis closed while it sat in the pool (a restart, `CLIENT KILL`, an idle
+`timeout`) must not cost a caller an error: the pool checks a connection for a close
+before handing it out and reconnects (redis-py 8 skips that check while its maintenance
+notifications are on, so they are turned off), and a read-only call that still meets a
+closed connection runs once more on a fresh one (`retry_read`). Writes are not retried:
+their first attempt may have run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import redis as redis_py
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 
 from fxengine.errors import FxError
 
 from ..errors import FxStoreUnavailableError
+
+T = TypeVar("T")
+
+# `host:port`, `[v6]:port`, a bare IP, and "connecting to <host>" in redis-py's messages:
+# a client of the HTTP API has no business learning where the store lives.
+_ADDRESS = re.compile(
+    r"\('[^']*',\s*\d+(?:,\s*\d+)*\)"  # a socket address tuple: ('127.0.0.1', 6379)
+    r"|\[[0-9A-Fa-f:.]+\](?::\d+)?"  # [::1]:6379
+    r"|(?<!@)\b(?!user_script:)[\w.-]+:\d{1,5}\b"  # host:6379 (not a script's line number)
+    r"|\b\d{1,3}(?:\.\d{1,3}){3}\b"  # a bare IPv4 address
+    r"|(?<=connecting to )\S+"  # redis-py's "Error 111 connecting to <host>."
+)
+
+
+def describe_redis_error(exc: BaseException) -> str:
+    """`Kind: message` of a redis-py or socket error, with any server address replaced."""
+    text = _ADDRESS.sub("<server>", str(exc)).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class _MapRedisErrors:
@@ -32,7 +59,7 @@ class _MapRedisErrors:
         if exc is None or isinstance(exc, FxError):
             return False
         if isinstance(exc, (RedisError, RedisClusterException, OSError)):
-            raise FxStoreUnavailableError(f"the session store is unavailable: {type(exc).__name__}: {exc}") from exc
+            raise FxStoreUnavailableError(f"the session store is unavailable: {describe_redis_error(exc)}") from exc
         return False
 
 
@@ -45,6 +72,63 @@ def map_redis_errors() -> _MapRedisErrors:
     Use as `with map_redis_errors(): ...`.
     """
     return _MAP_REDIS_ERRORS
+
+
+def closed_connection(exc: BaseException) -> bool:
+    """Whether `exc` is a connection redis-py found closed (worth one retry of a read)."""
+    cause = exc.__cause__ if isinstance(exc, FxStoreUnavailableError) else exc
+    # A timeout is not here: the server may be slow, and a retry would double the wait.
+    return isinstance(cause, RedisConnectionError) and not isinstance(cause, RedisClusterException)
+
+
+async def retry_read(call: Callable[[], Awaitable[T]]) -> T:
+    """Runs a read-only `call`; once more if it met a closed connection.
+
+    redis-py disconnects the connection that failed, so the second attempt connects
+    afresh. Only for calls that change nothing in Redis: a write's first attempt may have
+    run before the connection dropped.
+    """
+    try:
+        return await call()
+    except FxStoreUnavailableError as exc:
+        if not closed_connection(exc):
+            raise
+    return await call()
+
+
+def retry_read_sync(call: Callable[[], T]) -> T:
+    """The blocking twin of `retry_read`."""
+    try:
+        return call()
+    except FxStoreUnavailableError as exc:
+        if not closed_connection(exc):
+            raise
+    return call()
+
+
+def _no_maintenance_notifications() -> dict[str, Any]:
+    """Pool options that keep redis-py's check for closed connections at checkout.
+
+    redis-py 8 turns RESP3 maintenance notifications on by default ("auto"), and while
+    they are on its pool hands out a pooled connection without checking whether Redis
+    closed it; the caller then fails on the dead socket. Older redis-py has no such option.
+    """
+    try:
+        from redis.maint_notifications import MaintNotificationsConfig
+    except ImportError:
+        return {}
+    return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+
+
+def web_client(url: str, *, socket_timeout_s: float) -> Any:
+    """The web process's own asyncio client (health checks, wake replay guard), retries off."""
+    import redis.asyncio as async_redis
+
+    pool = async_redis.BlockingConnectionPool.from_url(
+        url, max_connections=16, timeout=socket_timeout_s, retry=_no_retry(True), socket_timeout=socket_timeout_s,
+        socket_connect_timeout=socket_timeout_s, **_no_maintenance_notifications(), **_driver_info(),
+    )
+    return async_redis.Redis.from_pool(pool)
 
 
 class ServerCheck:
@@ -118,6 +202,7 @@ def client_factories(
     import redis.asyncio as async_redis
 
     common.update(_driver_info())
+    common.update(_no_maintenance_notifications())
 
     def make_async() -> Any:
         pool = async_redis.BlockingConnectionPool.from_url(

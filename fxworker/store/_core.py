@@ -48,6 +48,12 @@ log = logging.getLogger("fxworker.store")
 # flight (the sender marks first, then accepts). Well above any accept's socket timeout.
 READY_GRACE_MS = 30_000
 
+# The most UI lines one read returns unless its caller asks for a count: a follower of a
+# long session pages through it (and a slow client holds one page, not the session).
+READ_PAGE_LINES = 128
+# Stream ids are `<uint64>-<uint64>`: a cursor past this is no id Redis can read after.
+MAX_CURSOR = 2**64 - 1
+
 
 class _Unchecked:
     def __repr__(self) -> str:
@@ -305,6 +311,9 @@ class StoreCore:
     ) -> Op[list[tuple[int, bytes]]]:
         if isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 0:
             raise FxInvalidCursorError(f"a stream cursor must be a non-negative integer, got {cursor!r}")
+        if cursor > MAX_CURSOR:
+            raise FxInvalidCursorError(f"a stream cursor is at most {MAX_CURSOR} (2^64 - 1), got one of {cursor.bit_length()} bits")
+        count = READ_PAGE_LINES if count is None else count
         step = self._xread(self.keys(session_id).ui, cursor, block_ms=block_ms, count=count)
         return Op([step], lambda replies: [(n, bytes(f[b"l"])) for n, f in r.parse_stream(replies[0])])
 

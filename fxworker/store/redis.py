@@ -2,7 +2,8 @@
 
 Every write is one Lua script (`fxworker/lua/`); reads are one XREAD or one read-only
 script. Connection failures and timeouts surface as `FxStoreUnavailableError`
-(`map_redis_errors`, in `_boundary`); the next call reconnects.
+(`map_redis_errors`, in `_boundary`); the next call reconnects. A read that meets a
+connection Redis closed runs once more on a fresh one (`retry_read`); a write never does.
 
 An asyncio client is bound to the event loop that opened it, so the store keeps one per
 loop: the web app's, each embedded worker's, the blocking twins' private loop (`Session`'s
@@ -24,9 +25,11 @@ from redis.exceptions import RedisError
 from fxengine.persistence import Loaded
 
 from ..errors import FxStoreUnavailableError
-
 from ..scripts import AsyncRunner
-from ._boundary import ServerCheck, client_factories, map_redis_errors
+from ..ids import validate_message_id
+from ..keys import created_session_key
+from ..scripts import Command
+from ._boundary import ServerCheck, client_factories, map_redis_errors, retry_read
 from ._core import READY_GRACE_MS, UNCHECKED, Op, RecordLike, StoreCore
 from .persistence import LineWriter, StorePersistence
 from .sync import SyncRedisStore
@@ -35,6 +38,20 @@ from .types import Accepted, Appended, Claim, Input, InputKind, Mark, ReadySessi
 __all__ = ["RedisStore", "SyncRedisStore", "client_factories", "map_redis_errors"]
 
 T = TypeVar("T")
+
+
+def op_created_session(core: StoreCore, message_id: str, session_id: str) -> Op[str]:
+    """`SET created:<message id> <session id> NX [PX ttl]`, then `GET` it: the session that won."""
+    key = created_session_key(core.prefix, validate_message_id(message_id))
+    core.keys(session_id)  # a valid session id, or FxInvalidSessionIdError before anything is stored
+    ttl = ("PX", core.ttl_ms) if core.ttl_ms else ()
+    steps: list[Any] = [Command(("SET", key, session_id, "NX", *ttl), key=key), Command(("GET", key), key=key)]
+
+    def parse(replies: list[Any]) -> str:
+        owner = replies[1]
+        return owner.decode() if isinstance(owner, bytes) else str(owner)
+
+    return Op(steps, parse)
 
 
 class RedisStore:
@@ -167,6 +184,16 @@ class RedisStore:
             session_id, agent=agent, kind=kind, message_id=message_id, input=input, context=context,
             settings=settings, now_ms=now_ms, create=create))
 
+    async def session_for_message(self, message_id: str, session_id: str) -> str:
+        """The session a create with `message_id` names: `session_id` if this call is the first.
+
+        One `SET NX` claims `message_id` for `session_id` (with the session TTL); a later
+        call with the same id gets the first call's session back, so a repeated create
+        prompts that session and its `accept` answers `repeated=True`. Call it before the
+        session's first `accept`: if that accept never lands, the repeat creates the session.
+        """
+        return await self._exec(op_created_session(self._core, message_id, session_id))
+
     async def request_cancel(self, session_id: str, *, now_ms: int | None = None) -> str | None:
         """Asks for the open turn (or, with none, the next waiting one) to be cancelled.
 
@@ -239,7 +266,8 @@ class RedisStore:
         A running worker follows this from `Claim.inbox_cursor` to see steers and cancels
         within a second.
         """
-        return await self._exec(self._core.op_watch_inbox(session_id, after, block_ms=block_ms, count=count))
+        op = self._core.op_watch_inbox(session_id, after, block_ms=block_ms, count=count)
+        return await retry_read(lambda: self._exec(op))
 
     def persistence(self, session_id: str, epoch: int, claim: Claim) -> StorePersistence:
         """The engine-facing `Persistence` of this claim (fenced on `epoch`)."""
@@ -252,10 +280,14 @@ class RedisStore:
     ) -> list[tuple[int, bytes]]:
         """UI lines after `cursor` as (cursor, JSON bytes): one XREAD from `cursor-0`.
 
-        With `block_ms` it waits (at most the store's `max_block_ms`) for a first line.
-        Cursors are contiguous, so a reader resuming from any cursor sees each line once.
+        At most `count` lines a call (default `READ_PAGE_LINES`): a reader of a long session
+        pages through it from its last cursor instead of loading it whole. With `block_ms`
+        it waits (at most the store's `max_block_ms`) for a first line. Cursors are
+        contiguous, so a reader resuming from any cursor sees each line once. A cursor
+        past the stream's id space (2^64 - 1) is `FxInvalidCursorError`.
         """
-        return await self._exec(self._core.op_read_raw_lines(session_id, cursor, block_ms=block_ms, count=count))
+        op = self._core.op_read_raw_lines(session_id, cursor, block_ms=block_ms, count=count)
+        return await retry_read(lambda: self._exec(op))
 
     async def read_lines(
         self, session_id: str, cursor: int = 0, *, block_ms: int | None = None, count: int | None = None
@@ -265,7 +297,8 @@ class RedisStore:
 
     async def state(self, session_id: str, *, now_ms: int | None = None) -> SessionState:
         """Agent, status (idle / waiting / running), last cursor, turns, epoch; `FxUnknownSessionError` if none."""
-        return await self._exec(self._core.op_state(session_id, now_ms=now_ms))
+        op = self._core.op_state(session_id, now_ms=now_ms)
+        return await retry_read(lambda: self._exec(op))
 
     async def load(self, session_id: str) -> Loaded:
         """The session's checkpoint and the log records after it (what a claim loads), read
@@ -275,8 +308,12 @@ class RedisStore:
     async def list_sessions(self, limit: int = 100) -> list[str]:
         """Ids of the newest sessions the store still holds, newest first."""
         core = self._core
-        ids = [sid for sid, _ in await self._exec(core.op_index(core.index.sessions, limit, newest_first=True))]
-        states = await self._exec(core.op_states(ids, now_ms=None)) if ids else []
+        index = core.op_index(core.index.sessions, limit, newest_first=True)
+        ids = [sid for sid, _ in await retry_read(lambda: self._exec(index))]
+        if not ids:
+            return []
+        found = core.op_states(ids, now_ms=None)
+        states = await retry_read(lambda: self._exec(found))
         return [sid for sid, st in zip(ids, states) if st is not None]
 
     async def clear_ready(
@@ -286,7 +323,8 @@ class RedisStore:
         mark is older than `grace_ms` (an accept may still be landing). True if removed."""
         core = self._core
         now = core.now(now_ms)
-        state = (await self._exec(core.op_states([session_id], now_ms=now)))[0]
+        op = core.op_states([session_id], now_ms=now)
+        state = (await retry_read(lambda: self._exec(op)))[0]
         if state is not None and state.has_work:
             return False
         return (await self._exec(core.op_clear([session_id], older_than_ms=now - grace_ms, forget=[state is None])))[0]
@@ -300,8 +338,10 @@ class RedisStore:
         """
         core = self._core
         now = core.now(now_ms)
-        ids = [sid for sid, _ in await self._exec(core.op_index(core.index.ready, limit, newest_first=False))]
-        states = await self._exec(core.op_states(ids, now_ms=now)) if ids else []
+        index = core.op_index(core.index.ready, limit, newest_first=False)
+        ids = [sid for sid, _ in await retry_read(lambda: self._exec(index))]
+        found = core.op_states(ids, now_ms=now)
+        states = await retry_read(lambda: self._exec(found)) if ids else []
         idle = [(sid, st is None) for sid, st in zip(ids, states) if st is None or not st.has_work]
         if idle:
             await self._exec(

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..scripts import SyncRunner
-from ._boundary import ServerCheck, map_redis_errors, policy_or_none
+from ._boundary import ServerCheck, map_redis_errors, policy_or_none, retry_read_sync
 from ._core import READY_GRACE_MS, UNCHECKED, Op, RecordLike, StoreCore
 from .types import Accepted, Appended, Claim, Input, InputKind, Mark, ReadySession, Released, SessionState
 
@@ -61,6 +61,12 @@ class SyncRedisStore:
             session_id, agent=agent, kind=kind, message_id=message_id, input=input, context=context,
             settings=settings, now_ms=now_ms, create=create))
 
+    def session_for_message(self, message_id: str, session_id: str) -> str:
+        """See `RedisStore.session_for_message`."""
+        from .redis import op_created_session
+
+        return self._exec(op_created_session(self._core, message_id, session_id))
+
     def request_cancel(self, session_id: str, *, now_ms: int | None = None) -> str | None:
         """See `RedisStore.request_cancel`."""
         return self._exec(self._core.op_cancel(session_id, now_ms=now_ms))
@@ -97,7 +103,8 @@ class SyncRedisStore:
         self, session_id: str, cursor: int = 0, *, block_ms: int | None = None, count: int | None = None
     ) -> list[tuple[int, bytes]]:
         """See `RedisStore.read_raw_lines`."""
-        return self._exec(self._core.op_read_raw_lines(session_id, cursor, block_ms=block_ms, count=count))
+        op = self._core.op_read_raw_lines(session_id, cursor, block_ms=block_ms, count=count)
+        return retry_read_sync(lambda: self._exec(op))
 
     def read_lines(
         self, session_id: str, cursor: int = 0, *, block_ms: int | None = None, count: int | None = None
@@ -109,17 +116,21 @@ class SyncRedisStore:
         self, session_id: str, after: int, *, block_ms: int | None = 1000, count: int | None = None
     ) -> list[Input]:
         """See `RedisStore.watch_inbox`."""
-        return self._exec(self._core.op_watch_inbox(session_id, after, block_ms=block_ms, count=count))
+        op = self._core.op_watch_inbox(session_id, after, block_ms=block_ms, count=count)
+        return retry_read_sync(lambda: self._exec(op))
 
     def state(self, session_id: str, *, now_ms: int | None = None) -> SessionState:
         """See `RedisStore.state`."""
-        return self._exec(self._core.op_state(session_id, now_ms=now_ms))
+        op = self._core.op_state(session_id, now_ms=now_ms)
+        return retry_read_sync(lambda: self._exec(op))
 
     def list_sessions(self, limit: int = 100) -> list[str]:
         """See `RedisStore.list_sessions`."""
         core = self._core
-        ids = [sid for sid, _ in self._exec(core.op_index(core.index.sessions, limit, newest_first=True))]
-        states = self._exec(core.op_states(ids, now_ms=None)) if ids else []
+        index = core.op_index(core.index.sessions, limit, newest_first=True)
+        ids = [sid for sid, _ in retry_read_sync(lambda: self._exec(index))]
+        found = core.op_states(ids, now_ms=None)
+        states = retry_read_sync(lambda: self._exec(found)) if ids else []
         return [sid for sid, st in zip(ids, states) if st is not None]
 
     def mark_ready(self, session_id: str, *, now_ms: int | None = None) -> None:
@@ -130,7 +141,8 @@ class SyncRedisStore:
         """See `RedisStore.clear_ready`."""
         core = self._core
         now = core.now(now_ms)
-        state = self._exec(core.op_states([session_id], now_ms=now))[0]
+        op = core.op_states([session_id], now_ms=now)
+        state = retry_read_sync(lambda: self._exec(op))[0]
         if state is not None and state.has_work:
             return False
         return self._exec(core.op_clear([session_id], older_than_ms=now - grace_ms, forget=[state is None]))[0]
@@ -141,8 +153,10 @@ class SyncRedisStore:
         """See `RedisStore.ready_sessions`."""
         core = self._core
         now = core.now(now_ms)
-        ids = [sid for sid, _ in self._exec(core.op_index(core.index.ready, limit, newest_first=False))]
-        states = self._exec(core.op_states(ids, now_ms=now)) if ids else []
+        index = core.op_index(core.index.ready, limit, newest_first=False)
+        ids = [sid for sid, _ in retry_read_sync(lambda: self._exec(index))]
+        found = core.op_states(ids, now_ms=now)
+        states = retry_read_sync(lambda: self._exec(found)) if ids else []
         idle = [(sid, st is None) for sid, st in zip(ids, states) if st is None or not st.has_work]
         if idle:
             self._exec(core.op_clear([s for s, _ in idle], older_than_ms=now - grace_ms, forget=[f for _, f in idle]))
