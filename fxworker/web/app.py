@@ -5,7 +5,8 @@
 
 The lifespan imports the agents module (`FX_AGENTS`) when no agents were passed, and owns
 the web process's own Redis client (health checks, wake replay guard); the agents own
-their store clients.
+their store clients. A path with a trailing slash is 404, not a redirect (starlette's
+redirect would build its `Location` from the request's `Host` header).
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ from starlette.staticfiles import StaticFiles
 from fxworker.errors import FxConfigError
 from fxworker.settings import Settings
 
+from fxworker.store._boundary import web_client
+
 from . import health, sessions, wake
 from .auth import Authorize, BearerAuth
 from .errors import EXCEPTION_HANDLERS
+from .ndjson import StreamSlots
 
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -74,6 +78,7 @@ def create_app(
     store: Any = None,
     *,
     settings: Settings | None = None,
+    max_streams: int | None = None,
 ) -> Starlette:
     """Build the web app.
 
@@ -84,6 +89,9 @@ def create_app(
             every API route; with it, the app also serves off loopback without `FX_API_TOKEN`.
         store: the session store used to list sessions; None: the default agent's store.
         settings: None reads the environment once (`Settings.from_env()`).
+        max_streams: the most NDJSON streams this process serves at once (each following
+            one holds a store connection); one more is 503 `FX_LIMIT_STREAMS`. None: three
+            quarters of `FX_REDIS_MAX_CONNECTIONS`, so other calls always find connections.
     """
     settings = settings or Settings.from_env()
 
@@ -93,9 +101,7 @@ def create_app(
             importlib.import_module(settings.agents_module)
         client = None
         if settings.redis_url:
-            import redis.asyncio as aioredis
-
-            client = aioredis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+            client = web_client(settings.redis_url, socket_timeout_s=5.0)
             app.state.replay_guard = wake.RedisReplayGuard(client, prefix=settings.prefix)
         app.state.redis = client
         try:
@@ -116,7 +122,9 @@ def create_app(
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         lifespan=lifespan,
     )
+    app.router.redirect_slashes = False
     app.state.settings = settings
+    app.state.stream_slots = StreamSlots(max_streams or max(1, settings.redis_max_connections * 3 // 4))
     app.state.authorize = authorize
     app.state.agents = _registry_agents if agents is None else _fixed_agents(agents)
     app.state.store_for = store_for

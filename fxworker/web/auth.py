@@ -4,7 +4,15 @@
 ``Authorization: Bearer <token>`` on the API (`/v1/...` except `/v1/wake`, which is signed
 instead, and `/metrics`); the page, its files and `/healthz` stay open. With no token and
 no `authorize` hook it serves loopback clients of a loopback-bound server only: the built-in
-app must not run open on a public address.
+app must not run open on a public address. Being on loopback is not enough then, since any
+web page the user opens can send requests to 127.0.0.1: the API also refuses (403) a `Host`
+that is not a loopback name (a DNS-rebinding page sends its own host name) and an `Origin`
+that is not a loopback origin (a cross-site page's request).
+
+In every mode a request to the API that carries a body must say
+`Content-Type: application/json` (415 otherwise): a cross-site page can send a
+`text/plain` or form body without asking, but not a JSON one (the browser first asks the
+server with a CORS preflight, which this app does not answer).
 
 `authorize(request, session_id, action)` is called by each route, after the token check,
 with `session_id` None for a new session or a listing. `action` is one of `ACTIONS`. It
@@ -18,8 +26,10 @@ import inspect
 import ipaddress
 from collections.abc import Awaitable, Callable
 from typing import Protocol
+from urllib.parse import urlsplit
 
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fxworker.errors import FxForbiddenError
@@ -47,8 +57,41 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
+def _host_name(host_header: str) -> str:
+    """The name of a `Host` header without its port (`[::1]:8000` -> `::1`)."""
+    host = host_header.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    name, colon, port = host.rpartition(":")
+    return name if colon and port.isdigit() else host
+
+
+def is_loopback_host(host_header: str | None) -> bool:
+    """Whether a `Host` header names this machine: `localhost`, `127.0.0.1`, `[::1]`, any port."""
+    return bool(host_header) and is_loopback(_host_name(host_header or "").rstrip("."))
+
+
+def is_loopback_origin(origin: str) -> bool:
+    """Whether an `Origin` header is a page served from this machine (http or https)."""
+    try:
+        parts = urlsplit(origin.strip())
+        hostname = parts.hostname
+        parts.port  # noqa: B018  (raises on a port that is not a number)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and is_loopback(hostname)
+
+
 def _protected(path: str) -> bool:
     return (path.startswith("/v1/") and path != "/v1/wake") or path == "/metrics"
+
+
+def _has_body(headers: dict[bytes, bytes]) -> bool:
+    return headers.get(b"content-length", b"0").strip() not in (b"0", b"") or b"transfer-encoding" in headers
+
+
+def _is_json(content_type: bytes | None) -> bool:
+    return content_type is not None and content_type.split(b";", 1)[0].strip().lower() == b"application/json"
 
 
 class BearerAuth:
@@ -63,21 +106,49 @@ class BearerAuth:
         if scope["type"] != "http" or not _protected(scope["path"]):
             await self.app(scope, receive, send)
             return
-        if self.expected is None:
-            if self.open_off_loopback or self._loopback_only(scope):
-                await self.app(scope, receive, send)
-                return
-            response = error_response(
+        headers = dict(scope["headers"])
+        refused = self._refusal(scope, headers)
+        if refused is None and _has_body(headers) and not _is_json(headers.get(b"content-type")):
+            given = headers.get(b"content-type", b"").decode("latin-1") or "none"
+            refused = error_response(
+                "FX_UNSUPPORTED_MEDIA_TYPE", f"request bodies are JSON: send Content-Type: application/json (got {given})", 415
+            )
+        if refused is not None:
+            await refused(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, scope: Scope, headers: dict[bytes, bytes]) -> Response | None:
+        """The response refusing this request, or None to let it through."""
+        if self.expected is not None:
+            given = headers.get(b"authorization", b"")
+            if hmac.compare_digest(given, self.expected):
+                return None
+            return error_response("FX_UNAUTHORIZED", "missing bearer token" if not given else "wrong bearer token", 401)
+        if self.open_off_loopback:
+            return None  # the embedder's authorize hook decides
+        if not self._loopback_only(scope):
+            return error_response(
                 "FX_CONFIG", "this server is not on loopback: set FX_API_TOKEN (or pass authorize=) to serve the API", 403
             )
-            await response(scope, receive, send)
-            return
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if hmac.compare_digest(given, self.expected):
-            await self.app(scope, receive, send)
-            return
-        message = "missing bearer token" if not given else "wrong bearer token"
-        await error_response("FX_UNAUTHORIZED", message, 401)(scope, receive, send)
+        if scope.get("server") is None:
+            return None  # an in-process ASGI call: no browser can reach it
+        host = headers.get(b"host", b"").decode("latin-1")
+        if not is_loopback_host(host):
+            return error_response(
+                "FX_FORBIDDEN_HOST",
+                f"without FX_API_TOKEN this server answers requests addressed to localhost, 127.0.0.1 or [::1] only, "
+                f"not {host or 'no Host'!r}",
+                403,
+            )
+        origin = headers.get(b"origin")
+        if origin is not None and not is_loopback_origin(origin.decode("latin-1")):
+            return error_response(
+                "FX_FORBIDDEN_ORIGIN",
+                f"without FX_API_TOKEN this server answers pages served from this machine only, not {origin.decode('latin-1')!r}",
+                403,
+            )
+        return None
 
     @staticmethod
     def _loopback_only(scope: Scope) -> bool:
@@ -89,14 +160,19 @@ class BearerAuth:
         return is_loopback(server[0]) and (client is None or is_loopback(client[0]))
 
 
-async def check_access(request: Request, session_id: str | None, action: str) -> None:
-    """Run the app's `authorize` hook, if any; raise `FxForbiddenError` when it refuses."""
+async def is_allowed(request: Request, session_id: str | None, action: str) -> bool:
+    """What the app's `authorize` hook answers (True with no hook)."""
     hook: Callable[..., bool | Awaitable[bool]] | None = request.app.state.authorize
     if hook is None:
-        return
+        return True
     allowed = hook(request, session_id, action)
     if inspect.isawaitable(allowed):
         allowed = await allowed
-    if not allowed:
+    return bool(allowed)
+
+
+async def check_access(request: Request, session_id: str | None, action: str) -> None:
+    """Run the app's `authorize` hook, if any; raise `FxForbiddenError` when it refuses."""
+    if not await is_allowed(request, session_id, action):
         target = f"session {session_id}" if session_id else "this server"
         raise FxForbiddenError(f"not allowed to {action} on {target}")

@@ -3,11 +3,16 @@
 A body is refused with 413 (`FX_LIMIT_BODY`) as soon as its `Content-Length` or the bytes
 received so far pass the cap, so an oversized body is never buffered whole nor parsed.
 Field names are the camelCase of the wire (`messageId`); unknown fields are refused.
+JSON that Python reads but nothing downstream can store is refused with 400
+`FX_INVALID_REQUEST` too: NaN and Infinity (not JSON; `1e999` reads as Infinity), a lone
+UTF-16 surrogate (`"\\ud800"`: no UTF-8 encodes it), nesting deeper than
+`MAX_JSON_DEPTH`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -16,6 +21,8 @@ from starlette.requests import Request
 from fxworker.errors import FxBodyTooLargeError, FxInvalidRequestError
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
+# Arrays and objects inside one another; a prompt's blocks are 3 deep, a context rarely 10.
+MAX_JSON_DEPTH = 64
 
 Body = TypeVar("Body", bound=BaseModel)
 
@@ -75,12 +82,55 @@ async def read_body(request: Request, *, limit_bytes: int = MAX_BODY_BYTES) -> b
     return b"".join(chunks)
 
 
+def _no_constant(name: str) -> Any:
+    raise FxInvalidRequestError(f"request body has {name}: JSON has no NaN or Infinity")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise FxInvalidRequestError(f"request body has a number out of range ({text[:40]})")
+    return value
+
+
+def _check_string(text: str) -> None:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise FxInvalidRequestError("request body has a lone UTF-16 surrogate (\\ud800-\\udfff) in a string") from None
+
+
+def check_tree(data: Any, *, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """Refuses (`FxInvalidRequestError`) parsed JSON nested deeper than `max_depth` or
+    holding a string no UTF-8 encodes. Iterative: a deep value cannot exhaust the stack."""
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            _check_string(node)
+        elif isinstance(node, (dict, list)):
+            if depth >= max_depth:
+                raise FxInvalidRequestError(f"request body is nested deeper than {max_depth} levels")
+            if isinstance(node, dict):
+                for key, value in node.items():
+                    _check_string(key)
+                    stack.append((value, depth + 1))
+            else:
+                stack.extend((item, depth + 1) for item in node)
+
+
 def parse_body(raw: bytes, model: type[Body]) -> Body:
     """Parse JSON bytes into `model`, or raise `FxInvalidRequestError` saying what is wrong."""
     try:
-        data = json.loads(raw) if raw else None
+        data = json.loads(raw, parse_constant=_no_constant, parse_float=_finite) if raw else None
+    except FxInvalidRequestError:
+        raise
+    except RecursionError:
+        raise FxInvalidRequestError(f"request body is nested deeper than {MAX_JSON_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise FxInvalidRequestError(f"request body is not JSON: {exc}") from None
+    check_tree(data)
     if not isinstance(data, dict):
         raise FxInvalidRequestError("request body must be a JSON object")
     try:

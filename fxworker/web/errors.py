@@ -8,10 +8,12 @@ bad input (`ValueError` / `FxInputError`) is 400, anything else 500.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.routing import Match
 
 from fxengine.errors import FxError, FxInputError
 
@@ -23,6 +25,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "FX_WAKE_SIGNATURE": 401,
     "FX_WAKE_EXPIRED": 401,
     "FX_FORBIDDEN": 403,
+    "FX_FORBIDDEN_HOST": 403,
+    "FX_FORBIDDEN_ORIGIN": 403,
     "FX_UNKNOWN_SESSION": 404,
     "FX_UNKNOWN_AGENT": 404,
     "FX_NOT_FOUND": 404,
@@ -31,12 +35,14 @@ STATUS_BY_CODE: dict[str, int] = {
     "FX_MESSAGE_ID_IN_USE": 409,
     "FX_WAKE_REPLAYED": 409,
     "FX_LIMIT_BODY": 413,
+    "FX_UNSUPPORTED_MEDIA_TYPE": 415,
     "FX_LIMIT_QUEUE": 429,
     "FX_CONFIG": 500,
     "FX_ACK_UNSUPPORTED": 500,
     "FX_INTERNAL": 500,
     "FX_STORE_UNAVAILABLE": 503,
     "FX_NO_AGENT": 503,
+    "FX_LIMIT_STREAMS": 503,
 }
 
 _HTTP_CODES = {404: "FX_NOT_FOUND", 405: "FX_METHOD_NOT_ALLOWED", 406: "FX_NOT_ACCEPTABLE"}
@@ -56,10 +62,12 @@ def error_body(code: str, message: str) -> dict[str, dict[str, str]]:
     return {"error": {"code": code, "message": message}}
 
 
-def error_response(code: str, message: str, status: int) -> JSONResponse:
+def error_response(
+    code: str, message: str, status: int, *, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
     """A JSON error response; 401 says how to authenticate, 503 and a full steer queue
     (429 `FX_LIMIT_QUEUE`) say when to come back."""
-    headers: dict[str, str] = {}
+    headers = dict(headers or {})
     if status == 401 and code == "FX_UNAUTHORIZED":
         headers["WWW-Authenticate"] = "Bearer"
     if status == 503 or (status == 429 and code == "FX_LIMIT_QUEUE"):
@@ -79,10 +87,27 @@ async def handle_fx_error(request: Request, exc: Exception) -> JSONResponse:
     return fx_error_response(exc)
 
 
+def allowed_methods(request: Request) -> str:
+    """Every method some route of the app takes at this path (the `Allow` of a 405).
+
+    Starlette names only the methods of the first route that matched the path, and
+    `/v1/sessions` is two routes (GET lists, POST creates).
+    """
+    methods: set[str] = set()
+    for route in request.app.routes:
+        match, _ = route.matches({**request.scope, "method": "\0"})
+        if match != Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods))
+
+
 async def handle_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
     code = _HTTP_CODES.get(exc.status_code, "FX_INVALID_REQUEST" if exc.status_code < 500 else "FX_INTERNAL")
-    return error_response(code, str(exc.detail), exc.status_code)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = allowed_methods(request) or headers.get("Allow", "")
+    return error_response(code, str(exc.detail), exc.status_code, headers=headers)
 
 
 async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:

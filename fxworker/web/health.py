@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from fxworker import metrics
+from fxworker.store._boundary import closed_connection, describe_redis_error
 
 from .errors import error_response
 
@@ -22,9 +23,15 @@ async def healthz(request: Request) -> Response:
         return JSONResponse({"ok": True, "store": "embedded"})
     started_s = time.perf_counter()
     try:
-        await asyncio.wait_for(client.ping(), timeout=PING_TIMEOUT_S)
+        try:
+            await asyncio.wait_for(client.ping(), timeout=PING_TIMEOUT_S)
+        except Exception as exc:
+            if not closed_connection(exc):
+                raise
+            # A pooled connection Redis closed is not Redis down: once more, on a fresh one.
+            await asyncio.wait_for(client.ping(), timeout=PING_TIMEOUT_S)
     except Exception as exc:  # any failure to answer means "not healthy", whatever raised it
-        return error_response("FX_STORE_UNAVAILABLE", f"Redis did not answer: {type(exc).__name__}", 503)
+        return error_response("FX_STORE_UNAVAILABLE", f"Redis did not answer: {describe_redis_error(exc)}", 503)
     ping_ms = round((time.perf_counter() - started_s) * 1000, 2)
     return JSONResponse({"ok": True, "store": "redis", "pingMs": ping_ms})
 

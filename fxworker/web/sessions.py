@@ -3,6 +3,10 @@
 Each route checks access (`check_access`), reads its body through the capped reader,
 calls the library (`Agent` / `Session`) and answers JSON or NDJSON. The library raises
 `FX_` errors before anything is stored; `errors.py` turns them into statuses.
+
+A create with a `messageId` is idempotent: the store maps the message id to the session
+the first create made (`session_for_message`), so a repeat prompts that session and is
+answered `repeated: true` instead of creating a second session and running the turn twice.
 """
 
 from __future__ import annotations
@@ -13,13 +17,19 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from fxengine.limits import check_prompt_input
 from fxworker.errors import FxInvalidCursorError, FxInvalidRequestError, FxUnknownAgentError, FxUnknownSessionError
+from fxworker.store._core import MAX_CURSOR
 
-from .auth import check_access
+from .auth import check_access, is_allowed
 from .bodies import CreateSessionBody, PromptBody, SteerBody, read_json
-from .ndjson import NDJSONResponse, wants_ndjson
+from .ndjson import NDJSONResponse, StreamSlot, wants_ndjson
 
 SESSION_HEADER = "X-Fx-Session-Id"
+# `GET /v1/sessions?limit=N` takes 1 to 1000 (the CLI's range) and lists at most this many,
+# reading their states this many at a time.
+MAX_LIST_LIMIT = 100
+LIST_STATE_CALLS = 8
 
 
 def _agents(request: Request) -> dict[str, Any]:
@@ -58,8 +68,13 @@ def parse_cursor(raw: str | None) -> int:
     if raw is None or raw == "":
         return 0
     if not raw.isdigit() or not raw.isascii():
-        raise FxInvalidCursorError(f"cursor must be a non-negative integer, got {raw!r}")
-    return int(raw)
+        raise FxInvalidCursorError(f"cursor must be a non-negative integer, got {raw[:40]!r}")
+    # Stream ids are 64-bit: a longer number is refused before int() (which refuses
+    # strings over 4300 digits with a ValueError of its own).
+    digits = raw.lstrip("0") or "0"
+    if len(digits) > len(str(MAX_CURSOR)) or int(digits) > MAX_CURSOR:
+        raise FxInvalidCursorError(f"cursor must be at most {MAX_CURSOR} (2^64 - 1), got {len(raw)} digits")
+    return int(digits)
 
 
 def parse_flag(raw: str | None, *, name: str, default: bool) -> bool:
@@ -76,11 +91,33 @@ def _accepted(turn: Any) -> dict[str, Any]:
     return {"sessionId": turn.session_id, "messageId": turn.message_id, "repeated": bool(turn.repeated), "cursor": turn.cursor}
 
 
-def _turn_response(request: Request, turn: Any) -> Response:
+def _stream_slot(request: Request) -> StreamSlot:
+    """A place among this process's open streams, or 503 `FX_LIMIT_STREAMS` before anything is stored."""
+    slot: StreamSlot = request.app.state.stream_slots.take()
+    return slot
+
+
+def _turn_response(request: Request, turn: Any, slot: StreamSlot | None) -> Response:
     headers = {SESSION_HEADER: turn.session_id}
-    if wants_ndjson(request.headers.get("accept")):
-        return NDJSONResponse(turn.ndjson(), headers=headers)
+    if slot is not None:
+        return NDJSONResponse(turn.ndjson(), headers=headers, slot=slot)
     return JSONResponse(_accepted(turn), status_code=202, headers=headers)
+
+
+async def _first_session(request: Request, agent: Any, body: CreateSessionBody) -> Any:
+    """The session a create prompts: a new one, or the one an earlier create with this message id made."""
+    session = agent.session(None, context=body.context)  # checks the settings before anything is stored
+    if body.message_id is None:
+        return session
+    check_prompt_input(body.input)  # a refused input claims no message id
+    claim = getattr(agent.store, "session_for_message", None)
+    if claim is None:
+        return session  # a store of the embedder's own without the index
+    first = await claim(body.message_id, session.id)
+    if first == session.id:
+        return session
+    await check_access(request, first, "prompt")
+    return agent.session(first, context=body.context)
 
 
 async def create_session(request: Request) -> Response:
@@ -88,18 +125,30 @@ async def create_session(request: Request) -> Response:
     await check_access(request, None, "create")
     body = await read_json(request, CreateSessionBody)
     agent = pick_agent(request, body.agent)
-    session = agent.session(None, context=body.context)
-    turn = await session.prompt(body.input, message_id=body.message_id)
-    return _turn_response(request, turn)
+    slot = _stream_slot(request) if wants_ndjson(request.headers.get("accept")) else None
+    try:
+        session = await _first_session(request, agent, body)
+        turn = await session.prompt(body.input, message_id=body.message_id)
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
+    return _turn_response(request, turn, slot)
 
 
 async def prompt(request: Request) -> Response:
     """`POST /v1/sessions/{id}/prompts` `{input, messageId?}`: the next prompt of a session."""
     await check_access(request, request.path_params["session_id"], "prompt")
     body = await read_json(request, PromptBody)
-    session, _ = await _existing(request)
-    turn = await session.prompt(body.input, message_id=body.message_id)
-    return _turn_response(request, turn)
+    slot = _stream_slot(request) if wants_ndjson(request.headers.get("accept")) else None
+    try:
+        session, _ = await _existing(request)
+        turn = await session.prompt(body.input, message_id=body.message_id)
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
+    return _turn_response(request, turn, slot)
 
 
 async def steer(request: Request) -> Response:
@@ -130,7 +179,8 @@ async def stream(request: Request) -> Response:
     cursor = parse_cursor(request.query_params.get("cursor"))
     follow = parse_flag(request.query_params.get("follow"), name="follow", default=True)
     session, _ = await _existing(request)
-    return NDJSONResponse(session.stream(cursor, follow=follow), headers={SESSION_HEADER: session_id})
+    slot = _stream_slot(request)
+    return NDJSONResponse(session.stream(cursor, follow=follow), headers={SESSION_HEADER: session_id}, slot=slot)
 
 
 async def state(request: Request) -> Response:
@@ -141,15 +191,28 @@ async def state(request: Request) -> Response:
 
 
 async def list_sessions(request: Request) -> Response:
-    """`GET /v1/sessions?limit=N`: recent sessions with their status, newest first."""
+    """`GET /v1/sessions?limit=N`: recent sessions with their status, newest first.
+
+    At most `MAX_LIST_LIMIT`, their states read `LIST_STATE_CALLS` at a time. With an
+    `authorize` hook, a session is listed only if the hook allows its `state`.
+    """
     await check_access(request, None, "list")
     raw = request.query_params.get("limit") or "20"
-    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
-        raise FxInvalidRequestError(f"limit must be an integer from 1 to 1000, got {raw!r}")
+    if len(raw) > 4 or not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= 1000:
+        raise FxInvalidRequestError(f"limit must be an integer from 1 to 1000, got {raw[:40]!r}")
     agent = pick_agent(request, None)
-    ids = await request.app.state.store_for(agent).list_sessions(int(raw))
-    states = await asyncio.gather(*(agent.session(session_id).state() for session_id in ids), return_exceptions=True)
-    # A session may expire between the listing and its state: leave it out.
+    ids = await request.app.state.store_for(agent).list_sessions(min(int(raw), MAX_LIST_LIMIT))
+    gate = asyncio.Semaphore(LIST_STATE_CALLS)
+
+    async def listed(session_id: str) -> dict[str, Any] | None:
+        async with gate:
+            if not await is_allowed(request, session_id, "state"):
+                return None
+            found: dict[str, Any] = await agent.session(session_id).state()
+            return found
+
+    states = await asyncio.gather(*(listed(session_id) for session_id in ids), return_exceptions=True)
+    # A session may expire between the listing and its state, or not be the caller's: leave it out.
     found = [state for state in states if isinstance(state, dict)]
     for failure in states:
         if isinstance(failure, BaseException) and not isinstance(failure, FxUnknownSessionError):

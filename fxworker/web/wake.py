@@ -34,6 +34,7 @@ from fxengine.errors import FxError
 from fxworker import metrics
 from fxworker.errors import FxConfigError, FxUnknownSessionError, FxWakeRefusedError
 from fxworker.keys import wake_seen_key
+from fxworker.store._boundary import map_redis_errors
 
 from .bodies import WakeBody, parse_body, read_body
 from .errors import error_body, fx_error_response
@@ -110,10 +111,13 @@ class RedisReplayGuard:
         return wake_seen_key(self.prefix, signature)
 
     async def reserve(self, signature: str, window_s: float) -> bool:
-        return bool(await self.client.set(self.key(signature), b"1", nx=True, px=int(window_s * 2000)))
+        # Redis down is 503 (the queue delivers again), its address left out of the message.
+        with map_redis_errors():
+            return bool(await self.client.set(self.key(signature), b"1", nx=True, px=int(window_s * 2000)))
 
     async def forget(self, signature: str) -> None:
-        await self.client.delete(self.key(signature))
+        with map_redis_errors():
+            await self.client.delete(self.key(signature))
 
 
 async def _deliver(payload: dict[str, Any]) -> str:

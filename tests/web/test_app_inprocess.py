@@ -96,5 +96,5 @@ def test_without_token_or_hook_the_api_is_served_on_loopback_only() -> None:
     public = {"type": "http", "path": "/v1/sessions", "headers": [], "server": ("10.0.0.5", 8000), "client": ("10.0.0.9", 1)}
     sent = asyncio.run(run(public))
     assert sent[0]["status"] == 403 and seen == []
-    local = {**public, "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 5)}
+    local = {**public, "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 5), "headers": [(b"host", b"127.0.0.1:8000")]}
     assert asyncio.run(run(local)) == [] and seen == ["/v1/sessions"]
