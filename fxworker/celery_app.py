@@ -14,6 +14,12 @@ the task's start), not from Celery's prefork-only limits; the broker's visibilit
 timeout is set well above it so a running wake is never handed to a second worker.
 
 With `FX_METRICS_PORT` set, each worker process serves its Prometheus metrics there.
+
+`worker_cancel_long_running_tasks_on_connection_loss` is turned on only for a pool that
+can cancel a running task (prefork, not threads: there Celery's cancel raises
+NotImplementedError for every running task at each broker connection loss). Under the
+threads pool a turn whose broker connection dropped simply runs on; its message is
+delivered again and that duplicate finds the lease held or the work done.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import warnings
 from typing import Any
 
 from celery import Celery, signals
@@ -61,7 +68,8 @@ def make_celery_app(settings: Settings | None = None) -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        worker_cancel_long_running_tasks_on_connection_loss=True,
+        # Set per pool when the worker starts (`_cancel_on_connection_loss_where_supported`).
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         worker_concurrency=settings.worker_concurrency,
         worker_pool="threads",
         worker_hijack_root_logger=False,
@@ -73,6 +81,35 @@ def make_celery_app(settings: Settings | None = None) -> Celery:
 
 
 app = make_celery_app()
+
+
+def pool_can_cancel(pool_cls: Any) -> bool:
+    """Whether a Celery pool class can cancel a running task (`terminate_job`)."""
+    from celery.concurrency import get_implementation
+    from celery.concurrency.base import BasePool
+    from celery.concurrency.prefork import TaskPool as PreforkPool
+
+    resolved = get_implementation(pool_cls) if isinstance(pool_cls, str) else pool_cls
+    if not isinstance(resolved, type):
+        return False
+    # prefork binds terminate_job to its process pool when it starts, not on the class.
+    return issubclass(resolved, PreforkPool) or getattr(resolved, "terminate_job", None) is not BasePool.terminate_job
+
+
+@signals.worker_init.connect
+def _cancel_on_connection_loss_where_supported(sender: Any = None, **_: Any) -> None:
+    """Cancels late-acked tasks on a broker connection loss only where the pool can (§7)."""
+    pool_cls = getattr(sender, "pool_cls", None) or app.conf.worker_pool
+    can_cancel = pool_can_cancel(pool_cls)
+    app.conf.worker_cancel_long_running_tasks_on_connection_loss = can_cancel
+    if not can_cancel:
+        # Celery warns at each connection loss that the setting is off; with this pool
+        # it cannot be on, and the lease makes the redelivered duplicate harmless.
+        from celery.exceptions import CPendingDeprecationWarning
+
+        warnings.filterwarnings(
+            "ignore", message=".*worker_cancel_long_running_tasks_on_connection_loss", category=CPendingDeprecationWarning
+        )
 
 
 @signals.worker_init.connect
