@@ -25,9 +25,12 @@
 Control-flow signals (fenced, yielded, cancelled) are kept apart from failures: a fenced
 worker stops quietly, a yield is a stop reason, not an exception.
 
-Codes a turn ends with (`turn_end.error.code` with stop reason `cancelled`; never raised):
-FX_POISON_TURN (its workers died 3 times with no progress between, §6) and
-FX_DEADLINE_CUTOFFS (its model request was cut off by the deadline 3 times in a row).
+Codes a turn ends with (`turn_end.error.code`, with a `session_error` line; never raised):
+FX_POISON_TURN (stop reason `cancelled`: its workers died 3 times with no progress
+between, §6; `error`: they died 3 times before its turn opened, and the prompt was
+dropped), FX_DEADLINE_CUTOFFS (`cancelled`: its model request was cut off by the deadline
+3 times in a row) and FX_TURN_FAILED (`error`: the delivery raised an exception that has
+no `FX_` code of its own; one that has ends the turn with that code).
 """
 
 from __future__ import annotations

@@ -22,6 +22,14 @@ The next delivery writes `turn_resume {interrupted, retract}` and continues. A s
 off 3 times in a row is not run again (a tool call is answered as possibly run, a model
 request cancels the turn); a turn whose workers died 3 times with no progress between is
 cancelled (poison), so the prompts behind it run.
+
+Any other exception ends what it hit, and the delivery goes on (nothing loops for ever):
+the open turn, or the input whose turn could not open (a model setting the engine
+refuses, a checkpoint it cannot read), ends `error` with the exception's `FX_` code
+(`FX_TURN_FAILED` for one without), a `turn_end` and a `session_error` line, and
+`session.error`. When even that cannot be written the lease is left to expire: the next
+claim counts a death of the turn, or of the first pending input, so 3 such deliveries end
+it as poison.
 """
 
 from __future__ import annotations
@@ -33,8 +41,9 @@ import uuid
 from collections import deque
 from typing import Any
 
-from fxengine.errors import FxInputError
+from fxengine.errors import FxError, FxInputError
 from fxengine.limits import prompt_text
+from fxengine.providers.credentials import mask_secret
 
 from . import metrics
 from .errors import FxLeaseLostError, FxStoreUnavailableError
@@ -55,6 +64,14 @@ def now_ms() -> int:
 
 class Fenced(Exception):
     """Internal signal: this runner's epoch is no longer the head; stop writing."""
+
+
+class Unsettled(Exception):
+    """Internal signal: a failure could not be recorded; leave the lease to expire."""
+
+
+# Not failures of the turn: the runner's own stops (fenced, store away) pass through.
+_STOPS = (Fenced, FxLeaseLostError, FxStoreUnavailableError)
 
 
 class Runner:
@@ -87,7 +104,6 @@ class Runner:
         self.turn_id: str | None = None
         self.pending: deque[Any] = deque()
         self.fenced = False
-        self.progress = False  # a record was stored under this claim (cut-off counting)
         self.cut_off = False
         self.store_lost = False
         self.writer: LineWriter | None = None
@@ -97,6 +113,7 @@ class Runner:
         # turn's, `_end_stored` once that call stored the line.
         self._end_armed = False
         self._end_stored: dict[str, Any] | None = None
+        self._requeue = False  # the rest goes to a new delivery (not a deadline yield)
 
     def __repr__(self) -> str:
         return (
@@ -155,6 +172,8 @@ class Runner:
             outcome = await self._work()
         except (Fenced, FxLeaseLostError):
             outcome = "fenced"
+        except Unsettled:
+            outcome = "unsettled"
         except FxStoreUnavailableError as exc:
             # Redis stayed away past the lease: whatever is stored stands, the turn stays
             # open, and the next delivery (the requeued wake, or the sweeper's) continues.
@@ -178,25 +197,33 @@ class Runner:
             await self._close_engine()
         if outcome == "fenced":
             return outcome
-        await self._release(cutoff=self.cut_off)
-        if outcome == "yielded" and not self.store_lost:
+        if outcome == "unsettled":
+            # Not released: the lease expires unrenewed, the sweeper's next claim counts a
+            # death, and the third one ends the turn or input (claim.lua).
+            log.error("%s is left to its lease (%s ms) after a failure it could not record",
+                      self.session_id, self.lease_ms)
+            return "noop"
+        released = await self._release(cutoff=self.cut_off)
+        if self.cut_off:
+            # The store's count: it restarts only when the turn moved on (append.lua).
+            cutoffs = released.cutoffs if released is not None else int(self.claim.cutoffs) + 1
+            self.emit("session.deadline", epoch=self.epoch, cutoffs=cutoffs)
+        if outcome == "yielded" and not (self.store_lost or self._requeue):
             metrics.YIELDS.inc()
         return outcome
 
-    async def _release(self, *, cutoff: bool) -> None:
+    async def _release(self, *, cutoff: bool) -> Any:
         try:
-            await self.store.release(self.session_id, self.epoch, cutoff=cutoff)
+            return await self.store.release(self.session_id, self.epoch, cutoff=cutoff)
         except FxLeaseLostError:
             self.emit("session.fenced", epoch=self.epoch)
         except FxStoreUnavailableError as exc:
             # The lease expires on its own; the sweeper re-wakes the session.
             log.warning("releasing %s failed: %s", self.session_id, exc)
+        return None
 
     def _writer_fenced(self) -> None:
         self._lost(FxLeaseLostError(f"a write of epoch {self.epoch} was refused"))
-
-    def _on_record(self) -> None:
-        self.progress = True
 
     def _lost(self, exc: BaseException) -> None:
         """The lease keeper's renewal was refused: stop this turn here and now."""
@@ -226,10 +253,9 @@ class Runner:
         if self.turn is None or self.fenced:
             return
         self.cut_off = True
-        cutoffs = 1 if self.progress else int(self.claim.cutoffs) + 1
         metrics.DEADLINE_CUTOFFS.inc()
-        self.emit("session.deadline", epoch=self.epoch, cutoffs=cutoffs)
-        self.turn.detach()
+        log.info("deadline: cutting off turn %s of %s", self.turn_id, self.session_id)
+        self.turn.detach()  # session.deadline goes out with the store's count at the release
 
     async def _watch_shutdown(self) -> None:
         """Warm shutdown: the turn yields before its next model request (`yield_now`: a
@@ -280,9 +306,10 @@ class Runner:
     async def _work(self) -> str:
         claim = self.claim
         if claim.open_turn is not None:
-            outcome = await self._continue_open_turn()
+            outcome = await self._guarded(self._continue_open_turn(), None)
             if outcome != "ended":
                 return outcome
+        first = True
         while True:
             if self.fenced:
                 raise Fenced()
@@ -292,9 +319,104 @@ class Runner:
             if self._past_soft_deadline():
                 self.pending.appendleft(entry)
                 return "yielded"
-            outcome = await self._start_turn(entry)
+            if first and claim.open_turn is None and claim.deaths >= MAX_DEATHS:
+                # Its workers died (or failed past recording it) before its turn opened.
+                outcome = await self._end_unstarted(entry, {
+                    "code": "FX_POISON_TURN",
+                    "message": f"the worker taking this prompt died {claim.deaths} times before its turn "
+                    "started; the prompt was dropped so the session can go on",
+                })
+            else:
+                outcome = await self._guarded(self._start_turn(entry), entry)
+            first = False
             if outcome != "ended":
                 return outcome
+
+    async def _guarded(self, step: Any, entry: Any) -> str:
+        """Awaits a turn's step; an exception that is not one of the runner's stops ends
+        what it hit (`_end_failed`)."""
+        try:
+            return await step
+        except _STOPS:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure ends in a defined state
+            return await self._end_failed(exc, entry)
+
+    def _error_of(self, exc: BaseException) -> dict[str, Any]:
+        """`{code, message}` of a failure, with the agent's credentials masked."""
+        if isinstance(exc, FxError):
+            code, message = exc.code, str(exc)
+        else:
+            code, message = "FX_TURN_FAILED", f"{type(exc).__name__}: {exc}"
+        return {"code": code, "message": mask_secret(message, self.agent.api_key)}
+
+    def _session_error(self, error: dict[str, Any]) -> None:
+        """`session.error` and a `session_error` line for the turn (or input) `turn_id`."""
+        self.emit("session.error", epoch=self.epoch, turn=self.turn_id, error=error)
+        self._line("session_error", code=error.get("code"), message=error.get("message"), id=self.turn_id)
+
+    async def _end_failed(self, exc: Exception, entry: Any) -> str:
+        """Ends the turn (or the input `entry` whose turn could not open) that `exc` hit:
+        stop reason `error`, a `turn_end` and a `session_error` line. Raises `Unsettled`
+        when even that cannot be stored."""
+        error = self._error_of(exc)
+        turn_id = self.turn_id or (entry.message_id if entry is not None else None)
+        if turn_id is None and self.claim.open_turn is not None:
+            turn_id = self.claim.open_turn.message_id
+        log.error("turn %s of %s failed: %s", turn_id, self.session_id, error["code"], exc_info=exc)
+        if self.turn is not None:
+            self.turn.detach()  # whatever it still does is not stored
+            self.turn = None
+        self.turn_id = turn_id
+        try:
+            return await self._settle_failed(entry, error)
+        except _STOPS:
+            raise
+        except Exception as again:  # noqa: BLE001
+            raise Unsettled(f"ending turn {turn_id} of {self.session_id} failed: {again!r}") from again
+        finally:
+            if self.engine is not None:
+                # Its state is suspect, and another engine of this claim would load a
+                # stale snapshot: the rest of the session goes to a new delivery.
+                await self._close_engine()
+                self._requeue = True
+
+    async def _settle_failed(self, entry: Any, error: dict[str, Any]) -> str:
+        # Queued first, so it is stored before the turn_end a follower of the turn stops at.
+        self._session_error(error)
+        engine = self.engine
+        if engine is not None and engine.open_turn is not None:
+            try:
+                result = await engine.end_open_turn("error", error=error)
+            except _STOPS:
+                raise
+            except Exception:  # noqa: BLE001 - a broken or detached engine: end it in the store
+                log.warning("the engine of %s could not end turn %s", self.session_id, self.turn_id, exc_info=True)
+            else:
+                outcome = await self._write_end("error", getattr(result, "usage", None) or {}, error)
+                if entry is not None:
+                    await self.writer.flush(marks=[{"drop": entry.message_id}])  # type: ignore[union-attr]
+                return outcome
+        # No engine holds it: close the store's open turn (if any) and consume the input.
+        marks: list[dict[str, Any]] = [{"end": True}]
+        if entry is not None:
+            marks.append({"drop": entry.message_id})
+        return await self._end_without_engine(error, marks)
+
+    async def _end_unstarted(self, entry: Any, error: dict[str, Any]) -> str:
+        """Ends an input without opening a turn for it (`drop`): its `turn_end` says why."""
+        self.turn_id = entry.message_id
+        self._session_error(error)
+        return await self._end_without_engine(error, [{"drop": entry.message_id}])
+
+    async def _end_without_engine(self, error: dict[str, Any], marks: list[dict[str, Any]]) -> str:
+        """Writes the turn's `turn_end` with store `marks` (`end`, `drop`) in one fenced call."""
+        assert self.writer is not None
+        self._line("turn_end", stopReason="error", usage={}, error=error)
+        await self.writer.flush(marks=marks)
+        self.turn = None
+        self.turn_id = None
+        return "ended"
 
     def _next_input(self) -> Any:
         while self.pending:
@@ -317,7 +439,7 @@ class Runner:
         settings = settings or {}
         assert self.writer is not None
         persistence = StorePersistence(
-            self.store, self.claim, writer=self.writer, on_record=self._on_record,
+            self.store, self.claim, writer=self.writer,
             end_line=self._end_line, on_end_line=self._on_end_line,
         )
         self.engine = await create_engine(
@@ -391,9 +513,13 @@ class Runner:
         return self._end_stored is not None and self._end_stored.get("type") == type_
 
     async def _start_turn(self, entry: Any) -> str:
+        if self._requeue:
+            self.pending.appendleft(entry)
+            return "yielded"
         engine = await self._open_engine(entry.context, entry.settings)
         if engine is None:
             self.pending.appendleft(entry)
+            self._requeue = True
             return "yielded"
         self.turn_id = entry.message_id
         text_input = entry.input if isinstance(entry.input, str) else None
@@ -475,9 +601,9 @@ class Runner:
 
     async def _end_open(self, stop_reason: str, error: dict[str, Any] | None) -> str:
         assert self.engine is not None
-        result = await self.engine.end_open_turn(stop_reason, error=error)
         if error:
-            self.emit("session.error", epoch=self.epoch, turn=self.turn_id, error=error)
+            self._session_error(error)  # stored with the end record, before its turn_end line
+        result = await self.engine.end_open_turn(stop_reason, error=error)
         return await self._write_end(stop_reason, getattr(result, "usage", None) or {}, error)
 
     async def _write_end(self, stop_reason: str, usage: Any, error: dict[str, Any] | None) -> str:

@@ -101,8 +101,12 @@ local function apply(name, value)
     changed.turn_cursor = 0
   elseif name == 'yield' then
     changed.yielded = 1
-  elseif name == 'accepted' or name == 'drop' then
+  elseif name == 'accepted' then
     consume(value, 'd')
+  elseif name == 'drop' then
+    consume(value, 'd')
+    -- deaths counted before a turn opened were the dropped input's (claim.lua)
+    if turn == '' then changed.deaths = 0 end
   end
 end
 

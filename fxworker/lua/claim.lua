@@ -15,7 +15,10 @@
 -- Invariant: at most one live lease. A claim succeeds only when no lease is held or the
 -- held one expired by now_ms; it bumps the epoch (never reused, even after a release), so
 -- every later write of the previous holder is refused. A takeover (the previous lease
--- expired while held) with a turn open counts one more death of that turn.
+-- expired while held) with a turn open counts one more death of that turn; with no turn
+-- open but inputs pending, one more death of the first of them (its worker died, or failed
+-- past handling, before its turn opened): a `start`, `end` or `drop` restarts the count,
+-- so an input no worker can open is ended after 3 (§6, nothing loops for ever).
 
 local meta, lease, inbox, log, pending, ckpt = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7], KEYS[9]
 local holder, lease_ms, now_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -37,7 +40,9 @@ local m = redis.call('HMGET', meta, 'agent', 'head', 'ui', 'inbox', 'turn', 'tur
                        'turn_cursor')
 local turn = m[5] or ''
 local deaths = tonumber(m[9] or 0)
-if taken == 1 and turn ~= '' then deaths = redis.call('HINCRBY', meta, 'deaths', 1) end
+if taken == 1 and (turn ~= '' or redis.call('ZCARD', pending) > 0) then
+  deaths = redis.call('HINCRBY', meta, 'deaths', 1)
+end
 
 local function entry(seq)
   local found = redis.call('XRANGE', inbox, seq .. '-0', seq .. '-0')

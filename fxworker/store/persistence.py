@@ -115,7 +115,8 @@ class LineWriter:
         self._timer: asyncio.TimerHandle | None = None
         self._flushing: asyncio.Task[None] | None = None
         self._calls = 0
-        self._held: tuple[str, list[dict[str, Any]]] | None = None  # (key, lines) of a call that may have run
+        # (key, lines, marks) of a call that failed and may have run
+        self._held: tuple[str, list[dict[str, Any]], list[Mark]] | None = None
         self.closed = False
 
     def __repr__(self) -> str:
@@ -180,11 +181,11 @@ class LineWriter:
             self._timer = None
         return lines
 
-    def hold(self, key: str, lines: list[dict[str, Any]]) -> None:
-        """Keeps lines whose call (keyed `key`) failed and may have run: `send_held()`
-        resends them first, alone, under the same key (hold `lock`)."""
-        if lines and not self.closed:
-            self._held = (key, lines)
+    def hold(self, key: str, lines: list[dict[str, Any]], marks: list[Mark] | None = None) -> None:
+        """Keeps lines (and store marks) whose call (keyed `key`) failed and may have run:
+        `send_held()` resends them first, alone, under the same key (hold `lock`)."""
+        if (lines or marks) and not self.closed:
+            self._held = (key, lines, list(marks or ()))
 
     def fenced(self) -> None:
         """A write was refused: this writer writes nothing more."""
@@ -199,14 +200,14 @@ class LineWriter:
         not its first call ran. Returns the batch's cursors."""
         if self._held is None:
             return []
-        key, lines = self._held
+        key, lines, marks = self._held
         self._held = None
-        return await self._send(key, lines)
+        return await self._send(key, lines, marks)
 
-    async def _send(self, key: str, lines: list[dict[str, Any]]) -> list[int]:
+    async def _send(self, key: str, lines: list[dict[str, Any]], marks: list[Mark]) -> list[int]:
         try:
             appended = await retry_unavailable(
-                lambda: self.store.append(self.session_id, self.epoch, lines=lines, idempotency_key=key),
+                lambda: self.store.append(self.session_id, self.epoch, lines=lines, marks=marks, idempotency_key=key),
                 due_ms=self.lease_due_ms,
                 what=f"writing {len(lines)} line(s) of {self.session_id}",
                 stop=lambda: self.closed,
@@ -215,20 +216,23 @@ class LineWriter:
             self.fenced()
             raise
         except BaseException:
-            self.hold(key, lines)
+            self.hold(key, lines, marks)
             raise
         return list(appended.lines)
 
-    async def flush(self) -> list[int]:
+    async def flush(self, *, marks: Iterable[Mark] = ()) -> list[int]:
         """Writes every queued line now (a held batch first), one fenced call per batch;
-        returns the cursors of the lines it stored."""
+        returns the cursors of the lines it stored. `marks` are store marks (`{"drop": id}`
+        consumes an input no turn takes, `{"end": True}` closes the open turn) stored in
+        the same call as the queued lines."""
+        marks = list(marks)
         async with self.lock:
             cursors = await self.send_held()
             lines = self.take()
-            if not lines:
+            if not lines and not marks:
                 return cursors
             self._calls += 1
-            return cursors + await self._send(f"lines:{self.epoch}:{self._calls}", lines)
+            return cursors + await self._send(f"lines:{self.epoch}:{self._calls}", lines, marks)
 
 
 EndLine = Callable[[list[tuple[str, dict[str, Any]]]], "dict[str, Any] | None"]

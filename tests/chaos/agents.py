@@ -2,12 +2,14 @@
 
 One agent, `default`, on the scripted model at `FX_TEST_MODEL_URL`, with the tools of
 `tests.chaos.tooling` (which records each tool start in Redis, and tags each model
-request with this worker's pid).
+request with this worker's pid); its `on_event` diagnostics go to a Redis list
+(`tests.chaos.tooling.events_key`).
 """
 
 from __future__ import annotations
 
 from fxworker import Agent
-from tests.chaos.tooling import provider, tools
+from tests.chaos.tooling import provider, record_event, tools
 
-AGENTS = {"default": Agent("default", model="scripted", provider=provider(), tools=tools(), api_key="test-key")}
+AGENTS = {"default": Agent("default", model="scripted", provider=provider(), tools=tools(), api_key="test-key",
+                            on_event=record_event)}

@@ -18,6 +18,7 @@ engine's resume notice):
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -26,6 +27,7 @@ from typing import Any
 import redis
 
 from fxengine.testing import Reply, delay, hold, text, tool_call
+from tests.chaos.tooling import events_key
 from tests.support.workers import CeleryWorker, Workers, wait_until
 
 RESUME_NOTICE_PREFIX = "Resuming from"
@@ -171,6 +173,11 @@ def assert_no_stale_line(lines: list[dict[str, Any]]) -> None:
         head = line["epoch"]
     cursors = [ln["cursor"] for ln in lines]
     assert cursors == sorted(set(cursors)), "cursors are not strictly increasing"
+
+
+def events_of(redis_url: str, prefix: str) -> list[dict[str, Any]]:
+    """The `on_event` diagnostics the fault workers recorded (`tests.chaos.tooling.record_event`)."""
+    return [json.loads(v) for v in redis_list(redis_url, events_key(prefix))]
 
 
 def redis_list(redis_url: str, key: str) -> list[str]:

@@ -15,9 +15,11 @@ so a test knows which process to kill, stop or signal. Its tools record each sta
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from typing import Any
 
+import redis as redis_sync
 import redis.asyncio as aioredis
 
 from fxengine.tools import Tool
@@ -28,6 +30,7 @@ MODEL_URL = os.environ.get("FX_TEST_MODEL_URL", "http://127.0.0.1:9/v1")
 POLL_S = 0.02
 
 _client: aioredis.Redis | None = None
+_events_client: redis_sync.Redis | None = None
 
 
 def starts_key(name: str, prefix: str = PREFIX) -> str:
@@ -40,6 +43,19 @@ def done_key(name: str, prefix: str = PREFIX) -> str:
 
 def release_key(name: str, prefix: str = PREFIX) -> str:
     return f"{prefix}:fault:release:{name}"
+
+
+def events_key(prefix: str = PREFIX) -> str:
+    """The fault workers' `on_event` diagnostics, one JSON object per list entry."""
+    return f"{prefix}:fault:events"
+
+
+def record_event(event: dict[str, Any]) -> None:
+    """`on_event` of the fault workers' agent: appends the event to `events_key()`."""
+    global _events_client
+    if _events_client is None:
+        _events_client = redis_sync.Redis.from_url(REDIS_URL)
+    _events_client.rpush(events_key(), json.dumps(event, default=str))
 
 
 def _redis() -> aioredis.Redis:

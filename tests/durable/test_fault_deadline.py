@@ -15,6 +15,7 @@ import pytest
 
 from tests.chaos.faults import (
     RESUME_NOTICE_PREFIX,
+    events_of,
     Pool,
     assert_no_stale_line,
     fault_env,
@@ -72,7 +73,7 @@ def test_a_slow_turn_yields_and_resumes_across_deliveries_and_completes(
 
 
 def test_a_model_request_that_always_outlasts_a_delivery_is_cut_off_three_times_then_cancelled(
-    pool: Pool, client: Any, model: Any
+    pool: Pool, client: Any, model: Any, redis_url: str, prefix: str
 ) -> None:
     agent = client.agents["default"]
     session = agent.blocking_session()
@@ -84,6 +85,9 @@ def test_a_model_request_that_always_outlasts_a_delivery_is_cut_off_three_times_
     lines = lines_of(agent, session.id)
     assert_no_stale_line(lines)
     assert _types(lines).count("turn_yield") == 3
+    # The diagnostic counts the cut-offs of the one step: 1, 2, 3.
+    deadlines = [e for e in events_of(redis_url, prefix) if e["type"] == "session.deadline" and e["sessionId"] == session.id]
+    assert [e["cutoffs"] for e in deadlines] == [1, 2, 3]
     # The session goes on.
     after = session.prompt("after the cut-offs")
     assert after.result().stop_reason == "end_turn"

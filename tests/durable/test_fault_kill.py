@@ -187,6 +187,11 @@ def test_a_turn_whose_worker_is_killed_three_times_is_cancelled_and_the_next_pro
     assert "died 3 times" in result.error["message"] and "during model request" in result.error["message"]
     model.release("poison1")
     after = session.prompt("after the poison")
+    # Bounded: this prompt once waited for ever behind the poison delivery's lease, which
+    # its runner kept renewing because a lost cancel left its inbox watcher running
+    # (fxworker/background.py); tests/durable/test_background_stop.py pins the cause.
+    wait_line(agent, session.id, lambda ln: ln["type"] == "turn_end" and ln["messageId"] == after.message_id,
+              TAKEOVER_BOUND_S + 10, what="the next prompt's end")
     assert after.result().stop_reason == "end_turn"
     lines = lines_of(agent, session.id)
     assert_no_stale_line(lines)
