@@ -13,22 +13,18 @@ a new engine on the same store can `resume()` a turn the last process left open.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
 
-from .conversation import Conversation
+from .core import EngineCore, EventSink, OnEvent
 from .errors import FxError, FxInputError
-from .events import Event
-from .journal.journal import Journal
-from .journal.records import ENGINE_VERSION, decode_batch, decode_checkpoint, encode_checkpoint
 from .limits import INSTRUCTIONS_MAX_BYTES, check_context, check_instructions, check_prompt_input
 from .loop import OnAmbiguous, TurnRunner
-from .persistence import Mark, Persistence
+from .persistence import Persistence
 from .providers import Provider, check_model, resolve_provider
 from .tools.definition import Tool, check_tools
 from .turn import Turn, TurnResult
@@ -37,8 +33,6 @@ DEFAULT_MAX_MODEL_TURNS = 50
 # A streamed reply may pause for minutes (long reasoning); connecting may not.
 DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=300.0, write=30.0, pool=30.0)
 
-OnEvent = Callable[[dict[str, Any]], None]
-EventSink = Callable[[Event], None]
 # Turn ids are message ids (§10): 1 to 128 of A-Z a-z 0-9 . _ : -
 _TURN_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
 
@@ -64,14 +58,12 @@ def _check_yield_at(yield_at: Any) -> float | None:
     return float(yield_at)
 
 
-def tool_set_hash(tools: Mapping[str, Tool]) -> str:
-    """A short hash of the tool set: names, schemas and the idempotent / writes flags."""
-    described = [[t.name, t.idempotent, t.writes, dict(t.input_schema)] for t in sorted(tools.values(), key=lambda t: t.name)]
-    return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 class Engine:
-    """One conversation. Create it with `create_engine()`; one prompt runs at a time."""
+    """One conversation. Create it with `create_engine()`; one prompt runs at a time.
+
+    `core` is the `EngineCore` every turn of this engine works on (the conversation, the
+    journal, tools and model); the engine keeps which turn runs and whether it may run one.
+    """
 
     def __init__(
         self,
@@ -89,104 +81,55 @@ class Engine:
         context: Any,
         epoch: int | None,
     ) -> None:
-        self._provider = provider
-        self._spec = spec
-        self._tools = tools
-        self._tool_list = list(tools.values())
-        self._instructions = instructions
-        self._persistence = persistence
-        self._on_event = on_event
-        self._event_sink = event_sink
-        self.max_model_turns = max_model_turns
         self._own_client = http_client is None
-        self._client = http_client if http_client is not None else httpx.AsyncClient(timeout=DEFAULT_TIMEOUT)
-        self.session_id = session_id
-        self.context = context
-        self.epoch = epoch
-        self._conv = Conversation()
-        self._journal = Journal(persistence, head=None, diag=self._diag)
+        self.core = EngineCore(
+            provider=provider,
+            spec=spec,
+            tools=tools,
+            instructions=instructions,
+            persistence=persistence,
+            client=http_client if http_client is not None else httpx.AsyncClient(timeout=DEFAULT_TIMEOUT),
+            on_event=on_event,
+            event_sink=event_sink,
+            max_model_turns=max_model_turns,
+            session_id=session_id,
+            context=context,
+            epoch=epoch,
+            on_journal_failure=self._on_journal_failure,
+        )
         self._running: TurnRunner | None = None
         self._broken: FxError | None = None
         self._detached = False
         self._closed = False
-        self._tools_hash = tool_set_hash(tools)
 
     def __repr__(self) -> str:
+        core = self.core
         running = self._running.turn_id if self._running else None
-        open_id = self._conv.open.id if self._conv.open else None
-        return (f"<Engine model={self._spec.id} provider={self._provider.name} messages={len(self._conv.messages)} "
-                f"open_turn={open_id} running={running} head={self._journal.head}>")
+        open_id = core.conversation.open.id if core.conversation.open else None
+        return (f"<Engine model={core.spec.id} provider={core.provider.name} messages={len(core.conversation.messages)} "
+                f"open_turn={open_id} running={running} head={core.journal.head}>")
 
-    # diagnostics
+    @property
+    def max_model_turns(self) -> int:
+        """Model requests per turn before it stops `max_model_turns`."""
+        return self.core.max_model_turns
 
-    def _diag(self, event: dict[str, Any]) -> None:
-        if self._on_event is None:
-            return
-        try:
-            self._on_event(event)
-        except Exception:  # a diagnostics callback must never break a turn
-            pass
+    @property
+    def session_id(self) -> str | None:
+        return self.core.session_id
 
-    # loading
+    @property
+    def context(self) -> Any:
+        return self.core.context
 
-    async def _load(self, checkpoint: bytes | None) -> None:
-        seed = checkpoint
-        head: str | None = None
-        records = []
-        if self._persistence is not None:
-            loaded = await self._persistence.load()
-            if loaded.checkpoint is not None:
-                seed = loaded.checkpoint.data
-            records = list(loaded.journal)
-            if loaded.head is not None:
-                head = loaded.head
-            elif records:
-                head = records[-1].cursor
-            elif loaded.checkpoint is not None:
-                head = loaded.checkpoint.through
-        conv = self._restore(seed) if seed is not None else Conversation()
-        for record in records:
-            for kind, body in decode_batch(record.data):
-                conv.apply(kind, body)
-        self._conv = conv
-        self._journal.head = head
-        self._diag({"type": "journal.open", "events": len(records), "checkpoint": seed is not None,
-                    "turns": conv.turns, "resumable": conv.open is not None})
+    @property
+    def epoch(self) -> int | None:
+        return self.core.epoch
 
-    def _restore(self, data: bytes) -> Conversation:
-        body = decode_checkpoint(data)
-        current = {"engineVersion": ENGINE_VERSION, "toolSchemaHash": self._tools_hash, "model": self._spec.id}
-        saved = {"engineVersion": body.get("engine"), "toolSchemaHash": body.get("tools"), "model": body.get("model")}
-        changed = [key for key in current if saved[key] != current[key]]
-        if changed:
-            self._diag({"type": "checkpoint.mismatch", "sessionId": self.session_id, "changed": changed,
-                        "saved": saved, "current": current})
-        return Conversation.from_dict(body["state"])
+    # running turns
 
-    # the journal
-
-    def _commit(self, kind: str, body: dict[str, Any], *, marks: list[Mark] | None = None, barrier: bool = False,
-                want_ack: bool = False) -> Any:
-        """Applies one event to the conversation and queues it for the journal."""
-        self._conv.apply(kind, body)
-        all_marks = list(marks or ())
-        if self._conv.open is not None:
-            all_marks.append({"step": self._conv.open.step_name})
-        return self._journal.add(kind, body, marks=all_marks, barrier=barrier, want_ack=want_ack)
-
-    async def _save_checkpoint(self) -> None:
-        save = getattr(self._persistence, "save_checkpoint", None)
-        through = self._journal.head
-        if save is None or not self._journal.enabled or through is None:
-            return
-        try:
-            data = self.checkpoint()
-            await save(through=through, data=data)
-        except Exception as exc:  # the journal still holds everything; the next turn end tries again
-            self._diag({"type": "checkpoint.error", "error": getattr(exc, "code", type(exc).__name__),
-                        "message": str(exc)})
-            return
-        self._diag({"type": "checkpoint.save", "through": through, "bytes": len(data)})
+    def _runner(self, turn_id: str, **options: Any) -> TurnRunner:
+        return TurnRunner(self.core, turn_id, on_finish=self._turn_finished, on_detach=self._on_detach, **options)
 
     def _on_journal_failure(self, exc: BaseException) -> None:
         from .errors import FxJournalAppendError
@@ -196,6 +139,10 @@ class Engine:
         self._broken = error
         if self._running is not None:
             self._running.on_journal_failure(exc)
+
+    def _on_detach(self) -> None:
+        self.core.journal.detach()
+        self._detached = True
 
     def _turn_finished(self, runner: TurnRunner) -> None:
         if self._running is runner:
@@ -232,22 +179,23 @@ class Engine:
         self._check_usable()
         yield_at = _check_yield_at(yield_at)
         blocks = check_prompt_input(input)  # type: ignore[arg-type]
-        entry = self._spec.entry
+        entry = self.core.spec.entry
         if entry is not None and not entry.supports_images and any(b["type"] == "image" for b in blocks):
-            raise FxInputError(f"model {self._spec.id} does not take images", code="FX_MODEL_NO_IMAGES")
+            raise FxInputError(f"model {self.core.spec.id} does not take images", code="FX_MODEL_NO_IMAGES")
         if turn_id is not None:
             _check_turn_id(turn_id)
-            if self._conv.open is not None and turn_id == self._conv.open.id:
+            conv = self.core.conversation
+            if conv.open is not None and turn_id == conv.open.id:
                 resumed = self.resume(yield_at=yield_at)
                 assert resumed is not None
                 return resumed
-            if turn_id == self._conv.last_turn_id and self._conv.last_end is not None:
-                end = self._conv.last_end
-                runner = TurnRunner(self, turn_id)
+            if turn_id == conv.last_turn_id and conv.last_end is not None:
+                end = conv.last_end
+                runner = self._runner(turn_id)
                 runner.finish_now(TurnResult(end.get("stopReason") or "end_turn", dict(end.get("usage") or {}),
                                              end.get("error"), repeated=True))
                 return Turn(runner)
-        runner = TurnRunner(self, turn_id or f"turn_{uuid.uuid4().hex}", blocks=blocks, yield_at=yield_at)
+        runner = self._runner(turn_id or f"turn_{uuid.uuid4().hex}", blocks=blocks, yield_at=yield_at)
         self._running = runner
         runner.start()
         return Turn(runner)
@@ -276,11 +224,11 @@ class Engine:
         if next_step is not None and (not isinstance(next_step, int) or isinstance(next_step, bool) or next_step < 1):
             raise FxInputError("next_step must be a positive integer")
         yield_at = _check_yield_at(yield_at)
-        open_turn = self._conv.open
+        open_turn = self.core.conversation.open
         if open_turn is None:
             return None
-        runner = TurnRunner(self, open_turn.id, yield_at=yield_at, resume=True, on_ambiguous=on_ambiguous,
-                            no_rerun=no_rerun, next_step=next_step)
+        runner = self._runner(open_turn.id, yield_at=yield_at, resume=True, on_ambiguous=on_ambiguous,
+                             no_rerun=no_rerun, next_step=next_step)
         self._running = runner
         runner.start()
         return Turn(runner)
@@ -291,28 +239,28 @@ class Engine:
         Calls it left running are answered as unfinished. Returns None when no turn is open.
         """
         self._check_usable()
-        open_turn = self._conv.open
+        open_turn = self.core.conversation.open
         if open_turn is None:
             return None
         usage = dict(open_turn.usage)
         body: dict[str, Any] = {"stopReason": stop_reason, "usage": usage}
         if error is not None:
             body["error"] = error
-        self._commit("turn_end", body, marks=[{"end": True}])
-        await self._journal.flush()
-        self._journal.raise_failure()
-        await self._save_checkpoint()
+        self.core.commit("turn_end", body, marks=[{"end": True}])
+        await self.core.journal.flush()
+        self.core.journal.raise_failure()
+        await self.core.save_checkpoint()
         return TurnResult(stop_reason, usage, error)
 
     def checkpoint(self) -> bytes:
         """The conversation as opaque bytes (at most 4 MiB); restore with `checkpoint=`."""
-        return encode_checkpoint(state=self._conv.to_dict(), tools=self._tools_hash, model=self._spec.id)
+        return self.core.checkpoint()
 
     @property
     def open_turn(self) -> dict[str, Any] | None:
         """The turn that started and has not ended: ``{turnId, yielded, step, responses,
         running, inFlight}``, or None."""
-        turn = self._conv.open
+        turn = self.core.conversation.open
         if turn is None:
             return None
         return {"turnId": turn.id, "yielded": turn.yielded, "step": turn.step, "responses": turn.responses,
@@ -324,7 +272,7 @@ class Engine:
         running, what the open turn had in flight when its engine stopped."""
         if self._running is not None:
             return self._running.in_flight
-        turn = self._conv.open
+        turn = self.core.conversation.open
         if turn is None:
             return None
         unanswered = turn.unanswered
@@ -337,21 +285,22 @@ class Engine:
 
     def recorded_steps(self, turn_id: str) -> set[int]:
         """Steps of the turn whose model response is in the journal."""
-        turn = self._conv.open
+        conv = self.core.conversation
+        turn = conv.open
         if turn is not None and turn.id == turn_id:
             return set(turn.responded)
-        if self._conv.last_turn_id == turn_id and self._conv.last_end is not None:
-            return set(self._conv.last_end.get("steps") or [])
+        if conv.last_turn_id == turn_id and conv.last_end is not None:
+            return set(conv.last_end.get("steps") or [])
         return set()
 
     @property
     def messages(self) -> list[dict[str, Any]]:
         """A copy of the history (provider-neutral messages)."""
-        return json.loads(json.dumps(self._conv.messages))
+        return json.loads(json.dumps(self.core.conversation.messages))
 
     @property
     def model_id(self) -> str:
-        return str(self._spec.id)
+        return str(self.core.spec.id)
 
     async def close(self) -> None:
         """Cancels a running turn, waits for the journal, and closes the engine's own client."""
@@ -364,13 +313,13 @@ class Engine:
                 await runner.result_future
             except Exception:
                 pass
-        if self._journal.enabled:
+        if self.core.journal.enabled:
             # A detached or failed journal writes nothing more; an append it left stalled
             # (a store that never answers) must not hold the close.
-            await self._journal.flush()
+            await self.core.journal.flush()
         self._closed = True
         if self._own_client:
-            await self._client.aclose()
+            await self.core.client.aclose()
 
 
 async def create_engine(
@@ -446,9 +395,8 @@ async def create_engine(
         context=context,
         epoch=epoch,
     )
-    engine._journal.on_failure = engine._on_journal_failure
     try:
-        await engine._load(bytes(checkpoint) if checkpoint is not None else None)
+        await engine.core.load(bytes(checkpoint) if checkpoint is not None else None)
     except BaseException:
         await engine.close()
         raise

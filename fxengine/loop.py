@@ -1,9 +1,11 @@
 """The turn loop: model step -> tool calls -> model step ... until the model ends (DESIGN §4, §6).
 
-Every change goes through `Engine._commit` (applied to the conversation, then journaled),
-so a replay rebuilds the same state. The runner is one asyncio task; `cancel()`,
+Every change goes through `EngineCore.commit` (applied to the conversation, then
+journaled), so a replay rebuilds the same state. The runner is one asyncio task; `cancel()`,
 `detach()` and a failed journal append stop it through `Task.cancel()`, and the flags set
-beforehand say which of them it was. Steering cancels only the streaming sub-task.
+beforehand say which of them it was. Steering cancels only the streaming sub-task. The
+runner's owner hears of the turn's end and of a detach through callbacks (`on_finish`,
+`on_detach`); the runner never touches its owner's state.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from .tools.runner import PlannedCall, ToolOutcome, execution_id, parse_argument
 from .turn import EventBuffer, TurnResult
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .core import EngineCore
 
 AMBIGUOUS_RESULT = (
     "This call may have partly run: the session was interrupted while it ran, so its outcome is unknown. "
@@ -34,6 +36,8 @@ AMBIGUOUS_RESULT = (
 )
 
 OnAmbiguous = Callable[[dict[str, Any]], Any]
+OnFinish = Callable[["TurnRunner"], None]
+OnDetach = Callable[[], None]
 
 # The mark of a record that finishes something (a model response, a tool result): the
 # progress a store counts poison turns against (DESIGN §6).
@@ -45,13 +49,20 @@ def now_ms() -> int:
 
 
 class TurnRunner:
-    """Runs one turn (a new prompt, or the resume of an open turn) on the engine's state."""
+    """Runs one turn (a new prompt, or the resume of an open turn) on an engine's core.
+
+    `on_finish(runner)` is called once the turn's end is recorded, just before its result
+    is set; `on_detach()` when `detach()` stops the turn, before its signal aborts (the
+    owner stops the journal there: nothing more is written).
+    """
 
     def __init__(
         self,
-        engine: Engine,
+        core: EngineCore,
         turn_id: str,
         *,
+        on_finish: OnFinish,
+        on_detach: OnDetach,
         blocks: list[dict[str, Any]] | None = None,
         yield_at: float | None = None,
         resume: bool = False,
@@ -59,13 +70,15 @@ class TurnRunner:
         no_rerun: bool = False,
         next_step: int | None = None,
     ) -> None:
-        self.engine = engine
+        self.core = core
         self.turn_id = turn_id
-        self.events = EventBuffer(sink=engine._event_sink, diag=engine._diag)
+        self.events = EventBuffer(sink=core.event_sink, diag=core.diag)
         self.result_future: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
-        open_turn = engine._conv.open
+        open_turn = core.conversation.open
         self.retract_candidates: list[int] = open_turn.retract if resume and open_turn is not None else []
         self.signal = Signal()
+        self._on_finish = on_finish
+        self._on_detach = on_detach
         self._blocks = blocks
         self._yield_at = yield_at
         self._resume = resume
@@ -144,8 +157,7 @@ class TurnRunner:
             return
         self._detached = True
         self._accepting = False
-        self.engine._journal.detach()
-        self.engine._detached = True
+        self._on_detach()
         self.signal.abort("detached")
         self._stop_task()
 
@@ -201,8 +213,8 @@ class TurnRunner:
         return TurnResult("error", usage, error)
 
     async def _finish(self, outcome: tuple[str, dict[str, Any] | None] | None) -> None:
-        engine = self.engine
-        usage = dict(engine._conv.open.usage) if engine._conv.open is not None else {}
+        core = self.core
+        usage = dict(core.conversation.open.usage) if core.conversation.open is not None else {}
         result: TurnResult
         try:
             if self._failure is not None:
@@ -213,72 +225,72 @@ class TurnRunner:
                 stop, error = outcome if outcome is not None else ("cancelled", None)
                 self._record_partial()
                 if stop == "yielded":
-                    engine._commit("turn_yield", {}, marks=[{"yield": True}])
+                    core.commit("turn_yield", {}, marks=[{"yield": True}])
                 else:
                     body: dict[str, Any] = {"stopReason": stop, "usage": usage}
                     if error is not None:
                         body["error"] = error
-                    engine._commit("turn_end", body, marks=[{"end": True}])
-                await engine._journal.flush()
+                    core.commit("turn_end", body, marks=[{"end": True}])
+                await core.journal.flush()
                 if self._failure is not None:
                     result = self._failure_result(usage)
                 elif self._detached:
                     result = TurnResult("unknown", usage, detached=True)
                 else:
                     result = TurnResult(stop, usage, error)
-                    await engine._save_checkpoint()
+                    await core.save_checkpoint()
         except Exception as exc:  # never leave a caller waiting on result()
             result = TurnResult("error", usage, {"code": "FX_ERROR", "message": f"internal error: {exc!r}"})
-        engine._turn_finished(self)
+        self._on_finish(self)
         self.events.close()
         self.result_future.set_result(result)
 
     def _record_partial(self) -> None:
         """Records what a step had streamed when the turn stopped inside it."""
         out = self._out
-        if out is None or self.engine._conv.open is None:
+        if out is None or self.core.conversation.open is None:
             return
         self._out = None
-        self.engine._commit("model_response", {"step": self._out_step, "content": out.content, "toolCalls": [],
-                                               "finishReason": None, "usage": out.usage, "cut": True},
-                            marks=[DONE])
+        self.core.commit("model_response", {"step": self._out_step, "content": out.content, "toolCalls": [],
+                                             "finishReason": None, "usage": out.usage, "cut": True},
+                         marks=[DONE])
 
     async def _run(self) -> tuple[str, dict[str, Any] | None]:
-        engine = self.engine
-        conv = engine._conv
+        core = self.core
+        conv = core.conversation
         first_barrier: asyncio.Future[str | None] | None = None
         if not self._resume:
             if conv.open is not None:
-                engine._commit("turn_end", {"stopReason": "cancelled", "usage": conv.open.usage, "error": {
+                core.commit("turn_end", {"stopReason": "cancelled", "usage": conv.open.usage, "error": {
                     "code": "FX_TURN_INTERRUPTED", "message": "a new prompt ended this turn, which an earlier engine left open"}},
                     marks=[{"end": True}])
             assert self._blocks is not None
-            first_barrier = engine._commit("turn_start", {"turn": self.turn_id, "input": self._blocks, "atMs": now_ms()},
-                                           marks=[{"start": self.turn_id}], barrier=True)
+            first_barrier = core.commit("turn_start", {"turn": self.turn_id, "input": self._blocks, "atMs": now_ms()},
+                                         marks=[{"start": self.turn_id}], barrier=True)
         else:
             turn = conv.open
             assert turn is not None
             unanswered = turn.unanswered
             pending_step = int(turn.pending["step"]) if turn.pending else 0
-            engine._commit("resumed", {"interrupted": not turn.yielded, "retract": self.retract_candidates})
+            core.commit("resumed", {"interrupted": not turn.yielded, "retract": self.retract_candidates})
             if unanswered:
                 await self._resume_calls(pending_step, unanswered)
         first = True
         while True:
             if first_barrier is not None:
-                await engine._journal.wait(first_barrier)
+                await core.journal.wait(first_barrier)
                 first_barrier = None
             await self._place_steers()
             turn = conv.open
             assert turn is not None
             if self._yield_requested or (not first and self._yield_at is not None and now_ms() >= self._yield_at):
                 return ("yielded", None)
-            if turn.responses >= engine.max_model_turns:
+            if turn.responses >= core.max_model_turns:
                 return ("max_model_turns", None)
             first = False
             step = max(turn.step + 1, self._next_step or 0)
             self._next_step = None
-            engine._commit("model_request", {"step": step})
+            core.commit("model_request", {"step": step})
             out, cut = await self._model_step(step)
             finish = out.finish_reason
             calls = out.tool_calls if not cut and finish not in ("length", "content_filter") else []
@@ -288,8 +300,8 @@ class TurnRunner:
                 response["reasoning"] = "".join(out.reasoning)
             barrier = any(self._needs_barrier(c["name"]) for c in calls)
             self._out = None
-            response_future = engine._commit("model_response", response, marks=[DONE], barrier=barrier,
-                                             want_ack=bool(calls))
+            response_future = core.commit("model_response", response, marks=[DONE], barrier=barrier,
+                                           want_ack=bool(calls))
             if cut:
                 continue
             if finish == "length":
@@ -304,23 +316,23 @@ class TurnRunner:
             await self._run_tools(step, calls, response_future)
 
     def _needs_barrier(self, name: str) -> bool:
-        tool = self.engine._tools.get(name)
+        tool = self.core.tools.get(name)
         return tool is not None and tool.needs_barrier
 
     async def _place_steers(self) -> None:
         while self._steers:
             steer_id, text = self._steers.popleft()
             self._steer_bytes -= len(text.encode("utf-8", "surrogatepass"))
-            self.engine._commit("accepted", {"id": steer_id, "text": text}, marks=[{"accepted": steer_id}])
+            self.core.commit("accepted", {"id": steer_id, "text": text}, marks=[{"accepted": steer_id}])
             await self.events.put(ev.user_message(text, steer_id))
 
     async def _model_step(self, step: int) -> tuple[StepOutput, bool]:
-        engine = self.engine
+        core = self.core
         out = StepOutput()
         self._out = out
         self._out_step = step
         self._in_flight = {"kind": "model", "step": step, "calls": []}
-        body = build_request(engine._spec, engine._conv.messages, tools=engine._tool_list, instructions=engine._instructions)
+        body = build_request(core.spec, core.conversation.messages, tools=core.tool_list, instructions=core.instructions)
         put = self.events.put
 
         async def on_delta(kind: str, delta: str) -> None:
@@ -330,7 +342,7 @@ class TurnRunner:
                 await put(ev.reasoning_delta(delta, step))
 
         stream = asyncio.get_running_loop().create_task(
-            model_step(engine._client, engine._provider, body, on_delta=on_delta, diag=engine._diag, step=step, out=out)
+            model_step(core.client, core.provider, body, on_delta=on_delta, diag=core.diag, step=step, out=out)
         )
         self._stream_task = stream
         try:
@@ -346,15 +358,15 @@ class TurnRunner:
             self._in_flight = None
 
     def _ctx(self, call: PlannedCall) -> ToolContext:
-        engine = self.engine
-        return ToolContext(self.signal, call.execution_id, engine.session_id, engine.context, engine.epoch)
+        core = self.core
+        return ToolContext(self.signal, call.execution_id, core.session_id, core.context, core.epoch)
 
     def _execution_id(self, step: int, call_id: str) -> str:
-        return execution_id(self.engine.session_id, self.turn_id, step, call_id)
+        return execution_id(self.core.session_id, self.turn_id, step, call_id)
 
     async def _run_tools(self, step: int, calls: list[dict[str, Any]],
                          response_future: asyncio.Future[str | None] | None) -> None:
-        engine = self.engine
+        core = self.core
         planned: list[PlannedCall] = []
         for call in calls:
             value, error = parse_arguments(call["arguments"])
@@ -374,15 +386,15 @@ class TurnRunner:
                                     "isError": outcome.is_error}
             if outcome.images:
                 body["images"] = outcome.images
-            engine._commit("tool_result", body, marks=[DONE])
+            core.commit("tool_result", body, marks=[DONE])
             await self.events.put(ev.tool_end(call.id, call.name, is_error=outcome.is_error, content=outcome.content,
                                               step=step))
 
         async def wait_barrier() -> None:
-            await engine._journal.wait(response_future)
+            await core.journal.wait(response_future)
 
         try:
-            await run_calls(planned, tools=engine._tools, make_ctx=self._ctx, on_start=on_start, on_end=on_end,
+            await run_calls(planned, tools=core.tools, make_ctx=self._ctx, on_start=on_start, on_end=on_end,
                             wait_barrier=wait_barrier)
         finally:
             self._in_flight = None
@@ -390,10 +402,10 @@ class TurnRunner:
 
     async def _resume_calls(self, step: int, unanswered: list[dict[str, Any]]) -> None:
         """Decides each call the crashed turn left running: rerun it or answer it as ambiguous."""
-        engine = self.engine
+        core = self.core
         rerun: list[dict[str, Any]] = []
         for call in unanswered:
-            tool = engine._tools.get(call["name"])
+            tool = core.tools.get(call["name"])
             value, error = parse_arguments(call["arguments"])
             execution_id = self._execution_id(step, call["id"])
             again = False
@@ -406,12 +418,12 @@ class TurnRunner:
                         answer = await answer
                     again = answer == "rerun"
             if again:
-                engine._diag({"type": "tool.rerun", "sessionId": engine.session_id, "executionId": execution_id,
+                core.diag({"type": "tool.rerun", "sessionId": core.session_id, "executionId": execution_id,
                               "id": call["id"], "name": call["name"], "step": step})
                 rerun.append(call)
                 continue
-            engine._commit("tool_result", {"step": step, "id": call["id"], "name": call["name"],
-                                           "content": AMBIGUOUS_RESULT, "isError": True}, marks=[DONE])
+            core.commit("tool_result", {"step": step, "id": call["id"], "name": call["name"],
+                                       "content": AMBIGUOUS_RESULT, "isError": True}, marks=[DONE])
             await self.events.put(ev.tool_end(call["id"], call["name"], is_error=True, content=AMBIGUOUS_RESULT,
                                               step=step))
         if rerun:

@@ -201,7 +201,7 @@ async def test_a_finished_call_keeps_its_result(model: ScriptedModel, make_engin
     first = await make_engine(tools=tools, persistence=store)
     turn = first.prompt("go")
     await asyncio.wait_for(fast_done.wait(), 5)
-    await first._journal.flush()  # the fast result is stored
+    await first.core.journal.flush()  # the fast result is stored
     await crash(turn)
     gate.set()
     second = await make_engine(tools=tools, persistence=store)
@@ -269,7 +269,7 @@ async def test_a_replaced_engine_stops_at_its_next_write(model: ScriptedModel, m
     resumed = new.resume()
     assert resumed is not None
     await wait_until(lambda: len(model.requests) == 2)
-    new_writer = new._journal.writer_id
+    new_writer = new.core.journal.writer_id
     effects.release.set()  # the old call finishes and tries to record its result
     old_result = await asyncio.wait_for(old_turn.result(), 5)
     assert old_result.stop_reason == "error" and old_result.error is not None
@@ -278,7 +278,7 @@ async def test_a_replaced_engine_stops_at_its_next_write(model: ScriptedModel, m
     assert result.stop_reason == "end_turn"
     kinds = [k for data in store.appended for k, _ in decode_batch(data)]
     assert kinds.count("tool_result") == 1  # only the new engine's account
-    assert new_writer and old._journal.failure is not None
+    assert new_writer and old.core.journal.failure is not None
 
 
 async def test_yield_at_stops_before_the_next_request_and_resumes_silently(model: ScriptedModel, make_engine: Any) -> None:
@@ -347,7 +347,7 @@ async def test_one_append_in_flight_and_idempotency_keys(model: ScriptedModel, m
     engine = await make_engine(tools=[effects.tool("read", idempotent=True)], persistence=store)
     await run(engine.prompt("go"))
     assert store.max_in_flight == 1
-    writer = engine._journal.writer_id
+    writer = engine.core.journal.writer_id
     seqs = [int(key.split(":")[1]) for key in store.keys]
     assert all(key.startswith(writer + ":") for key in store.keys)
     assert seqs == sorted(set(seqs)) and seqs[0] == 1

@@ -1,0 +1,168 @@
+"""What every turn of one engine works on: the conversation, its journal, tools and model.
+
+`Engine` owns one `EngineCore` and hands it to each `TurnRunner`. The conversation only
+changes through `commit()` (applied, then queued for the journal), so a replay of the
+journal rebuilds the same state (DESIGN §9). The core knows nothing of running turns:
+whoever owns it decides what a failed append stops (`on_journal_failure`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+
+from .conversation import Conversation
+from .events import Event
+from .journal.journal import Journal
+from .journal.records import ENGINE_VERSION, decode_batch, decode_checkpoint, encode_checkpoint
+from .persistence import Mark, Persistence
+from .providers import Provider
+from .tools.definition import Tool
+
+OnEvent = Callable[[dict[str, Any]], None]
+EventSink = Callable[[Event], None]
+
+
+def tool_set_hash(tools: Mapping[str, Tool]) -> str:
+    """A short hash of the tool set: names, schemas and the idempotent / writes flags."""
+    described = [[t.name, t.idempotent, t.writes, dict(t.input_schema)] for t in sorted(tools.values(), key=lambda t: t.name)]
+    return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class EngineCore:
+    """One engine's state and settings, and the operations a turn uses on them.
+
+    Attributes:
+        conversation: the fold of every journaled event (`Conversation`).
+        journal: where `commit()` queues events (a `Journal`, writing nothing without a store).
+        provider, spec, client: the model endpoint, the checked model, the HTTP client.
+        tools, tool_list, tools_hash: tools by name, in order, and `tool_set_hash` of them.
+        instructions: the system prompt, or None.
+        event_sink: gets every turn event synchronously, in order.
+        max_model_turns: model requests per turn.
+        session_id, context, epoch: handed to every tool call's `ctx`.
+    """
+
+    def __init__(
+        self,
+        *,
+        provider: Provider,
+        spec: Any,
+        tools: dict[str, Tool],
+        instructions: str | None,
+        persistence: Persistence | None,
+        client: httpx.AsyncClient,
+        on_event: OnEvent | None,
+        event_sink: EventSink | None,
+        max_model_turns: int,
+        session_id: str | None,
+        context: Any,
+        epoch: int | None,
+        on_journal_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.provider = provider
+        self.spec = spec
+        self.tools = tools
+        self.tool_list = list(tools.values())
+        self.tools_hash = tool_set_hash(tools)
+        self.instructions = instructions
+        self.persistence = persistence
+        self.client = client
+        self.event_sink = event_sink
+        self.max_model_turns = max_model_turns
+        self.session_id = session_id
+        self.context = context
+        self.epoch = epoch
+        self.conversation = Conversation()
+        self.journal = Journal(persistence, head=None, on_failure=on_journal_failure, diag=self.diag)
+        self._on_event = on_event
+
+    def __repr__(self) -> str:
+        open_id = self.conversation.open.id if self.conversation.open else None
+        return (f"<EngineCore model={self.spec.id} provider={self.provider.name} "
+                f"messages={len(self.conversation.messages)} open_turn={open_id} head={self.journal.head}>")
+
+    # diagnostics
+
+    def diag(self, event: dict[str, Any]) -> None:
+        """Hands a diagnostic event to `on_event`; a failing callback is ignored."""
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(event)
+        except Exception:  # a diagnostics callback must never break a turn
+            pass
+
+    # loading
+
+    async def load(self, checkpoint: bytes | None) -> None:
+        """Rebuilds the conversation from the store (or `checkpoint`) and sets the journal head."""
+        seed = checkpoint
+        head: str | None = None
+        records = []
+        if self.persistence is not None:
+            loaded = await self.persistence.load()
+            if loaded.checkpoint is not None:
+                seed = loaded.checkpoint.data
+            records = list(loaded.journal)
+            if loaded.head is not None:
+                head = loaded.head
+            elif records:
+                head = records[-1].cursor
+            elif loaded.checkpoint is not None:
+                head = loaded.checkpoint.through
+        conv = self._restore(seed) if seed is not None else Conversation()
+        for record in records:
+            for kind, body in decode_batch(record.data):
+                conv.apply(kind, body)
+        self.conversation = conv
+        self.journal.head = head
+        self.diag({"type": "journal.open", "events": len(records), "checkpoint": seed is not None,
+                   "turns": conv.turns, "resumable": conv.open is not None})
+
+    def _restore(self, data: bytes) -> Conversation:
+        body = decode_checkpoint(data)
+        current = {"engineVersion": ENGINE_VERSION, "toolSchemaHash": self.tools_hash, "model": self.spec.id}
+        saved = {"engineVersion": body.get("engine"), "toolSchemaHash": body.get("tools"), "model": body.get("model")}
+        changed = [key for key in current if saved[key] != current[key]]
+        if changed:
+            self.diag({"type": "checkpoint.mismatch", "sessionId": self.session_id, "changed": changed,
+                       "saved": saved, "current": current})
+        return Conversation.from_dict(body["state"])
+
+    # the journal
+
+    def commit(self, kind: str, body: dict[str, Any], *, marks: list[Mark] | None = None, barrier: bool = False,
+               want_ack: bool = False) -> Any:
+        """Applies one event to the conversation and queues it for the journal."""
+        self.conversation.apply(kind, body)
+        all_marks = list(marks or ())
+        if self.conversation.open is not None:
+            all_marks.append({"step": self.conversation.open.step_name})
+        return self.journal.add(kind, body, marks=all_marks, barrier=barrier, want_ack=want_ack)
+
+    def checkpoint(self) -> bytes:
+        """The conversation as opaque bytes (at most 4 MiB)."""
+        return encode_checkpoint(state=self.conversation.to_dict(), tools=self.tools_hash, model=self.spec.id)
+
+    async def save_checkpoint(self) -> None:
+        """Stores a checkpoint through the journal head, when the store takes them.
+
+        A failure is only reported (`checkpoint.error`): the journal still holds everything.
+        """
+        save = getattr(self.persistence, "save_checkpoint", None)
+        through = self.journal.head
+        if save is None or not self.journal.enabled or through is None:
+            return
+        try:
+            data = self.checkpoint()
+            await save(through=through, data=data)
+        except Exception as exc:  # the journal still holds everything; the next turn end tries again
+            self.diag({"type": "checkpoint.error", "error": getattr(exc, "code", type(exc).__name__),
+                       "message": str(exc)})
+            return
+        self.diag({"type": "checkpoint.save", "through": through, "bytes": len(data)})
