@@ -30,7 +30,6 @@ import logging
 import re
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
@@ -42,10 +41,18 @@ from fxengine.tools import check_tools
 
 from . import metrics, registry
 from .errors import FxConfigError, FxInvalidCursorError, FxUnknownSessionError
-from .ids import new_session_id, validate_message_id, validate_session_id
+from .ids import (
+    new_message_id,
+    new_request_id,
+    new_session_id,
+    new_steer_id,
+    now_ms,
+    validate_message_id,
+    validate_session_id,
+)
 from fxengine.turn import TurnResult
 from .settings import Settings
-from .wakers import CeleryWaker, InProcessWaker, Waker
+from .wakers import CeleryWaker, Waker
 
 log = logging.getLogger("fxworker.agent")
 
@@ -61,32 +68,6 @@ def check_cursor(cursor: object) -> int:
     if isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 0:
         raise FxInvalidCursorError(f"a stream cursor is a non-negative integer, got {cursor!r}")
     return cursor
-
-
-def new_message_id() -> str:
-    return f"msg_{uuid.uuid4().hex}"
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-_default_stores: dict[tuple[str | None, str], Any] = {}
-_default_lock = threading.Lock()
-
-
-def default_store(settings: Settings) -> Any:
-    """The store of this process for `settings`: Redis at `REDIS_URL`, else the embedded one."""
-    from . import store as store_mod
-
-    key = (settings.redis_url, settings.prefix)
-    with _default_lock:
-        if key not in _default_stores:
-            if settings.redis_url:
-                _default_stores[key] = store_mod.redis_store(settings.redis_url, prefix=settings.prefix)
-            else:
-                _default_stores[key] = store_mod.embedded_store(prefix=settings.prefix)
-        return _default_stores[key]
 
 
 class Agent:
@@ -179,13 +160,20 @@ class Agent:
     def store(self) -> Any:
         """The session store (resolved on first use, so creating an agent does no I/O)."""
         if self._store is None:
+            from .store import default_store
+
             self._store = default_store(self.settings)
         return self._store
 
     @property
     def waker(self) -> Waker:
         if self._waker is None:
-            self._waker = CeleryWaker() if self.settings.redis_url else InProcessWaker()
+            if self.settings.redis_url:
+                self._waker = CeleryWaker()
+            else:
+                from .embedded import InProcessWaker
+
+                self._waker = InProcessWaker()
         return self._waker
 
     def new_session_id(self) -> str:
@@ -271,7 +259,7 @@ class Session:
     @property
     def store(self) -> Any:
         """The agent's store, each call timed in `fxworker.metrics.STORE_LATENCY`."""
-        from .runtime import TimedStore
+        from .store.timed import TimedStore
 
         return TimedStore(self.agent.store)
 
@@ -331,7 +319,7 @@ class Session:
         Returns the store's acknowledgement (`message_id`, `repeated`, ...).
         """
         text = check_steer_text(input)
-        message_id = validate_message_id(message_id) if message_id is not None else f"str_{uuid.uuid4().hex}"
+        message_id = validate_message_id(message_id) if message_id is not None else new_steer_id()
         context, settings = self._checked()
         accepted = await self.store.accept(
             self.id,
@@ -435,7 +423,7 @@ class Turn:
 
     async def _read_lines(self) -> AsyncIterator[dict[str, Any]]:
         if self._idle:
-            self._end = {"type": "idle", "requestId": f"res_{uuid.uuid4().hex}"}
+            self._end = {"type": "idle", "requestId": new_request_id()}
             yield self._end
             return
         start = 0 if self.repeated else self.cursor

@@ -13,29 +13,20 @@ Time limits come from the store's own deadline (`FX_DELIVERY_TIMEOUT_S`, counted
 the task's start), not from Celery's prefork-only limits; the broker's visibility
 timeout is set well above it so a running wake is never handed to a second worker.
 
-With `FX_METRICS_PORT` set, each worker process serves its Prometheus metrics there.
-
-`worker_cancel_long_running_tasks_on_connection_loss` is turned on only for a pool that
-can cancel a running task (prefork, not threads: there Celery's cancel raises
-NotImplementedError for every running task at each broker connection loss). Under the
-threads pool a turn whose broker connection dropped simply runs on; its message is
-delivered again and that duplicate finds the lease held or the work done.
+This module is the app only. The task `fxworker.wake` and the worker's signal handlers
+(agents import, process loop, sweeper, metrics, warm shutdown) live in `fxworker.tasks`,
+which the app includes: a worker imports it before `worker_init`.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import socket
-import warnings
 from typing import Any
 
-from celery import Celery, signals
+from celery import Celery
 
 from .broker import NAME as BROKER_TRANSPORT
+from .keys import queue_name
 from .settings import Settings
-
-log = logging.getLogger("fxworker.celery")
 
 
 def make_celery_app(settings: Settings | None = None) -> Celery:
@@ -63,7 +54,7 @@ def make_celery_app(settings: Settings | None = None) -> Celery:
         broker_connection_retry=True,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
-        task_default_queue="fx.default",
+        task_default_queue=queue_name("default"),
         task_ignore_result=True,
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -94,67 +85,3 @@ def pool_can_cancel(pool_cls: Any) -> bool:
         return False
     # prefork binds terminate_job to its process pool when it starts, not on the class.
     return issubclass(resolved, PreforkPool) or getattr(resolved, "terminate_job", None) is not BasePool.terminate_job
-
-
-@signals.worker_init.connect
-def _cancel_on_connection_loss_where_supported(sender: Any = None, **_: Any) -> None:
-    """Cancels late-acked tasks on a broker connection loss only where the pool can (§7)."""
-    pool_cls = getattr(sender, "pool_cls", None) or app.conf.worker_pool
-    can_cancel = pool_can_cancel(pool_cls)
-    app.conf.worker_cancel_long_running_tasks_on_connection_loss = can_cancel
-    if not can_cancel:
-        # Celery warns at each connection loss that the setting is off; with this pool
-        # it cannot be on, and the lease makes the redelivered duplicate harmless.
-        from celery.exceptions import CPendingDeprecationWarning
-
-        warnings.filterwarnings(
-            "ignore", message=".*worker_cancel_long_running_tasks_on_connection_loss", category=CPendingDeprecationWarning
-        )
-
-
-@signals.worker_init.connect
-def _import_agents(sender: Any = None, **_: Any) -> None:
-    """Imports `FX_AGENTS` once per worker process, before it takes any task."""
-    from .registry import import_agents_module
-
-    settings: Settings = app.fx_settings  # type: ignore[attr-defined]
-    logging.getLogger("fxworker").setLevel(settings.log_level)
-    names = import_agents_module(settings.agents_module)
-    log.info("worker agents: %s (module %s)", ", ".join(names) or "none", settings.agents_module)
-
-
-@signals.worker_ready.connect
-def _on_ready(sender: Any = None, **_: Any) -> None:
-    """Starts the process loop and the sweeper, then marks this worker ready in Redis."""
-    from .runtime import process_loop
-    from .sweeper import start_worker_sweeper
-
-    settings: Settings = app.fx_settings  # type: ignore[attr-defined]
-    process_loop()
-    start_worker_sweeper(settings)
-    if settings.metrics_port is not None:
-        from . import metrics
-
-        metrics.serve(settings.metrics_port, host=settings.metrics_host)
-        log.info("metrics on http://%s:%s/metrics", settings.metrics_host, settings.metrics_port)
-    hostname = getattr(sender, "hostname", None) or socket.gethostname()
-    if settings.redis_url:
-        from .sweeper import mark_worker_ready
-
-        mark_worker_ready(settings, hostname=hostname, pid=os.getpid())
-    log.info("worker %s ready (pid %s)", hostname, os.getpid())
-
-
-@signals.worker_shutting_down.connect
-def _on_shutting_down(**_: Any) -> None:
-    """Warm shutdown (SIGTERM): running turns yield within their reserve and requeue."""
-    from .runtime import begin_warm_shutdown
-
-    begin_warm_shutdown()
-
-
-@signals.worker_shutdown.connect
-def _on_shutdown(**_: Any) -> None:
-    from .sweeper import stop_worker_sweeper
-
-    stop_worker_sweeper()

@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 import click
 
 from .errors import FxConfigError
+from .keys import queue_name
 from .settings import Settings
 
 EXIT_TURN_FAILED = 1
@@ -78,10 +79,10 @@ def _import_agents(module: str) -> list[str]:
 
 
 def _kill_worker_on_usr1() -> None:
-    from . import runtime
+    from . import embedded
 
     def kill(signum: int, frame: Any) -> None:
-        runtime.kill_embedded_worker(0, replace=True)
+        embedded.kill_embedded_worker(0, replace=True)
         click.echo("fx: killed embedded worker 0 (SIGUSR1); a fresh one takes over its sessions", err=True)
 
     signal.signal(signal.SIGUSR1, kill)
@@ -91,9 +92,9 @@ def _start_dev(module: str, workers: int) -> list[str]:
     settings = _settings()
     _use_embedded(settings)
     names = _import_agents(module)
-    from . import runtime
+    from . import embedded
 
-    runtime.start_embedded_workers(workers)
+    embedded.start_embedded_workers(workers)
     if hasattr(signal, "SIGUSR1"):
         _kill_worker_on_usr1()
     return names
@@ -180,7 +181,7 @@ def worker(module: str | None, concurrency: int | None, queues: str | None, prin
     cmd = [
         sys.executable, "-m", "celery", "-A", "fxworker.celery_app", "worker",
         "-P", "threads", "-c", str(concurrency or settings.worker_concurrency),
-        "-Q", ",".join(f"fx.{name}" for name in names),
+        "-Q", ",".join(queue_name(name) for name in names),
         "-l", settings.log_level, "--without-gossip", "--without-mingle",
         *celery_args,
     ]

@@ -20,21 +20,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 from . import metrics, registry
 from .errors import FxNoAgentError, FxUnknownSessionError
+from .ids import now_ms
 from .settings import Settings
+from .store import default_store
 from .store.persistence import retry_unavailable
+from .store.timed import TimedStore
 
 log = logging.getLogger("fxworker.delivery")
 
 STATE_RETRY_MS = 2000  # how long routing a wake retries a store that does not answer
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _store_for(hint: str | None) -> tuple[Any, Any]:
@@ -43,12 +41,8 @@ def _store_for(hint: str | None) -> tuple[Any, Any]:
     if agent is None:
         known = registry.agents()
         agent = next(iter(known.values()), None)
-    from .runtime import TimedStore
-
     if agent is not None:
         return TimedStore(agent.store), agent
-    from .agent import default_store
-
     return TimedStore(default_store(Settings.from_env())), None
 
 

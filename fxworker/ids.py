@@ -1,4 +1,9 @@
-"""Session and message ids (DESIGN.md §2, §10).
+"""Ids and the wall clock they are stamped with (DESIGN.md §2, §10).
+
+`now_ms()` is the wall clock of the process, in milliseconds since the epoch: lease
+deadlines, delivery deadlines and sweeps are all counted on it. One helper makes each
+kind of id, `<prefix>_` + a ULID: sessions (`fxs_`), messages (`msg_`), steers
+(`str_`), lease holders (`wkr_`) and idle-line requests (`res_`).
 
 A session id is `fxs_` + a ULID: 26 Crockford base32 characters holding a 48-bit
 millisecond timestamp and 80 random bits, so ids sort by creation time and never collide
@@ -19,6 +24,9 @@ from .errors import FxInvalidMessageIdError, FxInvalidSessionIdError
 CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 SESSION_PREFIX = "fxs_"
 MESSAGE_PREFIX = "msg_"
+STEER_PREFIX = "str_"
+HOLDER_PREFIX = "wkr_"
+REQUEST_PREFIX = "res_"
 
 # The first ULID character holds only the top 3 of 130 bits, so it is 0-7.
 _ULID = r"[0-7][0-9A-HJKMNP-TV-Z]{25}"
@@ -27,9 +35,14 @@ _MEMORY_SESSION_ID = re.compile(r"[A-Za-z0-9._-]{1,128}\Z")
 _MESSAGE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
 
 
-def new_ulid(now_ms: int | None = None) -> str:
+def now_ms() -> int:
+    """The wall clock, in milliseconds since the epoch."""
+    return int(time.time() * 1000)
+
+
+def new_ulid(at_ms: int | None = None) -> str:
     """A ULID: 10 characters of millisecond time, then 16 of randomness."""
-    ms = int(time.time() * 1000) if now_ms is None else now_ms
+    ms = now_ms() if at_ms is None else at_ms
     value = (ms & ((1 << 48) - 1)) << 80 | int.from_bytes(os.urandom(10), "big")
     chars = []
     for _ in range(26):
@@ -44,8 +57,18 @@ def new_session_id(now_ms: int | None = None) -> str:
 
 
 def new_message_id(now_ms: int | None = None) -> str:
-    """A fresh message id, `msg_` + ULID."""
+    """A fresh message id, `msg_` + ULID (a prompt's id when its caller gives none)."""
     return MESSAGE_PREFIX + new_ulid(now_ms)
+
+
+def new_steer_id() -> str:
+    """A fresh steer id, `str_` + ULID (a steer's message id when its caller gives none)."""
+    return STEER_PREFIX + new_ulid()
+
+
+def new_request_id() -> str:
+    """A fresh request id, `res_` + ULID (the `requestId` of an idle line)."""
+    return REQUEST_PREFIX + new_ulid()
 
 
 def validate_session_id(session_id: object, *, memory: bool = False) -> str:
@@ -77,4 +100,4 @@ def ulid_time_ms(session_id: str) -> int:
 
 def new_holder_id(now_ms: int | None = None) -> str:
     """A fresh lease holder id, `wkr_` + ULID (one per claim attempt or worker run)."""
-    return "wkr_" + new_ulid(now_ms)
+    return HOLDER_PREFIX + new_ulid(now_ms)

@@ -161,3 +161,8 @@ def created_session_key(prefix: str, message_id: str) -> str:
     # create prompts the same session and `accept` answers it as repeated. A message id has
     # no braces, so the key has no hash tag: one key, any slot. Not a session key.
     return f"{prefix}:created:{message_id}"
+
+
+def queue_name(agent: str) -> str:
+    """The Celery queue of one agent name, `fx.<name>` (the broker list `<prefix>:celery:fx.<name>`)."""
+    return f"fx.{agent}"

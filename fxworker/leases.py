@@ -9,20 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 from .background import SessionLoop
 from .errors import FxLeaseLostError, FxStoreUnavailableError
+from .ids import now_ms
 
 log = logging.getLogger("fxworker.leases")
 
 RETRY_S = 0.2  # after a renewal met a store outage, the next try comes this soon
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class LeaseKeeper(SessionLoop):

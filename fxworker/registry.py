@@ -3,27 +3,27 @@
 Agents register themselves when they are created. A worker routes each wake to this
 process's agent of the session's name; two agents with one name in one process are an
 error, agents of one name in different processes are copies of each other.
+
+The registry sits below `fxworker.agent` (which registers into it), so it holds its
+agents as `Any`: each is an `fxworker.Agent`.
 """
 
 from __future__ import annotations
 
 import importlib
 import threading
-from typing import TYPE_CHECKING
+from typing import Any
 
 from .errors import FxAgentExistsError, FxConfigError
-
-if TYPE_CHECKING:
-    from .agent import Agent
 
 DEFAULT_AGENT_NAME = "default"
 
 _lock = threading.Lock()
-_agents: dict[str, Agent] = {}
+_agents: dict[str, Any] = {}
 _imported: set[str] = set()
 
 
-def register(agent: Agent) -> None:
+def register(agent: Any) -> None:
     """Adds `agent` under its name; raises `FxAgentExistsError` when the name is taken."""
     with _lock:
         if agent.name in _agents:
@@ -34,19 +34,19 @@ def register(agent: Agent) -> None:
         _agents[agent.name] = agent
 
 
-def unregister(name: str) -> Agent | None:
+def unregister(name: str) -> Any:
     """Removes and returns the agent of `name` (tests and `Agent.close()`)."""
     with _lock:
         return _agents.pop(name, None)
 
 
-def get_agent(name: str) -> Agent | None:
+def get_agent(name: str) -> Any:
     """This process's agent named `name`, or None."""
     with _lock:
         return _agents.get(name)
 
 
-def agents() -> dict[str, Agent]:
+def agents() -> dict[str, Any]:
     """A copy of the registry: name → agent."""
     with _lock:
         return dict(_agents)

@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-import uuid
 from collections import deque
 from typing import Any
 
@@ -47,8 +45,9 @@ from fxengine.providers.credentials import mask_secret
 
 from . import metrics
 from .errors import FxLeaseLostError, FxStoreUnavailableError
+from .ids import new_holder_id, now_ms
 from .leases import LeaseKeeper
-from .runtime import TimedStore
+from .store.timed import TimedStore
 from .store.persistence import LineWriter, StorePersistence
 from .watch import InboxWatcher
 
@@ -56,10 +55,6 @@ log = logging.getLogger("fxworker.runner")
 
 MAX_CUTOFFS = 3
 MAX_DEATHS = 3
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Fenced(Exception):
@@ -94,7 +89,7 @@ class Runner:
         self.reason = reason
         self.http_client = http_client
         self.stopping = stopping  # threading.Event set on warm shutdown
-        self.holder = f"wkr_{uuid.uuid4().hex}"
+        self.holder = new_holder_id()
         self.lease_ms = int(agent.lease_s * 1000)
         self.reserve_ms = int(agent.reserve_s * 1000)
         self.claim: Any = None

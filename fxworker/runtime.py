@@ -7,10 +7,8 @@ on the same one: httpcore's pool walks every connection it holds (and asks each 
 one's socket whether it is readable) on every request start and end, so one pool of
 100+ connections costs a turn more CPU than the rest of its HTTP work.
 
-The embedded dev mode (no `REDIS_URL`) runs the same runner in worker threads of this
-process (`start_embedded_workers`): each has its own loop, and the loss of one is
-survivable — its lease stops being renewed, expires, and the sweeper wakes the session
-for a replacement.
+The embedded dev mode (no `REDIS_URL`) runs loops of this class as its in-process
+workers: see `fxworker.embedded`.
 """
 
 from __future__ import annotations
@@ -20,12 +18,11 @@ import concurrent.futures
 import logging
 import threading
 import zlib
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
 
 import httpx
 
-from . import metrics
 
 T = TypeVar("T")
 log = logging.getLogger("fxworker.runtime")
@@ -136,10 +133,11 @@ def process_loop() -> LoopThread:
         return _process_loop
 
 
-def begin_warm_shutdown() -> None:
-    """Asks every running turn of this process to yield within its reserve and requeue."""
+def begin_warm_shutdown(others: Iterable[LoopThread] = ()) -> None:
+    """Asks every running turn of the process loop and of the loops `others` (the embedded
+    workers, `fxworker.embedded.begin_warm_shutdown`) to yield within its reserve and requeue."""
     with _lock:
-        loops = [lp for lp in [_process_loop, *_embedded] if lp is not None]
+        loops = [lp for lp in [_process_loop, *others] if lp is not None]
     for lp in loops:
         lp.stopping.set()
     log.info("warm shutdown: running turns yield and requeue")
@@ -152,100 +150,3 @@ def shutdown_process_loop() -> None:
         lp, _process_loop = _process_loop, None
     if lp is not None:
         lp.close()
-
-
-# ---------------------------------------------------------------------------- embedded mode
-
-_embedded: list[LoopThread] = []
-
-
-def start_embedded_workers(n: int = 1) -> list[LoopThread]:
-    """Starts `n` in-process worker loops for the embedded dev mode (`fx dev`), with a sweeper.
-
-    Wakes sent by the in-process waker are delivered round-robin to live workers.
-    """
-    from .sweeper import start_embedded_sweeper
-
-    with _lock:
-        while len(_embedded) < n:
-            _embedded.append(LoopThread(f"fx-embedded-{len(_embedded)}"))
-        workers = list(_embedded)
-    start_embedded_sweeper()
-    return workers
-
-
-def embedded_workers() -> list[LoopThread]:
-    """The live embedded worker loops."""
-    with _lock:
-        return [w for w in _embedded if not w.killed]
-
-
-def kill_embedded_worker(index: int = 0, *, replace: bool = True) -> None:
-    """Test hook: kills embedded worker `index` abruptly (its turns stop mid-step, nothing is
-    released); with `replace`, starts a fresh worker in its place. The killed worker's
-    leases expire after `lease_s` and the sweeper hands its sessions to a live worker."""
-    with _lock:
-        victim = _embedded[index]
-        if replace:
-            _embedded[index] = LoopThread(f"fx-embedded-{index}r")
-        else:
-            del _embedded[index]
-    victim.kill()
-
-
-def stop_embedded_workers() -> None:
-    """Stops the embedded workers and their sweeper."""
-    from .sweeper import stop_embedded_sweeper
-
-    stop_embedded_sweeper()
-    with _lock:
-        workers = list(_embedded)
-        _embedded.clear()
-    for w in workers:
-        w.close()
-
-
-_rr = 0
-
-
-def next_embedded_worker() -> LoopThread | None:
-    """A live embedded worker, round-robin (None when none is started)."""
-    global _rr
-    live = embedded_workers()
-    if not live:
-        return None
-    _rr = (_rr + 1) % len(live)
-    return live[_rr]
-
-
-# ---------------------------------------------------------------------------- store calls
-
-
-class TimedStore:
-    """A store whose async calls are each timed in `fxworker.metrics.STORE_LATENCY` under
-    their method name: the one place the core measures the store. A blocking read
-    (`block_ms` set) measures a wait, not the store, and is not timed.
-
-    Calls need no bound here: each loop's store client draws on a bounded pool that makes
-    a call wait for a free connection (`FX_REDIS_MAX_CONNECTIONS`), where redis-py's
-    default pool would fail it.
-    """
-
-    def __init__(self, store: Any) -> None:
-        self._store = store
-
-    def __repr__(self) -> str:
-        return f"<TimedStore {self._store!r}>"
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._store, name)
-        if not asyncio.iscoroutinefunction(attr):
-            return attr
-
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            if kwargs.get("block_ms"):
-                return await attr(*args, **kwargs)
-            with metrics.store_timer(name):
-                return await attr(*args, **kwargs)
-
-        return call

@@ -13,17 +13,14 @@ import asyncio
 import logging
 import os
 import threading
-import time
 from typing import Any
 
+from .ids import now_ms
 from .keys import sweeper_guard_key, worker_ready_key
 from .settings import Settings
+from .store.timed import TimedStore
 
 log = logging.getLogger("fxworker.sweeper")
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def mark_worker_ready(settings: Settings, *, hostname: str, pid: int) -> None:
@@ -41,8 +38,6 @@ class Sweeper:
     """One sweeping loop: `sweep_once()` every `interval_s` while it holds the guard."""
 
     def __init__(self, store: Any, *, interval_s: float, guard: Any, wake: Any) -> None:
-        from .runtime import TimedStore
-
         self.store = TimedStore(store)
         self.interval_s = interval_s
         self.guard = guard  # async callable(px_ms) -> bool: may this process sweep now?
@@ -83,10 +78,9 @@ class Sweeper:
         self._stop.set()
 
 
-# ---------------------------------------------------------------- worker and embedded wiring
+# ---------------------------------------------------------------- worker wiring (the embedded mode's: fxworker.embedded)
 
 _worker: tuple[Sweeper, Any] | None = None
-_embedded: tuple[Sweeper, Any] | None = None
 
 
 def _redis_guard(settings: Settings) -> Any:
@@ -112,8 +106,8 @@ def start_worker_sweeper(settings: Settings) -> Sweeper | None:
     global _worker
     if _worker is not None or not settings.redis_url:
         return None
-    from .agent import default_store
     from .runtime import process_loop
+    from .store import default_store
     from .wakers import CeleryWaker
 
     waker = CeleryWaker()
@@ -133,42 +127,3 @@ def stop_worker_sweeper() -> None:
     if _worker is not None:
         _worker[0].stop()
         _worker = None
-
-
-def start_embedded_sweeper(settings: Settings | None = None) -> Sweeper:
-    """The embedded mode's sweeper: one process, so no guard; wakes go in-process."""
-    global _embedded
-    if _embedded is not None:
-        return _embedded[0]
-    from . import registry
-    from .agent import default_store
-    from .runtime import LoopThread
-    from .wakers import InProcessWaker
-
-    settings = settings or Settings.from_env()
-    agents = list(registry.agents().values())
-    store = agents[0].store if agents else default_store(settings)
-
-    async def always(_px_ms: int) -> bool:
-        return True
-
-    waker = InProcessWaker()
-    sweeper = Sweeper(
-        store,
-        interval_s=min(settings.sweep_s, 1.0),
-        guard=always,
-        wake=lambda sid, agent: waker.wake(sid, agent=agent, reason="sweep"),
-    )
-    loop = LoopThread("fx-sweeper")
-    _embedded = (sweeper, loop)
-    loop.submit(sweeper.run())
-    return sweeper
-
-
-def stop_embedded_sweeper() -> None:
-    global _embedded
-    if _embedded is not None:
-        sweeper, loop = _embedded
-        _embedded = None
-        sweeper.stop()
-        loop.close()

@@ -1,15 +1,43 @@
-"""The Celery task `fxworker.wake`: thin, it decodes the wake and calls the delivery handler."""
+"""The Celery task `fxworker.wake` and the worker's signal handlers (§7).
+
+The task is thin: it decodes the wake and calls the delivery handler. The app
+(`fxworker.celery_app`) includes this module, so a worker imports it, and connects the
+handlers, before `worker_init`:
+
+- `worker_init`: imports `FX_AGENTS` once per process, before any task; turns on
+  `worker_cancel_long_running_tasks_on_connection_loss` only for a pool that can cancel a
+  running task (prefork, not threads: there Celery's cancel raises NotImplementedError for
+  every running task at each broker connection loss). Under the threads pool a turn whose
+  broker connection dropped simply runs on; its message is delivered again and that
+  duplicate finds the lease held or the work done.
+- `worker_ready`: starts the process loop and the sweeper, serves the Prometheus metrics
+  on `FX_METRICS_PORT` when set, and marks the worker ready in Redis.
+- `worker_shutting_down` (SIGTERM): warm shutdown, running turns yield and requeue.
+- `worker_shutdown`: stops the sweeper.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import warnings
 from typing import Any
 
+from celery import signals
+
 from . import metrics
-from .celery_app import app
+from .celery_app import app, pool_can_cancel
+from .delivery import handle_wake_blocking
+from .embedded import begin_warm_shutdown
 from .errors import FxNoAgentError, FxStoreUnavailableError, FxUnknownSessionError
+from .registry import import_agents_module
+from .runtime import process_loop
+from .settings import Settings
+from .sweeper import mark_worker_ready, start_worker_sweeper, stop_worker_sweeper
 
 log = logging.getLogger("fxworker.tasks")
+celery_log = logging.getLogger("fxworker.celery")
 
 
 @app.task(name="fxworker.wake", bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
@@ -22,8 +50,6 @@ def wake(self: Any, payload: dict[str, Any]) -> str:
     epoch fence. `FX_NO_AGENT` (no agent of the session's name here) retries with a short
     backoff so another worker of the queue takes it: the one Celery delay in the design.
     """
-    from .delivery import handle_wake_blocking
-
     try:
         outcome = handle_wake_blocking(payload)
     except FxNoAgentError as exc:
@@ -46,3 +72,54 @@ def wake(self: Any, payload: dict[str, Any]) -> str:
         raise
     metrics.WAKES.labels(outcome=outcome).inc()
     return outcome
+
+
+@signals.worker_init.connect
+def _cancel_on_connection_loss_where_supported(sender: Any = None, **_: Any) -> None:
+    """Cancels late-acked tasks on a broker connection loss only where the pool can (§7)."""
+    pool_cls = getattr(sender, "pool_cls", None) or app.conf.worker_pool
+    can_cancel = pool_can_cancel(pool_cls)
+    app.conf.worker_cancel_long_running_tasks_on_connection_loss = can_cancel
+    if not can_cancel:
+        # Celery warns at each connection loss that the setting is off; with this pool
+        # it cannot be on, and the lease makes the redelivered duplicate harmless.
+        from celery.exceptions import CPendingDeprecationWarning
+
+        warnings.filterwarnings(
+            "ignore", message=".*worker_cancel_long_running_tasks_on_connection_loss", category=CPendingDeprecationWarning
+        )
+
+
+@signals.worker_init.connect
+def _import_agents(sender: Any = None, **_: Any) -> None:
+    """Imports `FX_AGENTS` once per worker process, before it takes any task."""
+    settings: Settings = app.fx_settings  # type: ignore[attr-defined]
+    logging.getLogger("fxworker").setLevel(settings.log_level)
+    names = import_agents_module(settings.agents_module)
+    celery_log.info("worker agents: %s (module %s)", ", ".join(names) or "none", settings.agents_module)
+
+
+@signals.worker_ready.connect
+def _on_ready(sender: Any = None, **_: Any) -> None:
+    """Starts the process loop and the sweeper, then marks this worker ready in Redis."""
+    settings: Settings = app.fx_settings  # type: ignore[attr-defined]
+    process_loop()
+    start_worker_sweeper(settings)
+    if settings.metrics_port is not None:
+        metrics.serve(settings.metrics_port, host=settings.metrics_host)
+        celery_log.info("metrics on http://%s:%s/metrics", settings.metrics_host, settings.metrics_port)
+    hostname = getattr(sender, "hostname", None) or socket.gethostname()
+    if settings.redis_url:
+        mark_worker_ready(settings, hostname=hostname, pid=os.getpid())
+    celery_log.info("worker %s ready (pid %s)", hostname, os.getpid())
+
+
+@signals.worker_shutting_down.connect
+def _on_shutting_down(**_: Any) -> None:
+    """Warm shutdown (SIGTERM): running turns yield within their reserve and requeue."""
+    begin_warm_shutdown()
+
+
+@signals.worker_shutdown.connect
+def _on_shutdown(**_: Any) -> None:
+    stop_worker_sweeper()

@@ -2,8 +2,8 @@
 
 - `CeleryWaker` sends task `fxworker.wake` to queue `fx.<agent>` at once (no ETA or
   countdown: any delay lives in the store, never in a Celery ETA).
-- `InProcessWaker` hands the wake to an embedded worker loop of this process (the
-  embedded dev mode, no Redis).
+- `fxworker.embedded.InProcessWaker` hands the wake to an embedded worker loop of this
+  process (the embedded dev mode, no Redis).
 
 Duplicate wakes are harmless (the lease decides who runs); a lost wake only delays (the
 sweeper re-wakes ready sessions).
@@ -11,20 +11,14 @@ sweeper re-wakes ready sessions).
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Protocol, runtime_checkable
 
-log = logging.getLogger("fxworker.wakers")
+from .keys import queue_name
 
 
 def wake_payload(session_id: str, *, agent: str, reason: str) -> dict[str, str]:
     """The message body of one wake."""
     return {"sessionId": session_id, "agent": agent, "reason": reason}
-
-
-def queue_name(agent: str) -> str:
-    """The Celery queue of one agent name."""
-    return f"fx.{agent}"
 
 
 @runtime_checkable
@@ -57,34 +51,3 @@ class CeleryWaker:
             args=[wake_payload(session_id, agent=agent, reason=reason)],
             queue=queue_name(agent),
         )
-
-
-class InProcessWaker:
-    """Runs the delivery on an embedded worker loop of this process (embedded dev mode).
-
-    With no embedded worker started, the wake is dropped: the session stays in the ready
-    set and the first worker's sweeper picks it up.
-    """
-
-    def __repr__(self) -> str:
-        return "<InProcessWaker>"
-
-    def wake(self, session_id: str, *, agent: str, reason: str) -> None:
-        from .delivery import handle_wake
-        from .runtime import next_embedded_worker
-
-        worker = next_embedded_worker()
-        if worker is None:
-            log.debug("no embedded worker: wake of %s waits for the sweeper", session_id)
-            return
-        payload = wake_payload(session_id, agent=agent, reason=reason)
-        future = worker.submit(handle_wake(payload, loop_thread=worker))
-        future.add_done_callback(_log_failure)
-
-
-def _log_failure(future: Any) -> None:
-    if future.cancelled():
-        return
-    exc = future.exception()
-    if exc is not None:
-        log.warning("embedded delivery failed: %s (the sweeper retries)", exc)

@@ -49,6 +49,7 @@ at all, so repeating a call with the same message id or idempotency key is safe.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -76,6 +77,9 @@ from .types import (
 )
 
 log = logging.getLogger("fxworker.store")
+
+_default_stores: dict[tuple[str | None, str], Any] = {}
+_default_lock = threading.Lock()
 
 
 def redis_store(
@@ -141,6 +145,22 @@ def redis_store(
         # redis-py's asyncio cluster client fails a call on a full pool: the store waits instead.
         max_calls=max_connections if cluster and url is not None else None, wait_s=pool_timeout_s,
     )
+
+
+def default_store(settings: Settings) -> RedisStore:
+    """The store of this process for `settings`: Redis at `REDIS_URL`, else the embedded one.
+
+    One per (`REDIS_URL`, `FX_PREFIX`) for the life of the process, shared by the agents
+    built without a store of their own, the delivery handler and the sweeper.
+    """
+    key = (settings.redis_url, settings.prefix)
+    with _default_lock:
+        if key not in _default_stores:
+            if settings.redis_url:
+                _default_stores[key] = redis_store(settings.redis_url, prefix=settings.prefix)
+            else:
+                _default_stores[key] = embedded_store(prefix=settings.prefix)
+        return _default_stores[key]
 
 
 __all__ = [

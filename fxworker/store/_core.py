@@ -20,7 +20,7 @@ from fxengine.persistence import JournalRecord, Loaded, StoredCheckpoint
 from .. import scripts
 from ..errors import FxConfigError, FxInvalidCursorError, FxStoreUnavailableError, FxUnknownSessionError
 from ..ids import validate_message_id, validate_session_id
-from ..keys import SessionKeys, check_prefix, index_keys, session_keys
+from ..keys import SessionKeys, check_prefix, created_session_key, index_keys, session_keys
 from ..scripts import Command, Step
 from . import _replies as r
 from .types import (
@@ -195,6 +195,19 @@ class StoreCore:
             if len(replies) > at + 1:
                 self._check_ack(replies[at + 1:], f"message {message_id}")
             return accepted
+
+        return Op(steps, parse)
+
+    def op_created_session(self, message_id: str, session_id: str) -> Op[str]:
+        """`SET created:<message id> <session id> NX [PX ttl]`, then `GET` it: the session that won."""
+        key = created_session_key(self.prefix, validate_message_id(message_id))
+        self.keys(session_id)  # a valid session id, or FxInvalidSessionIdError before anything is stored
+        ttl = ("PX", self.ttl_ms) if self.ttl_ms else ()
+        steps: list[Any] = [Command(("SET", key, session_id, "NX", *ttl), key=key), Command(("GET", key), key=key)]
+
+        def parse(replies: list[Any]) -> str:
+            owner = replies[1]
+            return owner.decode() if isinstance(owner, bytes) else str(owner)
 
         return Op(steps, parse)
 

@@ -40,13 +40,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from fxengine.persistence import Loaded, Mark
 
 from ..errors import FxLeaseLostError, FxStoreUnavailableError
+from ..ids import now_ms
 from .types import Claim, StoreRecord
 
 T = TypeVar("T")
@@ -58,10 +58,6 @@ _MERGEABLE = ("text_delta", "reasoning_delta")
 RETRY_FIRST_MS = 50
 RETRY_MAX_MS = 500
 RETRY_MARGIN_MS = 100  # the last try starts this long before `due_ms`
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 async def retry_unavailable(

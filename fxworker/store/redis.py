@@ -26,9 +26,6 @@ from fxengine.persistence import Loaded
 
 from ..errors import FxStoreUnavailableError
 from ..scripts import AsyncRunner
-from ..ids import validate_message_id
-from ..keys import created_session_key
-from ..scripts import Command
 from ._boundary import ServerCheck, client_factories, map_redis_errors, retry_read
 from ._core import READY_GRACE_MS, UNCHECKED, Op, RecordLike, StoreCore
 from .persistence import LineWriter, StorePersistence
@@ -38,20 +35,6 @@ from .types import Accepted, Appended, Claim, Input, InputKind, Mark, ReadySessi
 __all__ = ["RedisStore", "SyncRedisStore", "client_factories", "map_redis_errors"]
 
 T = TypeVar("T")
-
-
-def op_created_session(core: StoreCore, message_id: str, session_id: str) -> Op[str]:
-    """`SET created:<message id> <session id> NX [PX ttl]`, then `GET` it: the session that won."""
-    key = created_session_key(core.prefix, validate_message_id(message_id))
-    core.keys(session_id)  # a valid session id, or FxInvalidSessionIdError before anything is stored
-    ttl = ("PX", core.ttl_ms) if core.ttl_ms else ()
-    steps: list[Any] = [Command(("SET", key, session_id, "NX", *ttl), key=key), Command(("GET", key), key=key)]
-
-    def parse(replies: list[Any]) -> str:
-        owner = replies[1]
-        return owner.decode() if isinstance(owner, bytes) else str(owner)
-
-    return Op(steps, parse)
 
 
 class RedisStore:
@@ -192,7 +175,7 @@ class RedisStore:
         prompts that session and its `accept` answers `repeated=True`. Call it before the
         session's first `accept`: if that accept never lands, the repeat creates the session.
         """
-        return await self._exec(op_created_session(self._core, message_id, session_id))
+        return await self._exec(self._core.op_created_session(message_id, session_id))
 
     async def request_cancel(self, session_id: str, *, now_ms: int | None = None) -> str | None:
         """Asks for the open turn (or, with none, the next waiting one) to be cancelled.

@@ -63,9 +63,7 @@ class SyncRedisStore:
 
     def session_for_message(self, message_id: str, session_id: str) -> str:
         """See `RedisStore.session_for_message`."""
-        from .redis import op_created_session
-
-        return self._exec(op_created_session(self._core, message_id, session_id))
+        return self._exec(self._core.op_created_session(message_id, session_id))
 
     def request_cancel(self, session_id: str, *, now_ms: int | None = None) -> str | None:
         """See `RedisStore.request_cancel`."""

@@ -13,9 +13,9 @@ import pytest
 
 from fxengine import create_engine
 from fxengine.testing import ScriptedModel
-from fxworker import Agent, FxUnknownSessionError, Settings, runtime
+from fxworker import Agent, FxUnknownSessionError, Settings, embedded
 from fxworker.store import embedded_store, memory_store
-from fxworker.wakers import InProcessWaker
+from fxworker.embedded import InProcessWaker
 from tests.durable.checkpoints import EXPECTED, next_request_after, responder
 from tests.durable.tooling import provider, tools
 
@@ -34,11 +34,11 @@ def agent(request: pytest.FixtureRequest, model: ScriptedModel, redis_url: str) 
     a = Agent("default", model="scripted", provider=provider(model.base_url), tools=tools(), api_key="test-key",
               store=store, waker=InProcessWaker(), settings=Settings(redis_url=redis_url, prefix=prefix, lease_s=2.0,
                                                                      reserve_s=4.0, sweep_s=0.5))
-    runtime.start_embedded_workers(1)
+    embedded.start_embedded_workers(1)
     try:
         yield a
     finally:
-        runtime.stop_embedded_workers()
+        embedded.stop_embedded_workers()
         a.close()
 
 

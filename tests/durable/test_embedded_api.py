@@ -10,8 +10,8 @@ import pytest
 
 from fxengine.testing import ScriptedModel
 from fxworker import Agent, FxAgentExistsError, Settings, get_agent
-from fxworker import runtime
-from fxworker.wakers import InProcessWaker
+from fxworker import embedded
+from fxworker.embedded import InProcessWaker
 from tests.durable.tooling import provider, tools
 from tests.durable.conftest import responder
 
@@ -40,11 +40,11 @@ def agent(model: ScriptedModel) -> Iterator[Agent]:
         on_event=events.append,
     )
     a.events = events  # type: ignore[attr-defined]
-    runtime.start_embedded_workers(1)
+    embedded.start_embedded_workers(1)
     try:
         yield a
     finally:
-        runtime.stop_embedded_workers()
+        embedded.stop_embedded_workers()
         a.close()
 
 

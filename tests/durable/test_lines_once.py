@@ -23,11 +23,12 @@ import pytest
 
 from fxengine.testing import Reply, ScriptedModel, tool_call
 from fxengine.tools import Tool
-from fxworker import Agent, Settings, runtime
+from fxworker import Agent, Settings, embedded
 from fxworker.errors import FxStoreUnavailableError
-from fxworker.store.persistence import LineWriter, StorePersistence, now_ms
+from fxworker.ids import now_ms
+from fxworker.store.persistence import LineWriter, StorePersistence
 from fxworker.store import RedisStore, memory_store
-from fxworker.wakers import InProcessWaker
+from fxworker.embedded import InProcessWaker
 from tests.durable.conftest import last_message_text, responder
 from tests.durable.tooling import provider, tools
 from tests.support.workers import wait_until
@@ -174,11 +175,11 @@ def agent(model: ScriptedModel) -> Iterator[Agent]:
         store=store, waker=InProcessWaker(), settings=Settings(lease_s=2.0, reserve_s=4.0, sweep_s=0.2),
     )
     a.calls = store.calls  # type: ignore[attr-defined]
-    runtime.start_embedded_workers(1)
+    embedded.start_embedded_workers(1)
     try:
         yield a
     finally:
-        runtime.stop_embedded_workers()
+        embedded.stop_embedded_workers()
         a.close()
 
 
@@ -209,14 +210,14 @@ def test_turn_yield_rides_with_the_yield_record(agent: Agent, caplog: pytest.Log
     turn = session.prompt("gate")
     wait_until(lambda: any(ln["type"] == "tool_start" for ln in session.stream(0, follow=False)), 10,
                what="the gate tool running")
-    runtime.begin_warm_shutdown()  # the turn yields before its next model request
+    embedded.begin_warm_shutdown()  # the turn yields before its next model request
     try:
         wait_until(lambda: f"warm shutdown: {session.id} yields" in caplog.text, 5, what="the runner told to yield")
         GATE.set()
         wait_until(lambda: any(ln["type"] == "turn_yield" for ln in session.stream(0, follow=False)), 10,
                    what="the turn's yield line")
     finally:
-        for worker in runtime.embedded_workers():
+        for worker in embedded.embedded_workers():
             worker.stopping.clear()
     assert turn.result().stop_reason == "end_turn"  # a requeued delivery resumes and ends it
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from fxengine.testing import ScriptedModel
-from fxworker import Agent, Settings, runtime
-from fxworker.wakers import InProcessWaker
+from fxworker import Agent, Settings, embedded
+from fxworker.embedded import InProcessWaker
 from tests.durable.conftest import responder
 from tests.durable.tooling import provider, tools
 from tests.support.workers import wait_until
@@ -59,11 +59,11 @@ def agent(model: ScriptedModel) -> Iterator[Agent]:
         store=store, waker=InProcessWaker(), settings=Settings(lease_s=1.0, reserve_s=4.0, sweep_s=0.2),
     )
     a.reads = store.reads  # type: ignore[attr-defined]
-    runtime.start_embedded_workers(1)
+    embedded.start_embedded_workers(1)
     try:
         yield a
     finally:
-        runtime.stop_embedded_workers()
+        embedded.stop_embedded_workers()
         a.close()
 
 
@@ -80,7 +80,7 @@ def test_a_resume_reads_only_the_open_turns_lines(agent: Agent, model: ScriptedM
                            for ln in session.stream(0, follow=False)), 5, what="the partial text stored")
     open_lines = [ln for ln in session.stream(0, follow=False) if ln["cursor"] > start["cursor"]]  # type: ignore[index]
     del agent.reads[:]  # type: ignore[attr-defined]
-    runtime.kill_embedded_worker(0)  # its replacement takes the turn over once the lease is dead
+    embedded.kill_embedded_worker(0)  # its replacement takes the turn over once the lease is dead
     resumed = wait_until(lambda: next((ln for ln in session.stream(0, follow=False) if ln["type"] == "turn_resume"),
                                       None), 10, what="turn_resume")
     model.release("long1")

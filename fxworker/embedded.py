@@ -1,0 +1,161 @@
+"""The embedded dev mode (no `REDIS_URL`, `fx dev`): workers, waker and sweeper in one process.
+
+The same runner runs in worker threads of this process (`start_embedded_workers`): each
+has its own loop (a `fxworker.runtime.LoopThread`), and the loss of one is survivable —
+its lease stops being renewed, expires, and the sweeper wakes the session for a
+replacement. `InProcessWaker` hands each wake to a live worker, round-robin; the
+embedded sweeper (one process, so no guard) re-wakes ready sessions every
+`min(FX_SWEEP_S, 1)` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from . import registry, runtime
+from .delivery import handle_wake
+from .runtime import LoopThread
+from .settings import Settings
+from .store import default_store
+from .sweeper import Sweeper
+from .wakers import wake_payload
+
+log = logging.getLogger("fxworker.embedded")
+
+_lock = threading.Lock()
+_workers: list[LoopThread] = []
+_sweeper: tuple[Sweeper, LoopThread] | None = None
+_rr = 0
+
+
+# ---------------------------------------------------------------------------- workers
+
+
+def start_embedded_workers(n: int = 1) -> list[LoopThread]:
+    """Starts `n` in-process worker loops for the embedded dev mode (`fx dev`), with a sweeper.
+
+    Wakes sent by the in-process waker are delivered round-robin to live workers.
+    """
+    with _lock:
+        while len(_workers) < n:
+            _workers.append(LoopThread(f"fx-embedded-{len(_workers)}"))
+        workers = list(_workers)
+    start_embedded_sweeper()
+    return workers
+
+
+def embedded_workers() -> list[LoopThread]:
+    """The live embedded worker loops."""
+    with _lock:
+        return [w for w in _workers if not w.killed]
+
+
+def kill_embedded_worker(index: int = 0, *, replace: bool = True) -> None:
+    """Test hook: kills embedded worker `index` abruptly (its turns stop mid-step, nothing is
+    released); with `replace`, starts a fresh worker in its place. The killed worker's
+    leases expire after `lease_s` and the sweeper hands its sessions to a live worker."""
+    with _lock:
+        victim = _workers[index]
+        if replace:
+            _workers[index] = LoopThread(f"fx-embedded-{index}r")
+        else:
+            del _workers[index]
+    victim.kill()
+
+
+def stop_embedded_workers() -> None:
+    """Stops the embedded workers and their sweeper."""
+    stop_embedded_sweeper()
+    with _lock:
+        workers = list(_workers)
+        _workers.clear()
+    for w in workers:
+        w.close()
+
+
+def next_embedded_worker() -> LoopThread | None:
+    """A live embedded worker, round-robin (None when none is started)."""
+    global _rr
+    live = embedded_workers()
+    if not live:
+        return None
+    _rr = (_rr + 1) % len(live)
+    return live[_rr]
+
+
+def begin_warm_shutdown() -> None:
+    """Asks every running turn of this process — the process loop's and the embedded
+    workers' — to yield within its reserve and requeue."""
+    with _lock:
+        workers = list(_workers)
+    runtime.begin_warm_shutdown(workers)
+
+
+# ---------------------------------------------------------------------------- waker
+
+
+class InProcessWaker:
+    """Runs the delivery on an embedded worker loop of this process (embedded dev mode).
+
+    With no embedded worker started, the wake is dropped: the session stays in the ready
+    set and the first worker's sweeper picks it up.
+    """
+
+    def __repr__(self) -> str:
+        return "<InProcessWaker>"
+
+    def wake(self, session_id: str, *, agent: str, reason: str) -> None:
+        worker = next_embedded_worker()
+        if worker is None:
+            log.debug("no embedded worker: wake of %s waits for the sweeper", session_id)
+            return
+        payload = wake_payload(session_id, agent=agent, reason=reason)
+        future = worker.submit(handle_wake(payload, loop_thread=worker))
+        future.add_done_callback(_log_failure)
+
+
+def _log_failure(future: Any) -> None:
+    if future.cancelled():
+        return
+    exc = future.exception()
+    if exc is not None:
+        log.warning("embedded delivery failed: %s (the sweeper retries)", exc)
+
+
+# ---------------------------------------------------------------------------- sweeper
+
+
+def start_embedded_sweeper(settings: Settings | None = None) -> Sweeper:
+    """The embedded mode's sweeper: one process, so no guard; wakes go in-process."""
+    global _sweeper
+    if _sweeper is not None:
+        return _sweeper[0]
+    settings = settings or Settings.from_env()
+    agents = list(registry.agents().values())
+    store = agents[0].store if agents else default_store(settings)
+
+    async def always(_px_ms: int) -> bool:
+        return True
+
+    waker = InProcessWaker()
+    sweeper = Sweeper(
+        store,
+        interval_s=min(settings.sweep_s, 1.0),
+        guard=always,
+        wake=lambda sid, agent: waker.wake(sid, agent=agent, reason="sweep"),
+    )
+    loop = LoopThread("fx-sweeper")
+    _sweeper = (sweeper, loop)
+    loop.submit(sweeper.run())
+    return sweeper
+
+
+def stop_embedded_sweeper() -> None:
+    global _sweeper
+    if _sweeper is not None:
+        sweeper, loop = _sweeper
+        _sweeper = None
+        sweeper.stop()
+        loop.close()
