@@ -208,7 +208,7 @@ async def bench_steps(url: str, raw: redis.Redis) -> None:
     elapsed = time.perf_counter() - start
     d = delta(before, commandstats(raw))
     sends = SENDS["async"] - before_sends
-    lines = await store.read_lines(sid, 0)
+    lines = await store.read_lines(sid, 0, count=STEPS * LINES_PER_STEP)  # one page of them all
     assert len(lines) == STEPS * LINES_PER_STEP and head == str(STEPS)
     print(f"recorded step (1 record + {LINES_PER_STEP} UI lines): {sum(d.values()) / STEPS:.2f} Redis commands, "
           f"{sends / STEPS:.2f} round trips, {elapsed / STEPS * 1e6:.0f} µs each (target: 1 round trip)")
