@@ -52,6 +52,54 @@ def _default_responder(request: RecordedRequest) -> Reply:
     return Reply(text("ok"))
 
 
+class _Exchange:
+    """What the server threads and the test share, under one lock: the queued replies, the
+    recorded requests, the holds and the open connections."""
+
+    def __init__(self) -> None:
+        self.queue: deque[Reply] = deque()
+        self.requests: list[RecordedRequest] = []
+        self.cond = threading.Condition()
+        self.released: dict[str, threading.Event] = {}
+        self.held: set[str] = set()
+        self.closing = threading.Event()
+        self.connections: set[socket.socket] = set()
+
+    def connected(self, conn: socket.socket) -> None:
+        with self.cond:
+            self.connections.add(conn)
+
+    def disconnected(self, conn: socket.socket) -> None:
+        with self.cond:
+            self.connections.discard(conn)
+
+    def release_event(self, name: str) -> threading.Event:
+        """The event a `hold(name)` waits on (hold `cond`)."""
+        event = self.released.get(name)
+        if event is None:
+            event = self.released[name] = threading.Event()
+        return event
+
+    def record(self, request: RecordedRequest) -> None:
+        with self.cond:
+            self.requests.append(request)
+            self.cond.notify_all()
+
+    def take(self, request: RecordedRequest, responder: Responder) -> Reply:
+        """Records a chat request and answers it: the next queued reply, else `responder`."""
+        with self.cond:
+            self.requests.append(request)
+            self.cond.notify_all()
+            queued = self.queue.popleft() if self.queue else None
+        return queued if queued is not None else responder(request)
+
+    def reach_hold(self, name: str) -> threading.Event:
+        with self.cond:
+            self.held.add(name)
+            self.cond.notify_all()
+            return self.release_event(name)
+
+
 class ScriptedModel:
     """A Chat Completions server that answers from a script, for tests and demos.
 
@@ -64,13 +112,7 @@ class ScriptedModel:
         self.model_id = model_id
         self.responder: Responder = responder or _default_responder
         self._host = host
-        self._queue: deque[Reply] = deque()
-        self._requests: list[RecordedRequest] = []
-        self._cond = threading.Condition()
-        self._released: dict[str, threading.Event] = {}
-        self._held: set[str] = set()
-        self._closing = threading.Event()
-        self._connections: set[socket.socket] = set()
+        self._exchange = _Exchange()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -82,6 +124,7 @@ class ScriptedModel:
             return self
         server = _Server((self._host, 0), _Handler)
         server.model = self
+        server.exchange = self._exchange
         self._server = server
         self._thread = threading.Thread(
             target=server.serve_forever, kwargs={"poll_interval": _SERVE_POLL_S}, name="scripted-model", daemon=True
@@ -94,11 +137,11 @@ class ScriptedModel:
         server, self._server = self._server, None
         if server is None:
             return
-        self._closing.set()
+        self._exchange.closing.set()
         server.shutdown()
         server.server_close()
-        with self._cond:
-            connections = list(self._connections)
+        with self._exchange.cond:
+            connections = list(self._exchange.connections)
         for conn in connections:
             try:
                 conn.shutdown(socket.SHUT_RDWR)
@@ -146,68 +189,44 @@ class ScriptedModel:
 
     def script(self, *replies: Reply) -> None:
         """Queues replies; each chat request takes the next one in order."""
-        with self._cond:
-            self._queue.extend(replies)
+        with self._exchange.cond:
+            self._exchange.queue.extend(replies)
 
     @property
     def queued(self) -> int:
         """How many scripted replies no request has taken yet."""
-        with self._cond:
-            return len(self._queue)
+        with self._exchange.cond:
+            return len(self._exchange.queue)
 
     @property
     def requests(self) -> list[RecordedRequest]:
         """Every request received so far, in arrival order (a copy)."""
-        with self._cond:
-            return list(self._requests)
+        with self._exchange.cond:
+            return list(self._exchange.requests)
 
     def wait_for_requests(self, n: int, timeout_s: float = 5.0) -> list[RecordedRequest]:
         """Blocks until `n` requests arrived; raises `TimeoutError` after `timeout_s`."""
-        with self._cond:
-            if not self._cond.wait_for(lambda: len(self._requests) >= n, timeout=timeout_s):
-                raise TimeoutError(f"{len(self._requests)} of {n} requests arrived within {timeout_s} s")
-            return list(self._requests)
+        x = self._exchange
+        with x.cond:
+            if not x.cond.wait_for(lambda: len(x.requests) >= n, timeout=timeout_s):
+                raise TimeoutError(f"{len(x.requests)} of {n} requests arrived within {timeout_s} s")
+            return list(x.requests)
 
     def release(self, name: str) -> None:
         """Lets every response paused at `hold(name)` continue, now and later."""
-        with self._cond:
-            self._release_event(name).set()
+        with self._exchange.cond:
+            self._exchange.release_event(name).set()
 
     def wait_held(self, name: str, timeout_s: float = 5.0) -> None:
         """Blocks until some response reached `hold(name)`; raises `TimeoutError` otherwise."""
-        with self._cond:
-            if not self._cond.wait_for(lambda: name in self._held, timeout=timeout_s):
+        x = self._exchange
+        with x.cond:
+            if not x.cond.wait_for(lambda: name in x.held, timeout=timeout_s):
                 raise TimeoutError(f"no response reached hold({name!r}) within {timeout_s} s")
 
     def __repr__(self) -> str:
         where = self.base_url if self._server is not None else "closed"
-        return f"<ScriptedModel {where} requests={len(self._requests)} queued={len(self._queue)}>"
-
-    # used by the handler
-
-    def _release_event(self, name: str) -> threading.Event:
-        event = self._released.get(name)
-        if event is None:
-            event = self._released[name] = threading.Event()
-        return event
-
-    def _take(self, request: RecordedRequest) -> Reply:
-        with self._cond:
-            self._requests.append(request)
-            self._cond.notify_all()
-            queued = self._queue.popleft() if self._queue else None
-        return queued if queued is not None else self.responder(request)
-
-    def _record(self, request: RecordedRequest) -> None:
-        with self._cond:
-            self._requests.append(request)
-            self._cond.notify_all()
-
-    def _reach_hold(self, name: str) -> threading.Event:
-        with self._cond:
-            self._held.add(name)
-            self._cond.notify_all()
-            return self._release_event(name)
+        return f"<ScriptedModel {where} requests={len(self._exchange.requests)} queued={len(self._exchange.queue)}>"
 
 
 class _Server(ThreadingHTTPServer):
@@ -216,6 +235,7 @@ class _Server(ThreadingHTTPServer):
     # would drop SYNs and add a one-second retransmit to some of them.
     request_queue_size = 512
     model: ScriptedModel
+    exchange: _Exchange
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -226,12 +246,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        with self.server.model._cond:
-            self.server.model._connections.add(self.connection)
+        self.server.exchange.connected(self.connection)
 
     def finish(self) -> None:
-        with self.server.model._cond:
-            self.server.model._connections.discard(self.connection)
+        self.server.exchange.disconnected(self.connection)
         try:
             super().finish()
         except OSError:
@@ -253,7 +271,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         model = self.server.model
         request = self._recorded()
-        model._record(request)
+        self.server.exchange.record(request)
         if self.path.rstrip("/") == "/v1/models":
             self._send_json(200, {"object": "list", "data": [{"id": model.model_id, "object": "model", "owned_by": "scripted"}]})
         else:
@@ -263,11 +281,11 @@ class _Handler(BaseHTTPRequestHandler):
         model = self.server.model
         request = self._recorded()
         if self.path.rstrip("/") != "/v1/chat/completions":
-            model._record(request)
+            self.server.exchange.record(request)
             self._send_json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
             return
         try:
-            reply = model._take(request)
+            reply = self.server.exchange.take(request, model.responder)
         except Exception as exc:  # a responder bug shows up as a 500 the test can see
             self._send_json(500, {"error": {"message": f"responder failed: {exc!r}", "type": "api_error"}})
             return
@@ -325,7 +343,7 @@ class _Handler(BaseHTTPRequestHandler):
                     if self._pause(step[1] / 1000.0, None):
                         return
                 elif kind == "hold":
-                    if self._pause(None, self.server.model._reach_hold(step[1])):
+                    if self._pause(None, self.server.exchange.reach_hold(step[1])):
                         return
                 elif kind == "cut":
                     self.close_connection = True
@@ -340,7 +358,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _pause(self, seconds: float | None, release: threading.Event | None) -> bool:
         """Waits out a delay or a hold; True when the response must stop (client gone, server closing)."""
         deadline = None if seconds is None else time.monotonic() + seconds
-        closing = self.server.model._closing
+        closing = self.server.exchange.closing
         while True:
             if release is not None and release.is_set():
                 return False
