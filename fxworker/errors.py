@@ -11,16 +11,22 @@
     │   ├── FxAckUnsupportedError      the acknowledgement level needs a newer Redis (FX_ACK_UNSUPPORTED)
     │   ├── FxAgentExistsError         two Agents with one name in one process (FX_AGENT_EXISTS)
     │   ├── FxNoAgentError             this process has no agent of the session's name (FX_NO_AGENT)
-    │   ├── FxQueueFullError           a session's steer queue is full (FX_LIMIT_QUEUE)
     │   ├── FxConfigError              a setting has a value that cannot be used (FX_CONFIG)
     │   ├── FxUnknownAgentError        a request names an agent this web app does not serve (FX_UNKNOWN_AGENT)
     │   ├── FxInvalidRequestError      an HTTP body that is not JSON or not the expected shape (FX_INVALID_REQUEST)
-    │   ├── FxBodyTooLargeError        an HTTP body over the 8 MiB cap, refused unparsed (FX_LIMIT_BODY)
     │   ├── FxUnauthorizedError        no or a wrong bearer token (FX_UNAUTHORIZED)
     │   ├── FxForbiddenError           the `authorize` hook refused the request (FX_FORBIDDEN)
-    │   └── FxWakeRefusedError         a wake not signed, signed wrong, too old or replayed (FX_WAKE_*)
-    └── fxengine.FxFencedError
-        └── FxLeaseLostError           this worker no longer heads the session's epoch chain (FX_FENCED)
+    │   ├── FxWakeRefusedError         a wake not signed, signed wrong, too old or replayed (FX_WAKE_*)
+    │   └── (the three limits below are FxWorkerErrors too)
+    ├── fxengine.FxInputError
+    │   └── fxengine.FxLimitError      every FX_LIMIT_* code: the engine's (FX_LIMIT_PROMPT_TEXT, ...) and the
+    │       │                          store's (FX_LIMIT_INPUT, FX_LIMIT_STEER_SIZE), raised as FxLimitError
+    │       ├── FxQueueFullError       a session's steer queue is full (FX_LIMIT_QUEUE)
+    │       ├── FxBodyTooLargeError    an HTTP body over the 8 MiB cap, refused unparsed (FX_LIMIT_BODY)
+    │       └── FxStreamsFullError     a web process has its most streams open (FX_LIMIT_STREAMS)
+    └── fxengine.FxFencedError         a write that is not the head of the session's log (FX_FENCED)
+        └── FxLeaseLostError           this worker no longer heads the session's epoch chain (FX_FENCED);
+                                       the one fenced stop, raised by the store and by the runner alike
 
 Control-flow signals (fenced, yielded, cancelled) are kept apart from failures: a fenced
 worker stops quietly, a yield is a stop reason, not an exception.
@@ -35,7 +41,7 @@ no `FX_` code of its own; one that has ends the turn with that code).
 
 from __future__ import annotations
 
-from fxengine.errors import FxError, FxFencedError
+from fxengine.errors import FxError, FxFencedError, FxLimitError
 
 
 class FxWorkerError(FxError):
@@ -98,7 +104,7 @@ class FxNoAgentError(FxWorkerError):
     code = "FX_NO_AGENT"
 
 
-class FxQueueFullError(FxWorkerError):
+class FxQueueFullError(FxWorkerError, FxLimitError):
     """Raised when a steer would exceed the queued-steer limits of §6."""
 
     code = "FX_LIMIT_QUEUE"
@@ -128,10 +134,16 @@ class FxInvalidRequestError(FxWorkerError, ValueError):
     code = "FX_INVALID_REQUEST"
 
 
-class FxBodyTooLargeError(FxWorkerError):
+class FxBodyTooLargeError(FxWorkerError, FxLimitError):
     """Raised when an HTTP request body exceeds the 8 MiB cap; it is refused before parsing."""
 
     code = "FX_LIMIT_BODY"
+
+
+class FxStreamsFullError(FxWorkerError, FxLimitError):
+    """Raised when a web process already has its most NDJSON streams open (503, try again shortly)."""
+
+    code = "FX_LIMIT_STREAMS"
 
 
 class FxUnauthorizedError(FxWorkerError):

@@ -57,16 +57,12 @@ MAX_CUTOFFS = 3
 MAX_DEATHS = 3
 
 
-class Fenced(Exception):
-    """Internal signal: this runner's epoch is no longer the head; stop writing."""
-
-
 class Unsettled(Exception):
     """Internal signal: a failure could not be recorded; leave the lease to expire."""
 
 
 # Not failures of the turn: the runner's own stops (fenced, store away) pass through.
-_STOPS = (Fenced, FxLeaseLostError, FxStoreUnavailableError)
+_STOPS = (FxLeaseLostError, FxStoreUnavailableError)
 
 
 class Runner:
@@ -165,7 +161,7 @@ class Runner:
         outcome = "done"
         try:
             outcome = await self._work()
-        except (Fenced, FxLeaseLostError):
+        except FxLeaseLostError:
             outcome = "fenced"
         except Unsettled:
             outcome = "unsettled"
@@ -219,6 +215,10 @@ class Runner:
 
     def _writer_fenced(self) -> None:
         self._lost(FxLeaseLostError(f"a write of epoch {self.epoch} was refused"))
+
+    def _fenced_stop(self) -> FxLeaseLostError:
+        """The stop of a runner whose epoch no longer heads the session: stop writing."""
+        return FxLeaseLostError(f"epoch {self.epoch} of {self.session_id} no longer heads the session")
 
     def _lost(self, exc: BaseException) -> None:
         """The lease keeper's renewal was refused: stop this turn here and now."""
@@ -307,7 +307,7 @@ class Runner:
         first = True
         while True:
             if self.fenced:
-                raise Fenced()
+                raise self._fenced_stop()
             entry = self._next_input()
             if entry is None:
                 return "done"
@@ -622,11 +622,11 @@ class Runner:
         finally:
             metrics.TURNS_RUNNING.dec()
         if self.fenced:
-            raise Fenced()
+            raise self._fenced_stop()
         error = result.error
         if error and error.get("code") == "FX_JOURNAL_APPEND_FAILED":
             if self._fenced_cause(result):
-                raise Fenced()
+                raise self._fenced_stop()
             cause = error.get("cause") if isinstance(error.get("cause"), dict) else {}
             if cause.get("code") == "FX_STORE_UNAVAILABLE":
                 # Redis went away mid-turn: the turn stays open in the journal and the

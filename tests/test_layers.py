@@ -11,10 +11,12 @@ Python runs before any submodule (`fxworker/__init__.py` before `fxworker.errors
 an edge: a package's `__init__` is its public face and sits where LAYERS puts it.
 
 LAYERS, bottom first, is the one place the layer order is written. An entry names a
-module or a package; a module belongs to the longest entry that is it or one of its
-parents. A module may import a module of its own layer or of any layer below, never one
-above; modules of one package entry may import each other (the cycle check still holds
-for them). fxengine is below fxworker and never imports it.
+module or a subpackage; a module belongs to the longest entry that is it or one of its
+parents (the entries "fxengine" and "fxworker" stand for the `__init__` alone, so a new
+module must be given its place). A module may import a module of its own layer or of any
+layer below, never one above; the cycle check holds within a layer too. fxengine is below
+fxworker and never imports it. ALLOWED_UPWARD lists the exceptions still standing, each
+with its reason.
 """
 
 from __future__ import annotations

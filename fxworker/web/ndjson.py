@@ -24,6 +24,8 @@ from starlette.types import Receive, Scope, Send
 
 from fxengine.errors import FxError
 
+from fxworker.errors import FxStreamsFullError
+
 MEDIA_TYPE = "application/x-ndjson"
 
 logger = logging.getLogger("fxworker.web")
@@ -76,9 +78,8 @@ class StreamSlots:
     def take(self) -> StreamSlot:
         """A slot, or `FX_LIMIT_STREAMS` (503) when `limit` streams are open."""
         if self.open >= self.limit:
-            raise FxError(
-                f"this server has {self.open} streams open, its limit: try again shortly or on another web process",
-                code="FX_LIMIT_STREAMS",
+            raise FxStreamsFullError(
+                f"this server has {self.open} streams open, its limit: try again shortly or on another web process"
             )
         self.open += 1
         return StreamSlot(self)
