@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -19,7 +18,7 @@ from fxengine.persistence import JournalRecord, Loaded, StoredCheckpoint
 
 from .. import scripts
 from ..errors import FxConfigError, FxInvalidCursorError, FxStoreUnavailableError, FxUnknownSessionError
-from ..ids import validate_message_id, validate_session_id
+from ..ids import now_ms, validate_message_id, validate_session_id
 from ..keys import SessionKeys, check_prefix, created_session_key, index_keys, session_keys
 from ..scripts import Command, Step
 from . import _replies as r
@@ -73,10 +72,6 @@ class Op(NamedTuple, Generic[T]):
     parse: Callable[[list[Any]], T]
 
 
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class StoreCore:
     """Validation, keys and operation plans shared by the sync and async Redis store."""
 
@@ -100,7 +95,7 @@ class StoreCore:
         self.ack = ack
         self.memory_ids = memory_ids
         self.ttl_ms = int(session_ttl_s * 1000) if session_ttl_s else 0
-        self.clock = clock or wall_clock_ms
+        self.clock = clock or now_ms
         self.cluster = cluster
         self.ack_timeout_ms = ack_timeout_ms
         self.max_block_ms = max_block_ms
