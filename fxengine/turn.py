@@ -6,12 +6,9 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .events import Event, event_size
-
-if TYPE_CHECKING:
-    from .loop import TurnRunner
 
 # An unread turn pauses production at this many events or bytes (DESIGN: backpressure).
 BUFFER_MAX_EVENTS = 256
@@ -37,6 +34,21 @@ class TurnResult:
     error: dict[str, Any] | None = None
     repeated: bool = False
     detached: bool = False
+
+
+class TurnDriver(Protocol):
+    """What a `Turn` needs of the loop that runs it (`fxengine.loop.TurnRunner`)."""
+
+    turn_id: str
+    retract_candidates: Any
+    result_future: asyncio.Future[TurnResult]
+    events: EventBuffer
+
+    def describe(self) -> str: ...
+    def steer(self, text: str, steer_id: str | None) -> None: ...
+    def cancel(self) -> None: ...
+    def yield_now(self) -> None: ...
+    def detach(self) -> None: ...
 
 
 class EventBuffer:
@@ -113,7 +125,7 @@ class Turn:
     `result()` for the `TurnResult`. Breaking out of the iteration does not cancel the turn.
     """
 
-    def __init__(self, runner: TurnRunner) -> None:
+    def __init__(self, runner: TurnDriver) -> None:
         self._runner = runner
 
     def __repr__(self) -> str:
