@@ -42,7 +42,8 @@ class EngineCore:
         provider, spec, client: the model endpoint, the checked model, the HTTP client.
         tools, tool_list, tools_hash: tools by name, in order, and `tool_set_hash` of them.
         instructions: the system prompt, or None.
-        event_sink: gets every turn event synchronously, in order.
+        event_sink: gets every turn event synchronously, in order, and the turn's end
+            (`report_end`).
         max_model_turns: model requests per turn.
         session_id, context, epoch: handed to every tool call's `ctx`.
     """
@@ -135,6 +136,18 @@ class EngineCore:
         return Conversation.from_dict(body["state"])
 
     # the journal
+
+    def report_end(self, kind: str, turn_id: str, body: dict[str, Any]) -> None:
+        """Tells the event sink that turn `turn_id` ends (`turn_end {turnId, stopReason,
+        usage, error?}`) or yields (`turn_yield {turnId}`). Called just before the record
+        that says so is committed, so a sink that stores lines can store this one in the
+        same write as that record (the turn's own iteration never yields it)."""
+        if self.event_sink is None:
+            return
+        try:
+            self.event_sink({"type": kind, "turnId": turn_id, **body})
+        except Exception as exc:  # a failing sink must not break the turn
+            self.diag({"type": "sink.error", "error": type(exc).__name__})
 
     def commit(self, kind: str, body: dict[str, Any], *, marks: list[Mark] | None = None, barrier: bool = False,
                want_ack: bool = False) -> Any:

@@ -246,6 +246,7 @@ class Engine:
         body: dict[str, Any] = {"stopReason": stop_reason, "usage": usage}
         if error is not None:
             body["error"] = error
+        self.core.report_end("turn_end", open_turn.id, body)
         self.core.commit("turn_end", body, marks=[{"end": True}])
         await self.core.journal.flush()
         self.core.journal.raise_failure()
@@ -353,7 +354,10 @@ async def create_engine(
         checkpoint: bytes from `Engine.checkpoint()` to start from.
         persistence: a `Persistence` store; every step is journaled to it.
         on_event: diagnostics (`transport.*`, `tool.rerun`, `checkpoint.*`, ...).
-        event_sink: gets every turn event synchronously, in order.
+        event_sink: gets every turn event synchronously, in order, and the turn's end:
+            `turn_end {turnId, stopReason, usage, error?}` or `turn_yield {turnId}`, just
+            before the record that ends or yields the turn is committed (turn iteration
+            never yields those two).
         max_model_turns: model requests per turn before it stops `max_model_turns`.
         http_client: a shared `httpx.AsyncClient` (not closed by the engine).
         session_id, context, epoch: handed to every tool call's `ctx`; `context` is JSON

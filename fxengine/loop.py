@@ -225,11 +225,13 @@ class TurnRunner:
                 stop, error = outcome if outcome is not None else ("cancelled", None)
                 self._record_partial()
                 if stop == "yielded":
+                    core.report_end("turn_yield", self.turn_id, {})
                     core.commit("turn_yield", {}, marks=[{"yield": True}])
                 else:
                     body: dict[str, Any] = {"stopReason": stop, "usage": usage}
                     if error is not None:
                         body["error"] = error
+                    core.report_end("turn_end", self.turn_id, body)
                     core.commit("turn_end", body, marks=[{"end": True}])
                 await core.journal.flush()
                 if self._failure is not None:
@@ -261,9 +263,10 @@ class TurnRunner:
         first_barrier: asyncio.Future[str | None] | None = None
         if not self._resume:
             if conv.open is not None:
-                core.commit("turn_end", {"stopReason": "cancelled", "usage": conv.open.usage, "error": {
-                    "code": "FX_TURN_INTERRUPTED", "message": "a new prompt ended this turn, which an earlier engine left open"}},
-                    marks=[{"end": True}])
+                stale = {"stopReason": "cancelled", "usage": conv.open.usage, "error": {
+                    "code": "FX_TURN_INTERRUPTED", "message": "a new prompt ended this turn, which an earlier engine left open"}}
+                core.report_end("turn_end", conv.open.id, stale)
+                core.commit("turn_end", stale, marks=[{"end": True}])
             assert self._blocks is not None
             first_barrier = core.commit("turn_start", {"turn": self.turn_id, "input": self._blocks, "atMs": now_ms()},
                                          marks=[{"start": self.turn_id}], barrier=True)

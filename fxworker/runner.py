@@ -99,11 +99,7 @@ class Runner:
         self.store_lost = False
         self.writer: LineWriter | None = None
         self._engine_key: tuple[Any, Any] | None = None
-        # The turn's turn_end / turn_yield line rides in the engine's end / yield record's
-        # call (both stored or neither): `_end_armed` while the next such record is this
-        # turn's, `_end_stored` once that call stored the line.
-        self._end_armed = False
-        self._end_stored: dict[str, Any] | None = None
+        self.persistence: StorePersistence | None = None
         self._requeue = False  # the rest goes to a new delivery (not a deadline yield)
 
     def __repr__(self) -> str:
@@ -433,10 +429,7 @@ class Runner:
 
         settings = settings or {}
         assert self.writer is not None
-        persistence = StorePersistence(
-            self.store, self.claim, writer=self.writer,
-            end_line=self._end_line, on_end_line=self._on_end_line,
-        )
+        persistence = self.persistence = StorePersistence(self.store, self.claim, writer=self.writer)
         self.engine = await create_engine(
             model=settings.get("model") or self.agent.model,
             api_key=self.agent.api_key,
@@ -464,9 +457,21 @@ class Runner:
                 log.debug("closing the engine of %s failed", self.session_id, exc_info=True)
 
     def _sink(self, event: dict[str, Any]) -> None:
-        """The engine's `event_sink`: every event becomes a UI line of this turn."""
-        assert self.writer is not None
+        """The engine's `event_sink`: every event becomes a UI line of this turn; the
+        turn's end (or yield) rides in the call of the record that ends (or yields) it."""
+        assert self.writer is not None and self.persistence is not None
         if self.cut_off or self.fenced:
+            return
+        kind = event.get("type")
+        if kind == "turn_end" or kind == "turn_yield":
+            if event.get("turnId") != self.turn_id:
+                return  # an older turn the engine closed before starting this one: not ours
+            line = {key: value for key, value in event.items() if key != "turnId"}
+            if kind == "turn_end":
+                line["usage"] = line.get("usage") or {}
+                if not line.get("error"):
+                    line.pop("error", None)
+            self.persistence.ride_with_end({**line, "messageId": self.turn_id})
             return
         self.writer.push({**event, "messageId": self.turn_id})
 
@@ -478,34 +483,10 @@ class Runner:
         assert self.writer is not None
         await self.writer.flush()
 
-    def _end_line(self, events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any] | None:
-        """The line that goes in the same call as a record ending (or yielding) this turn."""
-        if not self._end_armed or self.turn_id is None or self.cut_off or self.fenced:
-            return None
-        line: dict[str, Any] | None = None
-        for kind, body in events:
-            if kind == "turn_start":
-                line = None  # an earlier turn's end, before this one started
-            elif kind == "turn_end":
-                line = {"type": "turn_end", "messageId": self.turn_id, "stopReason": body.get("stopReason"),
-                        "usage": body.get("usage") or {}}
-                if body.get("error"):
-                    line["error"] = body["error"]
-            elif kind == "turn_yield":
-                line = {"type": "turn_yield", "messageId": self.turn_id}
-        return line
-
-    def _on_end_line(self, line: dict[str, Any]) -> None:
-        self._end_armed = False
-        self._end_stored = line
-
-    def _arm_end(self, armed: bool) -> None:
-        self._end_armed = armed
-        self._end_stored = None
-
     def _end_written(self, type_: str) -> bool:
         """Whether this turn's `type_` line was stored with the engine's record."""
-        return self._end_stored is not None and self._end_stored.get("type") == type_
+        stored = self.persistence.end_stored if self.persistence is not None else None
+        return stored is not None and stored.get("type") == type_ and stored.get("messageId") == self.turn_id
 
     async def _start_turn(self, entry: Any) -> str:
         if self._requeue:
@@ -522,8 +503,6 @@ class Runner:
             text_input = prompt_text(entry.input)
         # The line rides with the engine's first record (the turn's start barrier).
         self._line("turn_start", sessionId=self.session_id, input=text_input)
-        # An engine still holding an older open turn ends it first: that end is not ours.
-        self._arm_end(engine.open_turn is None)
         self.turn = engine.prompt(entry.input, yield_at=self._yield_at(), turn_id=entry.message_id)
         self._yield_if_stopping()
         # Steers accepted after this prompt and waiting join it (§6).
@@ -552,7 +531,6 @@ class Runner:
             line["retract"] = retract
         self._line("turn_resume", **line)
         await self._flush()
-        self._arm_end(True)
         if claim.deaths >= MAX_DEATHS:
             return await self._end_open(
                 "cancelled",

@@ -31,9 +31,11 @@ that rode with a record are held under the record's key (the journal never sends
 again after a failed append): resent, they are stored only if that record call did not
 run.
 
-`StorePersistence` can also add a line to a record's own call (`end_line`): the runner
-puts the turn's `turn_end` (or `turn_yield`) line in the same fenced call as the engine's
-end (or yield) record, so both are stored or neither.
+`StorePersistence` can also add a line to a record's own call (`ride_with_end`): the
+engine reports a turn's end to its event sink just before it commits the end (or yield)
+record, the runner hands the `turn_end` (or `turn_yield`) line over, and it goes last in
+the call of the next record carrying an `end` or `yield` mark, so both are stored or
+neither. `end_stored` is the last such line stored.
 """
 
 from __future__ import annotations
@@ -231,9 +233,6 @@ class LineWriter:
             return cursors + await self._send(f"lines:{self.epoch}:{self._calls}", lines, marks)
 
 
-EndLine = Callable[[list[tuple[str, dict[str, Any]]]], "dict[str, Any] | None"]
-
-
 class StorePersistence:
     """The engine's `Persistence` for one claim: fenced appends that carry the queued lines.
 
@@ -242,9 +241,8 @@ class StorePersistence:
     idempotency key returns the stored cursor (the store's own dedup). Writes go under
     the session and epoch of `writer` (by default a new `LineWriter` of the claim).
 
-    `end_line(events)`, given the decoded events of a record that ends or yields a turn,
-    returns the line to store last in the same call (or None); `on_end_line(line)` is
-    told once that call succeeded, `on_record()` after every stored record.
+    `ride_with_end(line)` puts a line in the call of the next record that ends or yields
+    a turn (an `end` or `yield` mark); `end_stored` is the last line stored that way.
     """
 
     def __init__(
@@ -253,9 +251,6 @@ class StorePersistence:
         claim: Claim,
         *,
         writer: LineWriter | None = None,
-        on_record: Callable[[], None] | None = None,
-        end_line: EndLine | None = None,
-        on_end_line: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.store = store
         self.claim = claim
@@ -263,9 +258,8 @@ class StorePersistence:
         self.session_id = self.writer.session_id
         self.epoch = self.writer.epoch
         self.head = claim.head
-        self.on_record = on_record
-        self.end_line = end_line
-        self.on_end_line = on_end_line
+        self._end_line: dict[str, Any] | None = None
+        self.end_stored: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         return f"<StorePersistence session={self.session_id} epoch={self.epoch} head={self.head}>"
@@ -281,13 +275,15 @@ class StorePersistence:
     async def load(self) -> Loaded:
         return self.claim.loaded()
 
-    def _end_line_of(self, data: bytes, marks: list[Mark]) -> dict[str, Any] | None:
-        if self.end_line is None or not any("end" in m or "yield" in m for m in marks):
-            return None
-        from fxengine.journal.records import decode_batch
+    def ride_with_end(self, line: Mapping[str, Any]) -> None:
+        """Stores `line` last in the call of the next record that ends or yields a turn."""
+        self._end_line = {**line, "epoch": self.epoch}
 
-        line = self.end_line(decode_batch(bytes(data)))
-        return None if line is None else {**line, "epoch": self.epoch}
+    def _take_end_line(self, marks: list[Mark]) -> dict[str, Any] | None:
+        if self._end_line is None or not any("end" in m or "yield" in m for m in marks):
+            return None
+        line, self._end_line = self._end_line, None
+        return line
 
     async def append(
         self,
@@ -299,7 +295,7 @@ class StorePersistence:
         marks: list[Mark],
     ) -> str:
         record = StoreRecord(idempotency_key, bytes(data), list(marks))
-        end_line = self._end_line_of(data, marks)
+        end_line = self._take_end_line(marks)
         async with self.writer.lock:
             await self.writer.send_held()  # an earlier batch that may have run goes first
             lines = self.writer.take()
@@ -328,10 +324,8 @@ class StorePersistence:
                 self.writer.hold(idempotency_key, lines)
                 raise
         self.head = str(appended.records[0])
-        if end_line is not None and self.on_end_line:
-            self.on_end_line(end_line)
-        if self.on_record:
-            self.on_record()
+        if end_line is not None:
+            self.end_stored = end_line
         return self.head
 
     async def save_checkpoint(self, *, through: str, data: bytes) -> None:

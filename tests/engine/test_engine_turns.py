@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from fxengine import Tool, create_engine, tool
+from fxengine import MemoryPersistence, Tool, create_engine, tool
 from fxengine.testing import Reply, ScriptedModel, delay, reasoning, text, tool_call, usage
 
 from .conftest import Diagnostics, run, text_of, wait_until
@@ -170,8 +170,39 @@ async def test_event_sink_gets_every_event_in_order(model: ScriptedModel, make_e
     model.script(Reply(text("a", "b"), tool_call("c", "lookup", {"query": "q"})), Reply(text("c")))
     sunk: list[dict[str, Any]] = []
     engine = await make_engine(tools=[lookup], event_sink=sunk.append)
-    events, _ = await run(engine.prompt("q"))
-    assert sunk == events and len(events) == 5
+    turn = engine.prompt("q")
+    events, result = await run(turn)
+    # The turn's events, then its end (which iteration does not yield).
+    assert sunk[:-1] == events and len(events) == 5
+    assert sunk[-1] == {"type": "turn_end", "turnId": turn.turn_id, "stopReason": "end_turn", "usage": result.usage}
+
+
+async def test_event_sink_hears_a_yield_before_the_yield_record_is_appended(
+    model: ScriptedModel, make_engine: Any
+) -> None:
+    model.script(Reply(tool_call("c", "lookup", {"query": "q"})), Reply(text("after")))
+    order: list[str] = []
+    sunk: list[dict[str, Any]] = []
+
+    class OrderedPersistence(MemoryPersistence):
+        """A store that notes each append's marks (a `Persistence` of the test's own)."""
+
+        async def append(self, **kwargs: Any) -> str:
+            order.append("append:" + ",".join(sorted(k for m in kwargs["marks"] for k in m)))
+            return await super().append(**kwargs)
+
+    def sink(event: dict[str, Any]) -> None:
+        sunk.append(event)
+        order.append(f"sink:{event['type']}")
+
+    journal = OrderedPersistence()
+    engine = await make_engine(tools=[lookup], event_sink=sink, persistence=journal)
+    turn = engine.prompt("q", yield_at=0)
+    _, result = await run(turn)
+    assert result.stop_reason == "yielded"
+    assert sunk[-1] == {"type": "turn_yield", "turnId": turn.turn_id}
+    yield_append = next(i for i, o in enumerate(order) if o.startswith("append:") and "yield" in o)
+    assert order.index("sink:turn_yield") < yield_append
 
 
 async def test_an_unread_turn_finishes_when_its_result_is_awaited(model: ScriptedModel, make_engine: Any,
