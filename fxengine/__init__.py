@@ -1,4 +1,4 @@
-"""fxengine: one agent conversation in one process, with no store (DESIGN.md §9)."""
+"""fxengine: one agent conversation in one process, with no store (docs/design.md §9)."""
 
 from __future__ import annotations
 

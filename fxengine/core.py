@@ -2,7 +2,7 @@
 
 `Engine` owns one `EngineCore` and hands it to each `TurnRunner`. The conversation only
 changes through `commit()` (applied, then queued for the journal), so a replay of the
-journal rebuilds the same state (DESIGN §9). The core knows nothing of running turns:
+journal rebuilds the same state (docs/design.md §9). The core knows nothing of running turns:
 whoever owns it decides what a failed append stops (`on_journal_failure`).
 """
 

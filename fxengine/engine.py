@@ -1,4 +1,4 @@
-"""The engine: one conversation in one process (DESIGN §9), optionally journaled.
+"""The engine: one conversation in one process (docs/design.md §9), optionally journaled.
 
     engine = await create_engine("scripted", provider=model.provider, tools=[lookup])
     turn = engine.prompt("What is the order status?")

@@ -41,7 +41,7 @@ class FxInputError(FxError, ValueError):
 
 
 class FxLimitError(FxInputError):
-    """Raised when input exceeds a documented limit of DESIGN.md §10."""
+    """Raised when input exceeds a documented limit of docs/design.md §10."""
 
     code = "FX_LIMIT"
 

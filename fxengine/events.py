@@ -1,4 +1,4 @@
-"""The model-facing events a turn yields, in the wire shape of DESIGN §4 (camelCase).
+"""The model-facing events a turn yields, in the wire shape of docs/design.md §4 (camelCase).
 
     {"type": "text_delta", "delta", "step"}
     {"type": "reasoning_delta", "delta", "step"}

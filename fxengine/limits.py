@@ -1,4 +1,4 @@
-"""Input checks and limits (DESIGN §10 prompts, §6 steering), reused by the durable layer.
+"""Input checks and limits (docs/design.md §10 prompts, §6 steering), reused by the durable layer.
 
 Every check raises before anything is sent or stored: `FxLimitError` (`FX_LIMIT_*`) for a
 size or count over its limit, `FxInputError` (`FX_INVALID_INPUT`) for malformed input.

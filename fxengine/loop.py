@@ -1,4 +1,4 @@
-"""The turn loop: model step -> tool calls -> model step ... until the model ends (DESIGN §4, §6).
+"""The turn loop: model step -> tool calls -> model step ... until the model ends (docs/design.md §4, §6).
 
 Every change goes through `EngineCore.commit` (applied to the conversation, then
 journaled), so a replay rebuilds the same state. The runner is one asyncio task; `cancel()`,
@@ -40,7 +40,7 @@ OnFinish = Callable[["TurnRunner"], None]
 OnDetach = Callable[[], None]
 
 # The mark of a record that finishes something (a model response, a tool result): the
-# progress a store counts poison turns against (DESIGN §6).
+# progress a store counts poison turns against (docs/design.md §6).
 DONE: dict[str, Any] = {"done": True}
 
 

@@ -1,4 +1,4 @@
-"""The `Persistence` protocol (DESIGN.md §9) and `MemoryPersistence`, its reference store.
+"""The `Persistence` protocol (docs/design.md §9) and `MemoryPersistence`, its reference store.
 
 The engine appends one journal record per step, one append in flight at a time, and
 names the cursor it believes is last (`expected`). A store refuses any other `expected`

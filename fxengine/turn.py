@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from .events import Event, event_size
 
-# An unread turn pauses production at this many events or bytes (DESIGN: backpressure).
+# An unread turn pauses production at this many events or bytes (backpressure).
 BUFFER_MAX_EVENTS = 256
 BUFFER_MAX_BYTES = 1024 * 1024
 
@@ -121,7 +121,7 @@ class EventBuffer:
 class Turn:
     """One prompt (or resume) and everything the engine does to answer it.
 
-    Iterate it for model-facing events (dicts, DESIGN §4 shapes plus `step`); await
+    Iterate it for model-facing events (dicts, docs/design.md §4 shapes plus `step`); await
     `result()` for the `TurnResult`. Breaking out of the iteration does not cancel the turn.
     """
 

@@ -1,4 +1,4 @@
-"""Token usage in the wire shape of DESIGN §4, summed over the steps of a turn."""
+"""Token usage in the wire shape of docs/design.md §4, summed over the steps of a turn."""
 
 from __future__ import annotations
 

@@ -309,7 +309,7 @@ class Session:
         )
         metrics.ACCEPTED.inc()
         owner = self._forwarded(getattr(accepted, "agent", None))
-        if not (accepted.repeated and accepted.status == "ended"):
+        if not (accepted.repeated and accepted.status == "done"):
             await self._wake(owner, "prompt")
         return Turn(self, message_id=accepted.message_id, repeated=accepted.repeated, cursor=accepted.cursor)
 

@@ -1,4 +1,4 @@
-"""Ids and the wall clock they are stamped with (DESIGN.md §2, §10).
+"""Ids and the wall clock they are stamped with (docs/design.md §2, §10).
 
 `now_ms()` is the wall clock of the process, in milliseconds since the epoch: lease
 deadlines, delivery deadlines and sweeps are all counted on it. One helper makes each

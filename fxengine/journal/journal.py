@@ -1,4 +1,4 @@
-"""The journal writer: one append in flight, batching, barriers, fencing (DESIGN §9).
+"""The journal writer: one append in flight, batching, barriers, fencing (docs/design.md §9).
 
 Events are queued with `add()`; a single pump task sends everything queued since the
 last append as one batch, naming the cursor it believes is last (`expected`). A batch

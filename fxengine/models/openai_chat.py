@@ -287,7 +287,7 @@ async def model_step(
     step: int,
     out: StepOutput | None = None,
 ) -> StepOutput:
-    """One model step with at most one automatic retry (DESIGN §8).
+    """One model step with at most one automatic retry (docs/design.md §8).
 
     The retry happens only for a retryable failure before any delta was emitted;
     a cancel (the caller's task cancelled) ends it without a retry.

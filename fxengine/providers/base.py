@@ -11,7 +11,7 @@ from .credentials import mask
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """A catalog entry: what a model supports (DESIGN §8)."""
+    """A catalog entry: what a model supports (docs/design.md §8)."""
 
     context_window: int | None = None
     max_output_tokens: int | None = None

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from ..errors import FxProviderError
 
-# AI Gateway's key, then the OIDC token Vercel injects into deployments (DESIGN §8).
+# AI Gateway's key, then the OIDC token Vercel injects into deployments (docs/design.md §8).
 GATEWAY_KEY_VARIABLES = ("AI_GATEWAY_API_KEY", "VERCEL_OIDC_TOKEN")
 _PREFIX_CHARS = 6
 

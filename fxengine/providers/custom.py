@@ -1,4 +1,4 @@
-"""Custom providers given as a dict (DESIGN §8), validated before any request is sent.
+"""Custom providers given as a dict (docs/design.md §8), validated before any request is sent.
 
     {"name": "local", "base_url": "http://127.0.0.1:8000/v1", "api_key"?: "...",
      "headers"?: {...},

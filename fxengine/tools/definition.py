@@ -1,4 +1,4 @@
-"""What a tool is (DESIGN §6): its description for the model, its effects, its `ctx`."""
+"""What a tool is (docs/design.md §6): its description for the model, its effects, its `ctx`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Runs the tool calls of one model response (DESIGN §6).
+"""Runs the tool calls of one model response (docs/design.md §6).
 
 Calls start in the order the model made them. Consecutive calls that do not write run
 together, up to 16 at once; a writing call starts after every earlier call ended and

@@ -1,4 +1,4 @@
-"""The session store (DESIGN.md §5): Redis streams, leases and in-band fencing.
+"""The session store (docs/design.md §5): Redis streams, leases and in-band fencing.
 
 Three ways to build one, all the same `RedisStore` (one code path, Lua included):
 

@@ -1,6 +1,6 @@
 """The engine's `Persistence` over one claimed session, and the UI lines that ride with it.
 
-`StorePersistence` is the engine's `Persistence` (DESIGN.md §9) for one claim: `load()`
+`StorePersistence` is the engine's `Persistence` (docs/design.md §9) for one claim: `load()`
 answers from the claim (no round trip), `append()` is the store's fenced append and
 `save_checkpoint()` compacts the log. A record whose epoch lost the lease raises
 `FxLeaseLostError` (an `FxFencedError`), one whose `expected` is not the log head raises

@@ -38,7 +38,7 @@ T = TypeVar("T")
 
 
 class RedisStore:
-    """The session store of DESIGN.md §5 (async); `store.sync` is its blocking twin.
+    """The session store of docs/design.md §5 (async); `store.sync` is its blocking twin.
 
     Build one with `redis_store()`, `embedded_store()` or `memory_store()`. The module
     docstring of `fxworker.store` describes the protocol the runner follows.

@@ -13,7 +13,7 @@ MessageStatus = Literal["waiting", "running", "done"]
 SessionStatus = Literal["idle", "waiting", "running"]
 Mark = dict[str, Any]
 
-# The limits of DESIGN.md §5 and §6, enforced inside the scripts.
+# The limits of docs/design.md §5 and §6, enforced inside the scripts.
 CHECKPOINT_MAX_BYTES = 4 * 1024 * 1024
 STEER_MAX_BYTES = 64 * 1024
 STEER_MAX_QUEUED = 64
