@@ -25,7 +25,7 @@ loses it again when new input is accepted):
                       checked by append and save_checkpoint.
     inbox     STREAM  accepted inputs and cancel requests, id `<seq>-0`; fields k
                       (p | s | c), id, in, cx, st, at. accept, cancel; read by claim and
-                      by a running worker's XREAD BLOCK (`watch_inbox`); trimmed by
+                      by a running worker's polling XREAD (`watch_inbox`); trimmed by
                       save_checkpoint below the oldest input still needed.
     log       STREAM  engine journal records, id `<cursor>-0`; fields k (idempotency
                       key), d (opaque bytes), e (writer epoch), m (marks JSON). append;

@@ -1,6 +1,6 @@
 """The sweeper (§7): re-wakes ready sessions whose lease is free or dead.
 
-It runs inside the workers — one thread per worker process, no separate beat — and a
+It runs inside the workers — a task on each worker process's loop, no separate beat — and a
 Redis `SET NX PX` guard lets one sweep at a time across the pool. Every `FX_SWEEP_S` it
 asks the store for sessions with pending work and no live lease (`ready_sessions`) and
 sends each a wake to its owner's queue. Duplicate wakes are harmless (the lease decides);

@@ -124,8 +124,8 @@ for _ = 1, nrec do
     if name == 'step' then named = value elseif name == 'done' then done = true end
   end
   -- Real progress (a new step, or something finished) restarts the death count; the
-  -- cut-off count restarts unless the record names the same step as before (§6,
-  -- reference §4.4).
+  -- cut-off count restarts unless the record names the same step as before (§6: a step
+  -- cut off 3 times in a row is not run again).
   if done or (named ~= nil and named ~= step) then changed.deaths = 0 end
   if named == nil or named ~= step then
     changed.cutoffs = 0

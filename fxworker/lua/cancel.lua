@@ -5,8 +5,8 @@
 -- ARGV  1 now_ms
 -- Returns {"ok", target message id, inbox seq} | {"none"} | {"unknown"}
 --
--- Invariant: the request lands in the inbox stream, which a running worker follows with
--- XREAD BLOCK, so it sees the cancel within its block time; `cancel` in meta names the
+-- Invariant: the request lands in the inbox stream, which a running worker polls (XREAD
+-- every 0.25 s, fxworker/watch.py), so it sees the cancel within a second; `cancel` in meta names the
 -- target until that input is done, so a worker claiming later sees it too.
 
 local meta, inbox, pending = KEYS[1], KEYS[3], KEYS[7]

@@ -28,10 +28,11 @@ Delivery (worker)
     `append(sid, epoch, lines=[...])`. Take pending inputs from `claim.pending` (acceptance
     order) and mark them consumed with the engine's `{"start": id}` / `{"accepted": id}`
     record marks, or `append(..., marks=[{"drop": id}])` for one no turn takes (cancelled,
-    refused). Follow `watch_inbox(sid, claim.inbox_cursor, block_ms=1000)` while a turn runs
-    for steers and cancels. Poison and cut-off limits read `claim.deaths` and
-    `claim.cutoffs`; a hard stop releases with `release(sid, epoch, cutoff=True)`. When no
-    work is left, `release(sid, epoch)` then `clear_ready(sid)`.
+    refused). Poll `watch_inbox(sid, claim.inbox_cursor)` while a turn runs for steers and
+    cancels. Poison and cut-off limits read `claim.deaths` and `claim.cutoffs`; a hard stop
+    releases with `release(sid, epoch, cutoff=True)`. When no work is left,
+    `release(sid, epoch)`; the sweeper's `ready_sessions` drops the session's ready mark
+    once it has nothing to do.
 
 Sweeper
     `ready_sessions()` -> sessions with work and no live lease: send each a wake.
