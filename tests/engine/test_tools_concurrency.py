@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -21,7 +22,12 @@ class Timeline:
         self.running = 0
         self.max_running = 0
 
-    def tool(self, name: str, *, idempotent: bool, writes: bool | None = None, sync: bool = False) -> Tool:
+    def tool(
+        self, name: str, *, idempotent: bool, writes: bool | None = None, sync: bool = False,
+        together: threading.Barrier | None = None,
+    ) -> Tool:
+        """A tool that records its span; a sync one given `together` also waits there until
+        all the barrier's parties run at once (it breaks, and the call fails, otherwise)."""
         timeline = self
 
         async def execute(input: dict[str, Any], ctx: ToolContext) -> str:
@@ -35,6 +41,8 @@ class Timeline:
 
         def execute_sync(input: dict[str, Any], ctx: ToolContext) -> str:
             start = time.monotonic()
+            if together is not None:
+                together.wait()
             time.sleep(WORK_S)
             timeline.spans[f"{name}{input['i']}"] = (start, time.monotonic())
             return "done"
@@ -88,7 +96,11 @@ async def test_sync_tools_overlap_on_threads_and_non_idempotent_ones_run_alone(
     model: ScriptedModel, make_engine: Any
 ) -> None:
     timeline = Timeline()
-    tools = [timeline.tool("read", idempotent=True, sync=True), timeline.tool("send", idempotent=False, sync=True)]
+    # The 16 reads meet at a barrier: it lets them go only if all 16 run at one instant,
+    # whatever the machine's load does to their start times.
+    together = threading.Barrier(16, timeout=10)
+    tools = [timeline.tool("read", idempotent=True, sync=True, together=together),
+             timeline.tool("send", idempotent=False, sync=True)]
     model.script(
         Reply(*[tool_call(f"r{i}", "read", {"i": i}) for i in range(16)], tool_call("s0", "send", {"i": 0}),
               tool_call("s1", "send", {"i": 1})),
@@ -107,8 +119,8 @@ async def test_sync_tools_overlap_on_threads_and_non_idempotent_ones_run_alone(
     _, result = await run(engine.prompt("go"))
     tick.cancel()
     assert result.stop_reason == "end_turn"
+    assert not together.broken, "the 16 idempotent sync calls did not all run at once"
     reads = [timeline.spans[f"read{i}"] for i in range(16)]
-    assert max(s for s, _ in reads) < min(e for _, e in reads)
     sends = [timeline.spans["send0"], timeline.spans["send1"]]
     assert not overlaps(sends[0], sends[1])
     assert not any(overlaps(s, r) for s in sends for r in reads)
