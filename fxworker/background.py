@@ -1,6 +1,7 @@
 """`SessionLoop`: the start/stop lifecycle of one session's background task.
 
-The lease keeper and the inbox watcher each run one loop beside a turn. `start()` runs
+The lease keeper runs one such loop beside a turn (the inbox is read by one hub per
+process loop, `fxworker.watch`). `start()` runs
 the subclass's `_run()` as a task named `<TASK_NAME>:<session id>`; `stop()` ends it and
 waits until it has finished, so nothing of it runs once the runner goes on.
 
@@ -8,7 +9,8 @@ A single `task.cancel()` is not enough to end such a loop on Python 3.11: redis-
 to its socket inside `asyncio.wait_for`, which returns the call's result and drops the
 cancellation when the cancel lands just as the write completes (fixed in 3.12, where
 `wait_for` is built on `asyncio.timeout`). A loop that lost its cancel that way renewed its
-lease and polled its inbox for ever while the runner waited at `stop()`. So `stop()` sets
+lease (or polled its inbox, when each turn had a watcher task) for ever while the runner
+waited at `stop()`. So `stop()` sets
 a flag every loop checks (`stopping`), cancels again until the task is done, and gives up
 waiting after `STOP_TIMEOUT_S`: the flag still ends the loop at its next turn.
 """

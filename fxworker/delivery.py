@@ -104,9 +104,15 @@ async def handle_wake(payload: dict[str, Any], *, deadline_ms: int | None = None
     if outcome == "done":
         # An input accepted after the last look and before the release found the lease
         # held and its wake was a no-op: wake once more rather than wait for the sweeper.
+        # The release counted what was waiting at that moment; only when it failed, look.
         try:
-            after = await store.state(session_id)
-            if after is not None and after.status == "waiting":
+            released = runner.released
+            if released is not None:
+                more = released.pending > 0
+            else:
+                after = await store.state(session_id)
+                more = after is not None and after.status == "waiting"
+            if more:
                 await asyncio.to_thread(agent.wake, session_id, reason="pending")
         except Exception as exc:  # noqa: BLE001 - the store or broker is away: the sweeper wakes it
             log.warning("looking for more work in %s failed (%s); the sweeper will wake it", session_id, exc)

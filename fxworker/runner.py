@@ -100,6 +100,7 @@ class Runner:
         self.writer: LineWriter | None = None
         self._engine_key: tuple[Any, Any] | None = None
         self.persistence: StorePersistence | None = None
+        self.released: Any = None  # the store's answer to this delivery's release
         self._requeue = False  # the rest goes to a new delivery (not a deadline yield)
 
     def __repr__(self) -> str:
@@ -190,7 +191,7 @@ class Runner:
             log.error("%s is left to its lease (%s ms) after a failure it could not record",
                       self.session_id, self.lease_ms)
             return "noop"
-        released = await self._release(cutoff=self.cut_off)
+        released = self.released = await self._release(cutoff=self.cut_off)
         if self.cut_off:
             # The store's count: it restarts only when the turn moved on (append.lua).
             cutoffs = released.cutoffs if released is not None else int(self.claim.cutoffs) + 1

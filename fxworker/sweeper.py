@@ -1,10 +1,12 @@
 """The sweeper (§7): re-wakes ready sessions whose lease is free or dead.
 
 It runs inside the workers — a task on each worker process's loop, no separate beat — and a
-Redis `SET NX PX` guard lets one sweep at a time across the pool. Every `FX_SWEEP_S` it
-asks the store for sessions with pending work and no live lease (`ready_sessions`) and
-sends each a wake to its owner's queue. Duplicate wakes are harmless (the lease decides);
-a wake lost between accept and the broker only delays the turn until the next sweep.
+Redis `SET NX PX` guard lets one sweep at a time across the pool (every process tries it
+each second, so a successor takes over within `GUARD_MS` of the holder's death). Every
+`FX_SWEEP_S` it asks the store for sessions with work and no live lease (`ready_sessions`)
+and sends each a wake to its owner's queue; a session whose worker died is woken when its
+lease expires (see `Sweeper`). Duplicate wakes are harmless (the lease decides); a wake
+lost between accept and the broker only delays the turn until the next sweep.
 """
 
 from __future__ import annotations
@@ -34,8 +36,23 @@ def mark_worker_ready(settings: Settings, *, hostname: str, pid: int) -> None:
         client.close()
 
 
+GUARD_MS = 2500  # the guard's life: the holder renews it every tick, a successor takes over soon after
+TICK_S = 1.0  # how often a process tries the guard (and the holder looks at due lease expiries)
+IN_FLIGHT_MS = 2000  # a session marked ready this recently most likely has its sender's wake on the way
+EXPIRY_MARGIN_MS = 50  # a lease is looked at this long after it was due to expire
+
+
 class Sweeper:
-    """One sweeping loop: `sweep_once()` every `interval_s` while it holds the guard."""
+    """One sweeping loop: while this process holds the guard, a full sweep every
+    `interval_s`, and a look at each running session the moment its lease would expire.
+
+    A full sweep (`sweep_once`) wakes the ready sessions no live lease holds, except those
+    marked ready within `IN_FLIGHT_MS` (or `interval_s`, if shorter): their sender's wake is
+    still on its way. It also notes when each running session's lease expires, and the loop
+    looks at those sessions then (`check_expired`): a renewed lease is noted again, a dead
+    one is woken at once. So a session whose worker died is woken about `lease_s` after
+    its last renewal, not at the next full sweep (this needs `interval_s` < `lease_s`).
+    """
 
     def __init__(self, store: Any, *, interval_s: float, guard: Any, wake: Any) -> None:
         self.store = TimedStore(store)
@@ -43,19 +60,47 @@ class Sweeper:
         self.guard = guard  # async callable(px_ms) -> bool: may this process sweep now?
         self.wake = wake  # callable(session_id, agent) -> None
         self.swept = 0
+        self.in_flight_ms = int(min(IN_FLIGHT_MS, interval_s * 1000))
+        self.tick_s = min(TICK_S, interval_s)
+        self._held: dict[str, tuple[str, int]] = {}  # session -> (agent, lease expiry ms)
+        self._next_sweep_ms = 0
         self._stop = threading.Event()
 
     def __repr__(self) -> str:
-        return f"<Sweeper every {self.interval_s}s swept={self.swept}>"
+        return f"<Sweeper every {self.interval_s}s swept={self.swept} watching_leases={len(self._held)}>"
 
     async def sweep_once(self) -> int:
-        """Wakes each ready session once; returns how many were woken."""
-        if not await self.guard(int(self.interval_s * 1000 * 0.9)):
+        """A full sweep, if this process holds the guard; returns how many sessions it woke."""
+        if not await self.guard(GUARD_MS):
+            self._held.clear()  # another process sweeps
             return 0
-        ready = await self.store.ready_sessions(now_ms=now_ms())
+        now = now_ms()
+        self._next_sweep_ms = now + int(self.interval_s * 1000)
+        ready = await self.store.ready_sessions(now_ms=now, include_held=True)
+        self._held = {r.session_id: (r.agent, r.lease_expires_ms or now) for r in ready if r.reason == "held"}
+        return await self._wake_all(
+            [(r.session_id, r.agent) for r in ready if r.reason != "held" and r.marked_ms <= now - self.in_flight_ms]
+        )
+
+    async def check_expired(self) -> int:
+        """Looks at the running sessions whose lease was due to expire; wakes those it did."""
+        now = now_ms()
+        due = [sid for sid, (_, expires_ms) in self._held.items() if expires_ms + EXPIRY_MARGIN_MS <= now]
+        if not due:
+            return 0
+        woken = []
+        for sid, state in zip(due, await self.store.states(due, now_ms=now)):
+            if state is not None and state.has_work and state.lease_expires_ms is not None:
+                self._held[sid] = (state.agent, state.lease_expires_ms)  # renewed
+                continue
+            del self._held[sid]
+            if state is not None and state.status == "waiting":
+                woken.append((sid, state.agent))
+        return await self._wake_all(woken)
+
+    async def _wake_all(self, sessions: list[tuple[str, str]]) -> int:
         n = 0
-        for item in ready:
-            session_id, agent = item.session_id, item.agent
+        for session_id, agent in sessions:
             try:
                 await asyncio.to_thread(self.wake, session_id, agent)
                 n += 1
@@ -66,13 +111,27 @@ class Sweeper:
         self.swept += n
         return n
 
+    async def tick(self) -> None:
+        if now_ms() >= self._next_sweep_ms:
+            await self.sweep_once()
+        elif await self.guard(GUARD_MS):
+            await self.check_expired()
+        else:
+            self._held.clear()
+
+    def _sleep_s(self) -> float:
+        """Until the next tick, the next full sweep or the first lease due, whichever is first."""
+        now = now_ms()
+        due = [self._next_sweep_ms, *(expires + EXPIRY_MARGIN_MS for _, expires in self._held.values())]
+        return max(0.01, min(self.tick_s, (min(due) - now) / 1000))
+
     async def run(self) -> None:
         while not self._stop.is_set():
             try:
-                await self.sweep_once()
+                await self.tick()
             except Exception:  # noqa: BLE001 - Redis away: sweep again later
                 log.warning("sweep failed", exc_info=True)
-            await asyncio.sleep(self.interval_s)
+            await asyncio.sleep(self._sleep_s())
 
     def stop(self) -> None:
         self._stop.set()
@@ -96,7 +155,10 @@ def _redis_guard(settings: Settings) -> Any:
         key = sweeper_guard_key(settings.prefix)
         if await client.set(key, token, nx=True, px=max(px_ms, 50)):
             return True
-        return (await client.get(key)) == token.encode()
+        if (await client.get(key)) != token.encode():
+            return False
+        await client.pexpire(key, max(px_ms, 50))  # still ours: keep it (a lost race only doubles a wake)
+        return True
 
     return guard
 

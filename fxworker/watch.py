@@ -1,57 +1,120 @@
-"""Watching a running session's inbox for steers, prompts and cancels (§6).
+"""Watching the inboxes of the sessions a worker process runs, for steers, prompts and cancels (§6).
 
-The watcher reads the session's inbox stream after the last entry it saw every
-`WATCH_INTERVAL_S` and hands each new input to the runner, in acceptance order, so a
-cancel reaches the running turn well within a second of being stored. It polls (XREAD
-without BLOCK) rather than blocking: a blocking read pins one Redis connection per
-running turn, so a process carrying 100+ turns would keep most of its loop's pool
-(`FX_REDIS_MAX_CONNECTIONS`) parked in reads, and every other call would wait for one.
+One `InboxHub` per event loop and store reads the inbox of every session the loop is
+running, all in one round trip (`store.watch_inboxes`: a pipeline of one XREAD each),
+every `WATCH_INTERVAL_S`, and hands each new entry to that session's `InboxWatcher`, in
+acceptance order; so a cancel reaches the running turn well within a second of being
+stored. A process carrying 100 turns makes 4 such calls a second, not 400.
+
+It polls rather than blocking: a blocking read pins a Redis connection and cannot take in
+a session that starts while it waits. A watcher that stops while a read is in flight is
+handed nothing more: what the read found stays in the inbox for the session's next claim.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .background import SessionLoop
 from .errors import FxStoreUnavailableError
 
 log = logging.getLogger("fxworker.watch")
 
 WATCH_INTERVAL_S = 0.25
+RETRY_S = 0.2  # after a read met a store outage
 
 
-class InboxWatcher(SessionLoop):
-    """Follows a session's inbox after `after_seq`, calling `on_input(entry)` for each entry."""
+class InboxWatcher:
+    """Follows a session's inbox after `after_seq`, calling `on_input(entry)` for each entry.
 
-    TASK_NAME = "watch"
+    `start()` joins the loop's `InboxHub` for `store`; `stop()` leaves it at once (nothing
+    is handed over after it returns).
+    """
 
     def __init__(self, store: Any, session_id: str, *, after_seq: int, on_input: Callable[[Any], None]) -> None:
         self.store = store
         self.session_id = session_id
         self.after_seq = after_seq
         self.on_input = on_input
+        self._hub: InboxHub | None = None
 
     def __repr__(self) -> str:
-        return f"<InboxWatcher session={self.session_id} after_seq={self.after_seq}>"
+        return f"<InboxWatcher session={self.session_id} after_seq={self.after_seq} watching={self._hub is not None}>"
+
+    def start(self) -> InboxWatcher:
+        self._hub = InboxHub.of(self.store)
+        self._hub.add(self)
+        return self
+
+    async def stop(self) -> None:
+        hub, self._hub = self._hub, None
+        if hub is not None:
+            hub.remove(self)
+
+    def deliver(self, entries: list[Any]) -> None:
+        for entry in entries:
+            self.after_seq = max(self.after_seq, int(entry.seq))
+            try:
+                self.on_input(entry)
+            except Exception:  # noqa: BLE001 - one bad entry must not stop the watch
+                log.exception("handling inbox entry %s of %s failed", entry, self.session_id)
+
+
+# The hubs of each running loop, by the store they read (a loop's store client is its own).
+_hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, InboxHub]] = weakref.WeakKeyDictionary()
+
+
+class InboxHub:
+    """Reads the inboxes of every watched session of one loop and store, in one call a turn."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.watchers: dict[str, InboxWatcher] = {}
+        self.reads = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<InboxHub watching={len(self.watchers)} reads={self.reads}>"
+
+    @classmethod
+    def of(cls, store: Any) -> InboxHub:
+        """The running loop's hub for `store` (its underlying store, past any wrapper)."""
+        base = getattr(store, "wrapped", store)
+        hubs = _hubs.setdefault(asyncio.get_running_loop(), {})
+        hub = hubs.get(id(base))
+        if hub is None:
+            # The hub holds `store`, so `base` lives (and its id stays its own) as long as it.
+            hub = hubs[id(base)] = cls(store)
+        return hub
+
+    def add(self, watcher: InboxWatcher) -> None:
+        self.watchers[watcher.session_id] = watcher
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="inbox-hub")
+
+    def remove(self, watcher: InboxWatcher) -> None:
+        if self.watchers.get(watcher.session_id) is watcher:
+            del self.watchers[watcher.session_id]
 
     async def _run(self) -> None:
-        while not self.stopping:
+        while self.watchers:
+            watched = dict(self.watchers)
             try:
-                entries = await self.store.watch_inbox(self.session_id, self.after_seq, block_ms=None)
+                found = await self.store.watch_inboxes({sid: w.after_seq for sid, w in watched.items()})
             except FxStoreUnavailableError as exc:
-                log.warning("watching %s failed (%s); retrying", self.session_id, exc)
-                await asyncio.sleep(0.2)
+                log.warning("watching %d inbox(es) failed (%s); retrying", len(watched), exc)
+                await asyncio.sleep(RETRY_S)
                 continue
-            if self.stopping:
-                return  # the runner has moved on: what was read stays in the inbox for the next claim
-            if not entries:
-                await asyncio.sleep(WATCH_INTERVAL_S)
-            for entry in entries:
-                self.after_seq = max(self.after_seq, int(entry.seq))
-                try:
-                    self.on_input(entry)
-                except Exception:  # noqa: BLE001 - one bad entry must not stop the watch
-                    log.exception("handling inbox entry %s of %s failed", entry, self.session_id)
+            except Exception:  # noqa: BLE001 - the hub must outlive one bad read
+                log.exception("watching %d inbox(es) failed; retrying", len(watched))
+                await asyncio.sleep(RETRY_S)
+                continue
+            self.reads += 1
+            for sid, entries in found.items():
+                watcher = watched[sid]
+                if self.watchers.get(sid) is watcher:  # not stopped while the read ran
+                    watcher.deliver(entries)
+            await asyncio.sleep(WATCH_INTERVAL_S)

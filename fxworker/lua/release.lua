@@ -4,7 +4,9 @@
 --       8 keys  9 ckpt                                                     -- one session, one slot
 -- ARGV  1 epoch   2 cutoff ("1" the deadline cut off the open step)   3 now_ms
 --       4 ttl_ms ("0" keeps finished sessions)
--- Returns {"ok", released_now(0|1), cutoffs} | {"fenced", lease_epoch, lease_state, lease_expires_ms}
+-- Returns {"ok", released_now(0|1), cutoffs, pending} | {"fenced", lease_epoch, lease_state, lease_expires_ms}
+--   pending: inputs still waiting at the release (one accepted while the lease was held
+--   found it held, so its wake did nothing: the releaser wakes the session again).
 --
 -- Invariant: only the epoch's own holder releases, once: a second release of the same
 -- epoch changes nothing (and counts no second cut-off). A holder whose lease expired but
@@ -19,12 +21,13 @@ if tonumber(l[1] or 0) ~= epoch then
 end
 local m = redis.call('HMGET', meta, 'turn', 'cutoffs')
 local cutoffs = tonumber(m[2] or 0)
-if l[2] ~= 'held' then return {'ok', 0, cutoffs} end
+local waiting = redis.call('ZCARD', pending)
+if l[2] ~= 'held' then return {'ok', 0, cutoffs, waiting} end
 redis.call('HSET', lease, 'state', 'released', 'expires_ms', 0)
 local turn = m[1] or ''
 if ARGV[2] == '1' and turn ~= '' then cutoffs = redis.call('HINCRBY', meta, 'cutoffs', 1) end
-if ttl_ms > 0 and turn == '' and redis.call('ZCARD', pending) == 0 then
+if ttl_ms > 0 and turn == '' and waiting == 0 then
   for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ttl_ms) end
   redis.call('HSET', meta, 'expiring', 1)  -- accept.lua persists them again
 end
-return {'ok', 1, cutoffs}
+return {'ok', 1, cutoffs, waiting}

@@ -291,17 +291,17 @@ class StoreCore:
     def op_watch_inbox(self, session_id: str, after: int, *, block_ms: int | None, count: int | None) -> Op[list[Input]]:
         keys = self.keys(session_id)
         step = self._xread(keys.inbox, int(after), block_ms=block_ms, count=count)
+        return Op([step], lambda replies: _inputs(replies[0]))
 
-        def parse(replies: list[Any]) -> list[Input]:
-            out = []
-            for seq, fields in r.parse_stream(replies[0]):
-                flat: list[Any] = [seq]
-                for name, value in fields.items():
-                    flat += [name, value]
-                out.append(r.parse_input(flat))
-            return out
+    def op_watch_inboxes(self, after: Mapping[str, int]) -> Op[dict[str, list[Input]]]:
+        """One XREAD per session, pipelined: a worker process's one look at every inbox it follows."""
+        sids = list(after)
+        steps: list[Step] = [self._xread(self.keys(sid).inbox, int(after[sid]), block_ms=None, count=None) for sid in sids]
 
-        return Op([step], parse)
+        def parse(replies: list[Any]) -> dict[str, list[Input]]:
+            return {sid: found for sid, reply in zip(sids, replies) if (found := _inputs(reply))}
+
+        return Op(steps, parse)
 
     # -- readers ------------------------------------------------------------------------
 
@@ -400,13 +400,18 @@ class StoreCore:
         return Op(steps, lambda replies: [bool(x) for x in replies])
 
     @staticmethod
-    def ready_from(session_ids: Sequence[str], states: list[SessionState | None]) -> list[ReadySession]:
+    def ready_from(
+        marked: Sequence[tuple[str, int]], states: list[SessionState | None], *, include_held: bool = False
+    ) -> list[ReadySession]:
         ready = []
-        for sid, state in zip(session_ids, states):
-            if state is None or state.status != "waiting":
+        for (sid, marked_ms), state in zip(marked, states):
+            if state is None or not state.has_work:
                 continue
-            reason = "open_turn" if state.open_turn else "pending"
-            ready.append(ReadySession(sid, state.agent, reason))  # type: ignore[arg-type]
+            if state.status == "waiting":
+                reason = "open_turn" if state.open_turn else "pending"
+                ready.append(ReadySession(sid, state.agent, reason, marked_ms))  # type: ignore[arg-type]
+            elif include_held:
+                ready.append(ReadySession(sid, state.agent, "held", marked_ms, state.lease_expires_ms))
         return ready
 
     @staticmethod
@@ -442,3 +447,14 @@ def _find_policy(policy: Any) -> str | None:
                 if found is not None:
                     return found
     return None
+
+
+def _inputs(reply: Any) -> list[Input]:
+    """The inbox entries of one XREAD reply."""
+    out = []
+    for seq, fields in r.parse_stream(reply):
+        flat: list[Any] = [seq]
+        for name, value in fields.items():
+            flat += [name, value]
+        out.append(r.parse_input(flat))
+    return out

@@ -193,7 +193,7 @@ def parse_renew(reply: list[Any], *, session_id: str, epoch: int) -> int:
 
 def parse_release(reply: list[Any], *, session_id: str, epoch: int) -> Released:
     if reply[0] == b"ok":
-        return Released(released=bool(reply[1]), cutoffs=int(reply[2]))
+        return Released(released=bool(reply[1]), cutoffs=int(reply[2]), pending=int(reply[3]))
     raise fenced(session_id, epoch, reply)
 
 

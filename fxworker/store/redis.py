@@ -252,6 +252,14 @@ class RedisStore:
         op = self._core.op_watch_inbox(session_id, after, block_ms=block_ms, count=count)
         return await retry_read(lambda: self._exec(op))
 
+    async def watch_inboxes(self, after: Mapping[str, int]) -> dict[str, list[Input]]:
+        """The inbox entries after `after[sid]` of each session, in one round trip (a
+        pipeline of one XREAD each); sessions with nothing new are left out."""
+        if not after:
+            return {}
+        op = self._core.op_watch_inboxes(after)
+        return await retry_read(lambda: self._exec(op))
+
     def persistence(self, session_id: str, epoch: int, claim: Claim) -> StorePersistence:
         """The engine-facing `Persistence` of this claim (fenced on `epoch`)."""
         return StorePersistence(self, claim, writer=LineWriter(self, session_id, epoch))
@@ -313,16 +321,19 @@ class RedisStore:
         return (await self._exec(core.op_clear([session_id], older_than_ms=now - grace_ms, forget=[state is None])))[0]
 
     async def ready_sessions(
-        self, *, now_ms: int | None = None, limit: int = 1000, grace_ms: int = READY_GRACE_MS
+        self, *, now_ms: int | None = None, limit: int = 1000, grace_ms: int = READY_GRACE_MS,
+        include_held: bool = False,
     ) -> list[ReadySession]:
-        """Sessions to wake: in the ready set, work pending or open, and no live lease.
+        """Sessions to wake: in the ready set, work pending or open, and no live lease
+        (with `include_held`, also those a live lease holds: reason `held`).
 
         Also prunes marks of sessions with nothing to do once they are older than `grace_ms`.
         """
         core = self._core
         now = core.now(now_ms)
         index = core.op_index(core.index.ready, limit, newest_first=False)
-        ids = [sid for sid, _ in await retry_read(lambda: self._exec(index))]
+        marked = await retry_read(lambda: self._exec(index))
+        ids = [sid for sid, _ in marked]
         found = core.op_states(ids, now_ms=now)
         states = await retry_read(lambda: self._exec(found)) if ids else []
         idle = [(sid, st is None) for sid, st in zip(ids, states) if st is None or not st.has_work]
@@ -330,7 +341,14 @@ class RedisStore:
             await self._exec(
                 core.op_clear([s for s, _ in idle], older_than_ms=now - grace_ms, forget=[f for _, f in idle])
             )
-        return core.ready_from(ids, states)
+        return core.ready_from(marked, states, include_held=include_held)
+
+    async def states(self, session_ids: Sequence[str], *, now_ms: int | None = None) -> list[SessionState | None]:
+        """`state()` of each session, in one round trip (None for one the store does not know)."""
+        if not session_ids:
+            return []
+        op = self._core.op_states(list(session_ids), now_ms=now_ms)
+        return await retry_read(lambda: self._exec(op))
 
     async def aclose(self) -> None:
         """Closes the running loop's async client and the blocking twin's; the clients of

@@ -146,19 +146,21 @@ class SyncRedisStore:
         return self._exec(core.op_clear([session_id], older_than_ms=now - grace_ms, forget=[state is None]))[0]
 
     def ready_sessions(
-        self, *, now_ms: int | None = None, limit: int = 1000, grace_ms: int = READY_GRACE_MS
+        self, *, now_ms: int | None = None, limit: int = 1000, grace_ms: int = READY_GRACE_MS,
+        include_held: bool = False,
     ) -> list[ReadySession]:
         """See `RedisStore.ready_sessions`."""
         core = self._core
         now = core.now(now_ms)
         index = core.op_index(core.index.ready, limit, newest_first=False)
-        ids = [sid for sid, _ in retry_read_sync(lambda: self._exec(index))]
+        marked = retry_read_sync(lambda: self._exec(index))
+        ids = [sid for sid, _ in marked]
         found = core.op_states(ids, now_ms=now)
         states = retry_read_sync(lambda: self._exec(found)) if ids else []
         idle = [(sid, st is None) for sid, st in zip(ids, states) if st is None or not st.has_work]
         if idle:
             self._exec(core.op_clear([s for s, _ in idle], older_than_ms=now - grace_ms, forget=[f for _, f in idle]))
-        return core.ready_from(ids, states)
+        return core.ready_from(marked, states, include_held=include_held)
 
     def close(self) -> None:
         """Closes the blocking client's connections."""

@@ -24,6 +24,11 @@ class TimedStore:
     def __repr__(self) -> str:
         return f"<TimedStore {self._store!r}>"
 
+    @property
+    def wrapped(self) -> Any:
+        """The store whose calls this one times."""
+        return self._store
+
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)
         if not asyncio.iscoroutinefunction(attr):

@@ -122,10 +122,12 @@ class Appended:
 
 @dataclass(frozen=True, slots=True)
 class Released:
-    """`release()`: whether this call let the lease go (False: it already was) and the cut-off count."""
+    """`release()`: whether this call let the lease go (False: it already was), the cut-off
+    count, and how many inputs were still waiting at that moment."""
 
     released: bool
     cutoffs: int
+    pending: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,11 +156,16 @@ class SessionState:
 
 @dataclass(frozen=True, slots=True)
 class ReadySession:
-    """A session the sweeper should wake: work is pending and no live lease holds it."""
+    """A session in the ready set with work to do: no live lease holds it (`pending`, an
+    input waits; `open_turn`, a turn was left open), or, asked for with `include_held`, a
+    live lease does (`held`, expiring at `lease_expires_ms`). `marked_ms`: when it was last
+    marked ready (an input was accepted)."""
 
     session_id: str
     agent: str
-    reason: Literal["pending", "open_turn"]
+    reason: Literal["pending", "open_turn", "held"]
+    marked_ms: int = 0
+    lease_expires_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,10 @@
-"""`SessionLoop.stop()` returns within a bound, even when its cancel is lost inside a Redis call.
+"""Stopping what runs beside a turn returns within a bound, even mid Redis call.
 
 On Python 3.11 redis-py writes to its socket inside `asyncio.wait_for`, which drops a
 cancellation that lands as the write completes; a watcher or lease keeper that lost its
 cancel that way ran for ever and its runner waited at `stop()` (fxworker/background.py).
+The lease keeper's `SessionLoop.stop()` now ends it within a bound; an `InboxWatcher`
+leaves its loop's `InboxHub` at once and is handed nothing after that.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ class CancelSwallowingStore:
                 asyncio.current_task().uncancel()  # type: ignore[union-attr]
         return await make_call()
 
-    async def watch_inbox(self, *args: Any, **kwargs: Any) -> Any:
-        return await self._swallowing(lambda: self.store.watch_inbox(*args, **kwargs))
+    async def watch_inboxes(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._swallowing(lambda: self.store.watch_inboxes(*args, **kwargs))
 
     async def renew(self, *args: Any, **kwargs: Any) -> Any:
         return await self._swallowing(lambda: self.store.renew(*args, **kwargs))
@@ -87,15 +89,11 @@ async def _claimed(store: Any, sid: str) -> int:
     return claim.epoch
 
 
-@pytest.mark.parametrize("kind", ["watch", "lease"])
-def test_stop_ends_a_loop_whose_cancel_was_swallowed(redis_url: str, key_prefix: str, kind: str) -> None:
+def test_stop_ends_a_lease_keeper_whose_cancel_was_swallowed(redis_url: str, key_prefix: str) -> None:
     async def main() -> None:
         store = CancelSwallowingStore(redis_store(redis_url, prefix=key_prefix))
         sid = await _accepted_session(store.store)
-        if kind == "watch":
-            loop = _watcher(store, sid).start()
-        else:
-            loop = _keeper(store, sid, await _claimed(store.store, sid)).start()
+        loop = _keeper(store, sid, await _claimed(store.store, sid)).start()
         task = loop._task
         assert task is not None
         # Stop while a store call is in flight, so the first cancel lands inside it.
@@ -106,6 +104,43 @@ def test_stop_ends_a_loop_whose_cancel_was_swallowed(redis_url: str, key_prefix:
         calls = store.calls_after_swallow
         await asyncio.sleep(0.5)
         assert store.calls_after_swallow == calls, "the loop went on calling the store after stop()"
+
+    asyncio.run(main())
+
+
+def test_a_watcher_stopped_while_its_hub_reads_is_handed_nothing(redis_url: str, key_prefix: str) -> None:
+    async def main() -> None:
+        store = CancelSwallowingStore(redis_store(redis_url, prefix=key_prefix))
+        sid = await _accepted_session(store.store)  # its inbox holds one entry after seq 0
+        handed: list[Any] = []
+        watcher = InboxWatcher(store, sid, after_seq=0, on_input=handed.append).start()
+        hub = watcher._hub
+        assert hub is not None and hub._task is not None
+        await asyncio.wait_for(store.entered.wait(), 5)  # the hub's read is in flight
+        await _stop_within_bound(watcher)
+        await asyncio.wait_for(hub._task, 5)  # with no watcher left, the hub's task ends
+        assert handed == [], "an entry was handed to a watcher after it stopped"
+        assert watcher.after_seq == 0
+
+    asyncio.run(main())
+
+
+def test_one_hub_reads_every_inbox_of_a_loop_in_one_call(redis_url: str, key_prefix: str) -> None:
+    async def main() -> None:
+        store = redis_store(redis_url, prefix=key_prefix)
+        sids = [await _accepted_session(store) for _ in range(20)]
+        handed: dict[str, list[Any]] = {sid: [] for sid in sids}
+        watchers = [InboxWatcher(store, sid, after_seq=0, on_input=handed[sid].append).start() for sid in sids]
+        hub = watchers[0]._hub
+        assert hub is not None and all(w._hub is hub for w in watchers)
+        for _ in range(200):
+            if all(handed.values()):
+                break
+            await asyncio.sleep(0.01)
+        assert all(len(entries) == 1 and entries[0].message_id == "m1" for entries in handed.values())
+        assert hub.reads <= 2  # one call found all 20 (a second may have started meanwhile)
+        for w in watchers:
+            await w.stop()
 
     asyncio.run(main())
 
@@ -122,7 +157,7 @@ def test_many_stops_on_a_real_store_each_return_within_the_bound(redis_url: str,
             await asyncio.sleep(0.003 * (round_ % 7))
             durations = await asyncio.gather(*(_stop_within_bound(w) for w in watchers))
             slowest = max(slowest, *durations)
-            assert all(w._task is None for w in watchers)
+            assert all(w._hub is None for w in watchers)
         for round_ in range(4):
             keepers = [_keeper(store, sid, await _claimed(store, sid)).start() for sid in sids]
             await asyncio.sleep(0.1 + 0.03 * round_)
