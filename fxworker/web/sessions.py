@@ -12,6 +12,7 @@ answered `repeated: true` instead of creating a second session and running the t
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -125,24 +126,27 @@ async def create_session(request: Request) -> Response:
     await check_access(request, None, "create")
     body = await read_json(request, CreateSessionBody)
     agent = pick_agent(request, body.agent)
-    slot = _stream_slot(request) if wants_ndjson(request.headers.get("accept")) else None
-    try:
-        session = await _first_session(request, agent, body)
-        turn = await session.prompt(body.input, message_id=body.message_id)
-    except BaseException:
-        if slot is not None:
-            slot.release()
-        raise
-    return _turn_response(request, turn, slot)
+    return await _prompted(request, body, lambda: _first_session(request, agent, body))
 
 
 async def prompt(request: Request) -> Response:
     """`POST /v1/sessions/{id}/prompts` `{input, messageId?}`: the next prompt of a session."""
     await check_access(request, request.path_params["session_id"], "prompt")
     body = await read_json(request, PromptBody)
+
+    async def existing() -> Any:
+        session, _ = await _existing(request)
+        return session
+
+    return await _prompted(request, body, existing)
+
+
+async def _prompted(request: Request, body: Any, open_session: Callable[[], Awaitable[Any]]) -> Response:
+    """Prompts the session `open_session()` gives: 202, or the turn's lines streamed. The
+    stream slot a streamed prompt takes first is let go again if the prompt fails."""
     slot = _stream_slot(request) if wants_ndjson(request.headers.get("accept")) else None
     try:
-        session, _ = await _existing(request)
+        session = await open_session()
         turn = await session.prompt(body.input, message_id=body.message_id)
     except BaseException:
         if slot is not None:
