@@ -60,6 +60,9 @@ _MERGEABLE = ("text_delta", "reasoning_delta")
 RETRY_FIRST_MS = 50
 RETRY_MAX_MS = 500
 RETRY_MARGIN_MS = 100  # the last try starts this long before `due_ms`
+# A turn's end compacts the log once this many records follow the checkpoint: a claim
+# reads at most about this many records, and a short turn costs no compaction call.
+COMPACT_AFTER_RECORDS = 24
 
 
 async def retry_unavailable(
@@ -258,6 +261,7 @@ class StorePersistence:
         self.session_id = self.writer.session_id
         self.epoch = self.writer.epoch
         self.head = claim.head
+        self.uncompacted = len(claim.records)  # records after the stored checkpoint
         self._end_line: dict[str, Any] | None = None
         self.end_stored: dict[str, Any] | None = None
 
@@ -324,9 +328,15 @@ class StorePersistence:
                 self.writer.hold(idempotency_key, lines)
                 raise
         self.head = str(appended.records[0])
+        self.uncompacted += 1
         if end_line is not None:
             self.end_stored = end_line
         return self.head
 
     async def save_checkpoint(self, *, through: str, data: bytes) -> None:
+        """Compacts the log through `through`, once `COMPACT_AFTER_RECORDS` records follow
+        the last checkpoint (before that, a claim reads them at little cost)."""
+        if self.uncompacted < COMPACT_AFTER_RECORDS:
+            return
         await self.store.save_checkpoint(self.session_id, self.epoch, through=through, data=data)
+        self.uncompacted = 0

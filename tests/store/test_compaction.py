@@ -7,6 +7,7 @@ import pytest
 from fxengine import FxLimitError, Persistence
 from fxworker.errors import FxLeaseLostError
 from fxworker.store import CHECKPOINT_MAX_BYTES, Claim, RedisStore
+from fxworker.store.persistence import COMPACT_AFTER_RECORDS
 from tests.store.conftest import FakeClock
 
 
@@ -89,15 +90,35 @@ async def test_the_engine_persistence_adapter(store: RedisStore, sid: str) -> No
     assert await p.append(expected=first, idempotency_key="e:2", data=b"b", barrier=False, marks=[]) == second
     p.queue_lines([{"type": "text_delta", "delta": "x"}])
     assert await p.flush_lines() == [2]
-    await p.save_checkpoint(through=second, data=b"ck")
+    # A short log is not compacted: a claim reads its few records at little cost.
+    await p.save_checkpoint(through=second, data=b"ck-short")
+    head = second
+    for n in range(3, COMPACT_AFTER_RECORDS + 1):
+        head = await p.append(expected=head, idempotency_key=f"e:{n}", data=b"r", barrier=False, marks=[])
+    await p.save_checkpoint(through=head, data=b"ck")
     await store.release(sid, claim.epoch)
     again = await store.claim(sid, holder="w2", lease_ms=60_000)
     assert again is not None
     loaded = await store.persistence(sid, again.epoch, again).load()
-    assert loaded.checkpoint is not None and loaded.checkpoint.data == b"ck" and loaded.head == second
+    assert loaded.checkpoint is not None and loaded.checkpoint.data == b"ck" and loaded.head == head
+    assert loaded.journal == []
     stale = store.persistence(sid, claim.epoch, claim)
     with pytest.raises(FxLeaseLostError):
-        await stale.append(expected=second, idempotency_key="e:3", data=b"c", barrier=False, marks=[])
+        await stale.append(expected=head, idempotency_key="e:x", data=b"c", barrier=False, marks=[])
+
+
+async def test_the_adapter_leaves_a_short_log_uncompacted(store: RedisStore, sid: str) -> None:
+    await store.accept(sid, agent="default", message_id="m1", input="hello")
+    claim = await store.claim(sid, holder="w1", lease_ms=60_000)
+    assert claim is not None
+    p = store.persistence(sid, claim.epoch, claim)
+    first = await p.append(expected=None, idempotency_key="e:1", data=b"a", barrier=True, marks=[{"start": "m1"}])
+    await p.save_checkpoint(through=first, data=b"ck")
+    await store.release(sid, claim.epoch)
+    again = await store.claim(sid, holder="w2", lease_ms=60_000)
+    assert again is not None
+    loaded = await store.persistence(sid, again.epoch, again).load()
+    assert loaded.checkpoint is None and [r.cursor for r in loaded.journal] == [first]
 
 
 async def test_compaction_drops_a_line_call_key_once_a_later_record_is_covered(store: RedisStore, sid: str) -> None:
