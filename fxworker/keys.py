@@ -24,7 +24,7 @@ loses it again when new input is accepted):
                       never goes down, even across releases. claim, renew, release;
                       checked by append and save_checkpoint.
     inbox     STREAM  accepted inputs and cancel requests, id `<seq>-0`; fields k
-                      (p | s | c), id, in, cx, st, at. accept, cancel; read by claim and
+                      (p | s | c), id, in, cx?, st? (only when given), at. accept, cancel; read by claim and
                       by a running worker's polling XREAD (`watch_inbox`); trimmed by
                       save_checkpoint below the oldest input still needed.
     log       STREAM  engine journal records, id `<cursor>-0`; fields k (idempotency

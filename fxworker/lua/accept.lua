@@ -25,10 +25,7 @@
 local meta, inbox, msgs, pending = KEYS[1], KEYS[3], KEYS[6], KEYS[7]
 local kind, mid, input, agent, now_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
-if KEYS[10] then
-  redis.call('ZADD', KEYS[10], 'GT', now_ms, ARGV[7])
-  redis.call('ZADD', KEYS[11], 'NX', now_ms, ARGV[7])
-end
+if KEYS[10] then redis.call('ZADD', KEYS[10], 'GT', now_ms, ARGV[7]) end
 
 local m = redis.call('HMGET', meta, 'agent', 'ui', 'inbox', 'steers', 'steer_bytes', 'expiring')
 local owner, ui = m[1], tonumber(m[2] or 0)
@@ -52,6 +49,8 @@ if not owner then
   end
   owner = agent
   fields[3], fields[4], fields[5], fields[6] = 'agent', agent, 'created_ms', now_ms
+  -- Into the session index when created (NX: an older entry keeps its first-seen time).
+  if KEYS[11] then redis.call('ZADD', KEYS[11], 'NX', now_ms, ARGV[7]) end
 end
 if kind == 's' then
   local steers, bytes = tonumber(m[4] or 0) + 1, tonumber(m[5] or 0) + size
@@ -77,7 +76,12 @@ if m[6] == '1' then
 end
 
 redis.call('HSET', meta, unpack(fields))
-redis.call('XADD', inbox, seq .. '-0', 'k', kind, 'id', mid, 'in', input, 'cx', ARGV[8] or '', 'st', ARGV[9] or '',
-  'at', now_ms)
+-- Context and settings only when given: most inputs carry neither.
+if (ARGV[8] or '') == '' and (ARGV[9] or '') == '' then
+  redis.call('XADD', inbox, seq .. '-0', 'k', kind, 'id', mid, 'in', input, 'at', now_ms)
+else
+  redis.call('XADD', inbox, seq .. '-0', 'k', kind, 'id', mid, 'in', input, 'cx', ARGV[8] or '', 'st', ARGV[9] or '',
+    'at', now_ms)
+end
 redis.call('ZADD', pending, seq, mid)
 return {'ok', owner, 'w', seq, 0, ui, m[1] and 0 or 1}

@@ -40,4 +40,5 @@ class TimedStore:
             with metrics.store_timer(name):
                 return await attr(*args, **kwargs)
 
+        self.__dict__[name] = call  # built once per name: later lookups skip __getattr__
         return call
