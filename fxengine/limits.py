@@ -80,8 +80,8 @@ def check_prompt_input(input: str | list[Any] | tuple[Any, ...]) -> list[Block]:
             ``{"type": "image", "data": bytes | base64 str, "mimeType"}``.
 
     Raises:
-        FxInputError: malformed input, an empty prompt, an image whose bytes are not
-            the claimed type (`FX_INVALID_INPUT`).
+        FxInputError: malformed input, an empty prompt, text with a lone surrogate, an
+            image whose bytes are not the claimed type (`FX_INVALID_INPUT`).
         FxLimitError: text over 1 MiB (`FX_LIMIT_PROMPT_TEXT`), more than 8 images
             (`FX_LIMIT_IMAGE_COUNT`), an image over 3.75 MiB (`FX_LIMIT_IMAGE_SIZE`),
             images over 6 MiB together (`FX_LIMIT_IMAGES_TOTAL`).
@@ -107,7 +107,7 @@ def check_prompt_input(input: str | list[Any] | tuple[Any, ...]) -> list[Block]:
             value = block.get("text")
             if not isinstance(value, str):
                 raise FxInputError(f"text block {index} needs `text` as a string")
-            text_bytes += len(value.encode("utf-8", "surrogatepass"))
+            text_bytes += _utf8_size(value, f"text block {index}")
             if text_bytes > PROMPT_TEXT_MAX_BYTES:
                 raise FxLimitError("prompt text is over 1 MiB", code="FX_LIMIT_PROMPT_TEXT")
             has_content = has_content or bool(value.strip())
@@ -146,13 +146,13 @@ def check_steer_text(text: object, *, queued: int = 0, queued_bytes: int = 0) ->
     """Validates one steer against §6 limits, given what is already queued.
 
     Raises:
-        FxInputError: not a non-empty string.
+        FxInputError: not a non-empty string, or one with a lone surrogate.
         FxLimitError: over 64 KiB (`FX_LIMIT_STEER_SIZE`), a 65th queued steer
             (`FX_LIMIT_STEER_QUEUE`), or over 1 MiB queued (`FX_LIMIT_STEER_QUEUE_BYTES`).
     """
     if not isinstance(text, str) or not text.strip():
         raise FxInputError("steer text must be a non-empty string")
-    size = len(text.encode("utf-8", "surrogatepass"))
+    size = _utf8_size(text, "steer text")
     if size > STEER_TEXT_MAX_BYTES:
         raise FxLimitError("a steer is at most 64 KiB", code="FX_LIMIT_STEER_SIZE")
     if queued + 1 > STEER_QUEUE_MAX:
@@ -167,6 +167,14 @@ def check_message_id(message_id: object) -> str:
     if not isinstance(message_id, str) or not _MESSAGE_ID.fullmatch(message_id):
         raise FxInputError("a message id is 1 to 128 of A-Z a-z 0-9 . _ : -", code="FX_INVALID_MESSAGE_ID")
     return message_id
+
+
+def _utf8_size(text: str, what: str) -> int:
+    """The UTF-8 size of `text`; `FxInputError` for a lone surrogate (it cannot be stored)."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise FxInputError(f"{what} contains a lone surrogate (text that is not valid Unicode)") from None
 
 
 def is_utf8(text: str) -> bool:

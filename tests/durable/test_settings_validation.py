@@ -280,3 +280,21 @@ def test_a_session_with_a_bad_context_is_refused_over_http_and_nothing_is_stored
     created = client.post("/v1/sessions", json={"input": "hi", "context": {"x": 1.5}})
     assert created.status_code == 202, created.text
     assert stored_keys(raw, key_prefix) != []
+
+
+@pytest.mark.parametrize("text", ["a lone surrogate \ud800", "\udfff"])
+async def test_a_prompt_or_steer_with_a_lone_surrogate_is_refused_and_nothing_is_stored(store: Any, text: str) -> None:
+    agent = make_agent(store, f"surrogate-{uuid.uuid4().hex[:6]}")
+    try:
+        session = agent.session()
+        with pytest.raises(FxInputError) as refused:
+            await session.prompt(text)
+        assert refused.value.code == "FX_INVALID_INPUT"
+        with pytest.raises(FxInputError) as refused:
+            await session.steer(text)
+        assert refused.value.code == "FX_INVALID_INPUT"
+        with pytest.raises(FxUnknownSessionError):
+            await session.state()
+        assert agent.waker.wakes == []  # type: ignore[attr-defined]
+    finally:
+        agent.close()

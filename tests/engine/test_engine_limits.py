@@ -33,6 +33,8 @@ def image(data: bytes, mime: str = "image/png") -> dict[str, Any]:
         ([], "FX_INVALID_INPUT"),
         (42, "FX_INVALID_INPUT"),
         ([{"type": "video"}], "FX_INVALID_INPUT"),
+        ("a lone surrogate \ud800", "FX_INVALID_INPUT"),
+        ([{"type": "text", "text": "ok"}, {"type": "text", "text": "\udfff"}], "FX_INVALID_INPUT"),
         ("x" * (MIB + 1), "FX_LIMIT_PROMPT_TEXT"),
         ([image(PNG)] * 9, "FX_LIMIT_IMAGE_COUNT"),
         ([image(PNG + b"\x00" * 3_932_160)], "FX_LIMIT_IMAGE_SIZE"),

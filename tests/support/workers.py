@@ -20,6 +20,8 @@ from pathlib import Path
 
 import redis
 
+from fxworker.keys import queue_name
+
 ROOT = Path(__file__).resolve().parents[2]
 _seq = itertools.count(1)
 
@@ -92,7 +94,7 @@ class CeleryWorker:
         cmd = [
             sys.executable, "-m", "celery", "-A", "fxworker.celery_app", "worker",
             "-P", "threads", "-c", str(self.concurrency),
-            "-Q", ",".join(f"fx.{q}" for q in self.queues),
+            "-Q", ",".join(queue_name(q) for q in self.queues),
             "-n", self.hostname, "-l", "INFO",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
         ]
