@@ -17,7 +17,7 @@ import hypothesis  # noqa: F401  # imported now, at a shallow stack: CPython 3.1
 import pytest
 
 from fxengine.testing import ScriptedModel
-from tests.support.redis_server import delete_prefix
+from tests.support.redis_server import RedisServer, delete_prefix
 from tests.support.workers import Workers
 from tests.web._model import responder
 from tests.web._server import WebProcess
@@ -98,3 +98,13 @@ def read_turn(client: httpx.Client, session_id: str, *, cursor: int = 0, message
             if line["type"] == "turn_end" and (message_id is None or line.get("messageId") == message_id):
                 return out
     raise AssertionError(f"stream ended before turn_end: {out}")
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A redis-server of the test's own, to kill connections on or restart."""
+    server = RedisServer()
+    try:
+        yield server
+    finally:
+        server.close()

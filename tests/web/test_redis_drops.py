@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -27,15 +26,6 @@ from tests.web.test_refusals import PROVIDER, NoWake
 pytestmark = [pytest.mark.redis]
 
 BURST = 120
-
-
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    server = RedisServer()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def kill_clients(url: str) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -33,15 +32,6 @@ def slow_responder(request: Any) -> Reply:
     if last.get("role") == "tool":
         return Reply(text("done"))
     return Reply(tool_call(f"call_{uuid.uuid4().hex[:8]}", "slow", {"seconds": TOOL_S}))
-
-
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    server = RedisServer()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def test_cancel_on_connection_loss_is_on_only_for_pools_that_can_cancel() -> None:
