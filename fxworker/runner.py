@@ -385,10 +385,8 @@ class Runner:
             except Exception:  # noqa: BLE001 - a broken or detached engine: end it in the store
                 log.warning("the engine of %s could not end turn %s", self.session_id, self.turn_id, exc_info=True)
             else:
-                outcome = await self._write_end("error", getattr(result, "usage", None) or {}, error)
-                if entry is not None:
-                    await self.writer.flush(marks=[{"drop": entry.message_id}])  # type: ignore[union-attr]
-                return outcome
+                drop = [{"drop": entry.message_id}] if entry is not None else None
+                return await self._write_end("error", getattr(result, "usage", None) or {}, error, marks=drop)
         # No engine holds it: close the store's open turn (if any) and consume the input.
         marks: list[dict[str, Any]] = [{"end": True}]
         if entry is not None:
@@ -580,14 +578,18 @@ class Runner:
         result = await self.engine.end_open_turn(stop_reason, error=error)
         return await self._write_end(stop_reason, getattr(result, "usage", None) or {}, error)
 
-    async def _write_end(self, stop_reason: str, usage: Any, error: dict[str, Any] | None) -> str:
-        """Writes the `turn_end` line (unless it rode with the end record) and lets the turn go."""
+    async def _write_end(
+        self, stop_reason: str, usage: Any, error: dict[str, Any] | None, *, marks: list[dict[str, Any]] | None = None
+    ) -> str:
+        """Writes the `turn_end` line (unless it rode with the end record) and lets the turn
+        go; store `marks` go in the same call."""
         end: dict[str, Any] = {"stopReason": stop_reason, "usage": usage}
         if error:
             end["error"] = error
         if not self._end_written("turn_end"):
             self._line("turn_end", **end)
-        await self._flush()
+        assert self.writer is not None
+        await self.writer.flush(marks=marks or ())
         self.turn = None
         self.turn_id = None
         return "ended"
