@@ -49,6 +49,7 @@ from .ids import new_holder_id, now_ms
 from .leases import LeaseKeeper
 from .store.timed import TimedStore
 from .store.persistence import LineWriter, StorePersistence
+from .store.types import Idle
 from .watch import InboxWatcher
 
 log = logging.getLogger("fxworker.runner")
@@ -127,7 +128,7 @@ class Runner:
     async def run(self) -> str:
         try:
             claim = await self.store.claim(
-                self.session_id, holder=self.holder, lease_ms=self.lease_ms, now_ms=now_ms()
+                self.session_id, holder=self.holder, lease_ms=self.lease_ms, now_ms=now_ms(), only_work=True
             )
         except FxStoreUnavailableError as exc:
             # Nothing is ours: if the claim ran and only its reply was lost, that lease
@@ -136,6 +137,11 @@ class Runner:
             return "noop"
         if claim is None:
             self.emit("session.redelivered", reason=self.reason)
+            return "noop"
+        if isinstance(claim, Idle):
+            # A second wake of work done already (the release's own wake and the sender's
+            # both fire): nothing to run, and the session is left exactly as it is.
+            log.debug("wake of %s (%s): nothing to run at epoch %s", self.session_id, self.reason, claim.epoch)
             return "noop"
         self.claim = claim
         self.epoch = claim.epoch

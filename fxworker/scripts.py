@@ -243,9 +243,13 @@ def clear_ready(index: IndexKeys, *, session_id: str, older_than_ms: int, forget
     return Call(SCRIPTS["clear_ready"], index.names, [session_id, older_than_ms, "1" if forget else "0"])
 
 
-def claim(keys: SessionKeys, *, holder: str, lease_ms: int, now_ms: int) -> Call:
-    """claim.lua: take the lease when no live one stands; bumps the epoch; reads the session."""
-    return Call(SCRIPTS["claim"], keys.names, [holder, lease_ms, now_ms])
+def claim(keys: SessionKeys, *, holder: str, lease_ms: int, now_ms: int, only_work: bool = False) -> Call:
+    """claim.lua: take the lease when no live one stands; bumps the epoch; reads the session.
+
+    With `only_work`, a session with no open turn, no waiting input and no lease held is
+    left as it is (reply `idle`).
+    """
+    return Call(SCRIPTS["claim"], keys.names, [holder, lease_ms, now_ms, "1" if only_work else "0"])
 
 
 def append(

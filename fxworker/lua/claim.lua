@@ -2,9 +2,10 @@
 --
 -- KEYS  1 meta (HASH)  2 lease (HASH)  3 inbox (STREAM)  4 log (STREAM)  5 ui (STREAM)
 --       6 msgs (HASH)  7 pending (ZSET)  8 keys (HASH)  9 ckpt (HASH)      -- one session, one slot
--- ARGV  1 holder   2 lease_ms   3 now_ms
+-- ARGV  1 holder   2 lease_ms   3 now_ms   4 "1": only when there is work
 -- Returns {"held", holder, epoch, expires_ms} when a live lease stands, {"unknown"} for
--- no such session, else
+-- no such session, {"idle", epoch} when ARGV[4] is "1", no lease is held, no turn is open
+-- and no input waits (a second wake of work a delivery already ran: nothing changes), else
 --   {"ok", epoch, expires_ms, agent, has_ckpt(0|1), ckpt_data, ckpt_through,
 --    records {cursor, data, ...}, head, pending {{seq, field, value, ...}, ...},
 --    turn, yielded, cutoffs, deaths, cancel_target, ui_cursor, taken_over(0|1),
@@ -31,6 +32,10 @@ if l[4] == 'held' then
   taken = 1
 end
 if redis.call('EXISTS', meta) == 0 then return {'unknown'} end
+if ARGV[4] == '1' and taken == 0 and (redis.call('HGET', meta, 'turn') or '') == ''
+   and redis.call('ZCARD', pending) == 0 then
+  return {'idle', epoch}
+end
 
 epoch = epoch + 1
 local expires = now_ms + lease_ms

@@ -31,6 +31,7 @@ from .types import (
     Accepted,
     Appended,
     Claim,
+    Idle,
     Input,
     InputKind,
     Mark,
@@ -217,10 +218,14 @@ class StoreCore:
 
     # -- workers ------------------------------------------------------------------------
 
-    def op_claim(self, session_id: str, *, holder: str, lease_ms: int, now_ms: int | None) -> Op[Claim | None]:
+    def op_claim(
+        self, session_id: str, *, holder: str, lease_ms: int, now_ms: int | None, only_work: bool = False
+    ) -> Op[Claim | Idle | None]:
         if lease_ms <= 0:
             raise ValueError(f"lease_ms must be positive, got {lease_ms}")
-        call = scripts.claim(self.keys(session_id), holder=holder, lease_ms=int(lease_ms), now_ms=self.now(now_ms))
+        call = scripts.claim(
+            self.keys(session_id), holder=holder, lease_ms=int(lease_ms), now_ms=self.now(now_ms), only_work=only_work
+        )
         return Op([call], lambda replies: r.parse_claim(replies[0], session_id=session_id, holder=holder))
 
     def op_append(

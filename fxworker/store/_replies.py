@@ -25,6 +25,7 @@ from .types import (
     Accepted,
     Appended,
     Claim,
+    Idle,
     InboxKind,
     Input,
     InputKind,
@@ -125,10 +126,12 @@ def parse_accept(reply: list[Any], session_id: str, message_id: str, kind: Input
     raise FxStoreUnavailableError(f"unexpected accept reply {reply!r}")
 
 
-def parse_claim(reply: list[Any], *, session_id: str, holder: str) -> Claim | None:
+def parse_claim(reply: list[Any], *, session_id: str, holder: str) -> Claim | Idle | None:
     word = reply[0]
     if word == b"held":
         return None
+    if word == b"idle":
+        return Idle(int(reply[1]))
     if word == b"unknown":
         raise FxUnknownSessionError(f"no session {session_id}")
     (_, epoch, expires, agent, has_ckpt, ckpt_data, through, flat_records, head, waiting, turn, yielded,

@@ -30,7 +30,7 @@ from ._boundary import ServerCheck, client_factories, map_redis_errors, retry_re
 from ._core import READY_GRACE_MS, UNCHECKED, Op, RecordLike, StoreCore
 from .persistence import LineWriter, StorePersistence
 from .sync import SyncRedisStore
-from .types import Accepted, Appended, Claim, Input, InputKind, Mark, ReadySession, Released, SessionState
+from .types import Accepted, Appended, Claim, Idle, Input, InputKind, Mark, ReadySession, Released, SessionState
 
 __all__ = ["RedisStore", "SyncRedisStore", "client_factories", "map_redis_errors"]
 
@@ -191,14 +191,19 @@ class RedisStore:
 
     # -- workers -------------------------------------------------------------------------
 
-    async def claim(self, session_id: str, *, holder: str, lease_ms: int, now_ms: int | None = None) -> Claim | None:
+    async def claim(
+        self, session_id: str, *, holder: str, lease_ms: int, now_ms: int | None = None, only_work: bool = False
+    ) -> Claim | Idle | None:
         """Takes the lease when none is live (none held, or expired by `now_ms`).
 
         Returns None when another holder's lease stands. The epoch goes up by one; the
         `Claim` carries the checkpoint, the records after it, the pending inputs, the open
-        turn and the cut-off and death counts.
+        turn and the cut-off and death counts. With `only_work`, a session with no turn
+        open, no input waiting and no lease held is left as it is: `Idle`, epoch unchanged.
         """
-        return await self._exec(self._core.op_claim(session_id, holder=holder, lease_ms=lease_ms, now_ms=now_ms))
+        return await self._exec(
+            self._core.op_claim(session_id, holder=holder, lease_ms=lease_ms, now_ms=now_ms, only_work=only_work)
+        )
 
     async def append(
         self, session_id: str, epoch: int, *, records: Sequence[RecordLike] = (),

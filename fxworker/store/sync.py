@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from ..scripts import SyncRunner
 from ._boundary import ServerCheck, map_redis_errors, policy_or_none, retry_read_sync
 from ._core import READY_GRACE_MS, UNCHECKED, Op, RecordLike, StoreCore
-from .types import Accepted, Appended, Claim, Input, InputKind, Mark, ReadySession, Released, SessionState
+from .types import Accepted, Appended, Claim, Idle, Input, InputKind, Mark, ReadySession, Released, SessionState
 
 T = TypeVar("T")
 
@@ -69,9 +69,13 @@ class SyncRedisStore:
         """See `RedisStore.request_cancel`."""
         return self._exec(self._core.op_cancel(session_id, now_ms=now_ms))
 
-    def claim(self, session_id: str, *, holder: str, lease_ms: int, now_ms: int | None = None) -> Claim | None:
+    def claim(
+        self, session_id: str, *, holder: str, lease_ms: int, now_ms: int | None = None, only_work: bool = False
+    ) -> Claim | Idle | None:
         """See `RedisStore.claim`."""
-        return self._exec(self._core.op_claim(session_id, holder=holder, lease_ms=lease_ms, now_ms=now_ms))
+        return self._exec(
+            self._core.op_claim(session_id, holder=holder, lease_ms=lease_ms, now_ms=now_ms, only_work=only_work)
+        )
 
     def append(
         self, session_id: str, epoch: int, *, records: Sequence[RecordLike] = (),

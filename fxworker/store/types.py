@@ -111,6 +111,14 @@ class Claim:
 
 
 @dataclass(frozen=True, slots=True)
+class Idle:
+    """`claim(only_work=True)` found nothing to run (no turn open, no input waiting, no
+    lease held) and took no lease: the epoch is unchanged."""
+
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
 class Appended:
     """What a fenced `append()` stored: the record cursors and UI line cursors, in order."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fxworker.errors import FxLeaseLostError, FxUnknownSessionError
-from fxworker.store import RedisStore
+from fxworker.store import Claim, Idle, RedisStore
 from tests.store.conftest import FakeClock
 
 
@@ -126,3 +126,28 @@ async def test_deaths_count_takeovers_of_an_open_turn_without_progress(
     await store.release(sid, claim.epoch)
     claim = await store.claim(sid, holder="w10", lease_ms=1000)
     assert claim is not None and (claim.deaths, claim.taken_over) == (1, False)
+
+
+async def test_a_claim_for_work_leaves_a_session_with_nothing_to_run_as_it_is(store: RedisStore, sid: str) -> None:
+    """A second wake of work already run (the release's wake and the sender's both fire)
+    must not bump the epoch or take a lease: the session reads the same afterwards."""
+    await _session(store, sid)
+    first = await store.claim(sid, holder="w1", lease_ms=60_000, only_work=True)
+    assert isinstance(first, Claim) and first.epoch == 1  # an input waits: work
+    await store.append(sid, first.epoch, marks=[{"drop": "m1"}])
+    await store.release(sid, first.epoch)
+    before = await store.state(sid)
+    assert await store.claim(sid, holder="w2", lease_ms=60_000, only_work=True) == Idle(1)
+    assert await store.state(sid) == before
+    assert await store.claim(sid, holder="w3", lease_ms=60_000, only_work=False) is not None  # the plain claim still takes it
+    assert (await store.state(sid)).epoch == 2
+
+
+async def test_a_claim_for_work_still_takes_over_an_expired_lease(store: RedisStore, sid: str, clock: FakeClock) -> None:
+    await _session(store, sid)
+    first = await store.claim(sid, holder="w1", lease_ms=1000)
+    assert first is not None
+    await store.append(sid, first.epoch, marks=[{"drop": "m1"}])
+    clock.advance(1000)  # died holding it, with nothing left to run: the next claim ends the chain
+    second = await store.claim(sid, holder="w2", lease_ms=1000, only_work=True)
+    assert isinstance(second, Claim) and (second.epoch, second.taken_over) == (2, True)
