@@ -3,7 +3,8 @@
     FxError                         base of every fxengine failure (code FX_ERROR)
     ├── FxInputError                bad input refused before anything was sent or stored
     │   ├── FxLimitError            a documented limit was exceeded (FX_LIMIT_*)
-    │   └── FxToolDefinitionError   a tool is malformed (FX_TOOL_INVALID)
+    │   ├── FxToolDefinitionError   a tool, an MCP tool or a skill is malformed (FX_TOOL_INVALID, FX_SKILL_INVALID)
+    │   └── FxSteerDeferredError    a steer with images runs as the next turn (FX_STEER_NEXT_TURN)
     ├── FxProviderError             the model provider failed (FX_PROVIDER_*)
     ├── FxJournalError              a journal or checkpoint cannot be read (FX_JOURNAL_INVALID)
     │   └── FxJournalVersionError   written by a newer fxengine (FX_JOURNAL_VERSION)
@@ -50,6 +51,13 @@ class FxToolDefinitionError(FxInputError):
     """Raised at creation when a tool is malformed (for example, no `idempotent`)."""
 
     code = "FX_TOOL_INVALID"
+
+
+class FxSteerDeferredError(FxInputError):
+    """Raised by `Turn.steer` for a steer with images: it cannot join the running turn, which
+    ends at its next safe point; the caller runs the steer as the next prompt."""
+
+    code = "FX_STEER_NEXT_TURN"
 
 
 class FxProviderError(FxError):

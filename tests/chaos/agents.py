@@ -3,13 +3,18 @@
 One agent, `default`, on the scripted model at `FX_TEST_MODEL_URL`, with the tools of
 `tests.chaos.tooling` (which records each tool start in Redis, and tags each model
 request with this worker's pid); its `on_event` diagnostics go to a Redis list
-(`tests.chaos.tooling.events_key`).
+(`tests.chaos.tooling.events_key`). Its API key is `FX_TEST_API_KEY` (default `test-key`):
+the chaos harness sets a key of its own and checks that no Redis value holds it (§11.8).
 """
 
 from __future__ import annotations
 
+import os
+
 from fxworker import Agent
 from tests.chaos.tooling import provider, record_event, tools
 
-AGENTS = {"default": Agent("default", model="scripted", provider=provider(), tools=tools(), api_key="test-key",
+API_KEY = os.environ.get("FX_TEST_API_KEY", "test-key")
+
+AGENTS = {"default": Agent("default", model="scripted", provider=provider(), tools=tools(), api_key=API_KEY,
                             on_event=record_event)}

@@ -10,6 +10,13 @@ so a test knows which process to kill, stop or signal. Its tools record each sta
 - `effect` (not idempotent): the same, but an effect: each start is one execution the
   tests require to happen at most once; after its release it pushes to `...:fault:done:<name>`.
 - `slow` (idempotent): sleeps `seconds` (aborts with the turn); answers `slept`.
+
+`probe` and `effect` take an optional `ms`: how long they run after their start (the
+window a fault can hit). Each start of either also pushes one JSON object to
+`<FX_PREFIX>:fault:runs` (`runs_key`) for the chaos checker (`tests/chaos/checker.py`):
+`{"x": execution id, "tool", "epoch", "pid", "token": a fresh id of this start, "intent":
+whether the session's stored journal held the call's id when it started}`. The token tells
+a start that ran twice from one push a client library resent.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import uuid
 from typing import Any
 
 import redis as redis_sync
@@ -43,6 +51,11 @@ def done_key(name: str, prefix: str = PREFIX) -> str:
 
 def release_key(name: str, prefix: str = PREFIX) -> str:
     return f"{prefix}:fault:release:{name}"
+
+
+def runs_key(prefix: str = PREFIX) -> str:
+    """Every start of `probe` and `effect`, one JSON object per list entry (see the module doc)."""
+    return f"{prefix}:fault:runs"
 
 
 def events_key(prefix: str = PREFIX) -> str:
@@ -76,22 +89,53 @@ async def _held(name: str, ctx: Any) -> bool:
     return True
 
 
-async def _start(name: str, ctx: Any) -> None:
+async def _intent_stored(execution_id: str) -> bool:
+    """True when the session's journal (log or checkpoint) holds the call's id: its intent."""
+    from fxworker.keys import session_keys
+
+    session_id, call_id = execution_id.split(":", 1)[0], execution_id.rsplit(":", 1)[-1].encode()
+    keys = session_keys(PREFIX, session_id)
+    r = _redis()
+    if any(call_id in fields.get(b"d", b"") for _, fields in await r.xrange(keys.log)):
+        return True
+    return call_id in (await r.hget(keys.ckpt, "data") or b"")
+
+
+async def _start(name: str, ctx: Any, tool: str) -> None:
     await _redis().rpush(starts_key(name), f"{ctx.execution_id}|{ctx.epoch}|{os.getpid()}")
+    run = {"x": ctx.execution_id, "tool": tool, "name": name, "epoch": ctx.epoch, "pid": os.getpid(),
+           "token": uuid.uuid4().hex, "intent": await _intent_stored(ctx.execution_id)}
+    await _redis().rpush(runs_key(), json.dumps(run))
+
+
+async def _run_for(input: dict[str, Any], ctx: Any) -> bool:
+    """Waits the call's `ms`; False when the turn aborted first."""
+    seconds = float(input.get("ms", 0)) / 1000.0
+    if seconds <= 0:
+        return True
+    try:
+        await asyncio.wait_for(ctx.signal.wait(), timeout=seconds)
+    except asyncio.TimeoutError:
+        return True
+    return False
 
 
 async def _probe(input: dict[str, Any], ctx: Any) -> str:
     name = str(input.get("name", ""))
-    await _start(name, ctx)
+    await _start(name, ctx, "probe")
     if name.startswith("hold") and not await _held(name, ctx):
+        return "aborted"
+    if not await _run_for(input, ctx):
         return "aborted"
     return f"probed:{name}"
 
 
 async def _effect(input: dict[str, Any], ctx: Any) -> str:
     name = str(input.get("name", ""))
-    await _start(name, ctx)
+    await _start(name, ctx, "effect")
     if name.startswith("hold") and not await _held(name, ctx):
+        return "aborted"
+    if not await _run_for(input, ctx):
         return "aborted"
     await _redis().rpush(done_key(name), f"{ctx.execution_id}|{ctx.epoch}|{os.getpid()}")
     return f"effected:{name}"
@@ -106,7 +150,7 @@ async def _slow(input: dict[str, Any], ctx: Any) -> str:
 
 
 def tools() -> list[Tool]:
-    named = {"type": "object", "properties": {"name": {"type": "string"}}}
+    named = {"type": "object", "properties": {"name": {"type": "string"}, "ms": {"type": "number"}}}
     timed = {"type": "object", "properties": {"seconds": {"type": "number"}}}
     return [
         Tool("probe", "Probes something (idempotent).", named, idempotent=True, execute=_probe),

@@ -1,0 +1,288 @@
+"""The checker of a chaos run: the invariants of docs/design.md §11 over the recorded history.
+
+Pure functions of an `Observation`: what the workload was told (acknowledgements), what its
+readers were sent, what the nemesis did, and what the store holds once the run drained
+(every session's stored stream, the tool starts the tools recorded, the workers'
+`on_event` diagnostics, where the API key was found). `check()` answers the run's
+figures and a list of violations, each naming its invariant:
+
+- §11.1 every acknowledged prompt has a `turn_end` line, and every acknowledged steer
+  shows in its session (joined a turn as a `user_message`, or ran as a turn of its own);
+- §11.2 no call of the non-idempotent tool started twice (two starts of one execution id);
+- §11.3 every such start found its intent (the model response naming the call) stored;
+- §11.4 no stored line has an epoch below one stored before it (a replaced holder's write);
+- §11.5 no turn starts while another is open, each input starts at most one turn, and
+  turns run in the order their inputs were acknowledged;
+- §11.6 no step was cut off by a deadline more than 3 times in a row;
+- §11.7 every reader was sent each stored line exactly once, in order, through the end,
+  identical to the stored one; and stored cursors run 1, 2, 3, ... without a gap;
+- §11.8 the API key is in no Redis key or value (nor the AOF), and the model was sent it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_CUTOFFS = 3
+FAULT_KINDS = ("kill", "stop", "term", "redis", "clients", "replacement")
+
+
+@dataclass
+class Observation:
+    """Everything a run recorded, as the checker reads it."""
+
+    seed: int
+    acks: list[dict[str, Any]]
+    streams: dict[str, list[dict[str, Any]]]
+    readers: dict[str, list[dict[str, Any]]]
+    runs: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
+    unacked: list[dict[str, Any]] = field(default_factory=list)
+    refused: list[dict[str, Any]] = field(default_factory=list)
+    key_hits: list[str] = field(default_factory=list)
+    keyed_requests: int = 0
+    reader_connections: int = 0
+
+
+@dataclass
+class Verdict:
+    figures: dict[str, Any]
+    violations: list[str]
+
+    @property
+    def passed(self) -> bool:
+        return not self.violations
+
+
+def check(obs: Observation) -> Verdict:
+    violations: list[str] = []
+    figures: dict[str, Any] = {}
+    for rule in (lost_inputs, duplicated_effects, intents, stale_lines, turn_order, cutoffs, readers, credentials):
+        figures.update(rule(obs, violations))
+    figures.update(counts(obs))
+    return Verdict(figures, violations)
+
+
+# ----------------------------------------------------------------------------- §11.1
+
+
+def lost_inputs(obs: Observation, violations: list[str]) -> dict[str, Any]:
+    lost = 0
+    lost_steers = 0
+    for ack in obs.acks:
+        lines = obs.streams.get(ack["session"], [])
+        mid = ack["messageId"]
+        if ack["input"] == "prompt":
+            if not any(ln["type"] == "turn_end" and ln.get("messageId") == mid for ln in lines):
+                lost += 1
+                violations.append(f"§11.1 acknowledged prompt {mid} of {ack['session']} never reached turn_end")
+        elif not any(_names_steer(ln, mid) for ln in lines):
+            lost_steers += 1
+            violations.append(f"§11.1 acknowledged steer {mid} of {ack['session']} never showed in its session")
+    return {"lost": lost, "lost_steers": lost_steers}
+
+
+def _names_steer(line: dict[str, Any], message_id: str) -> bool:
+    if line["type"] == "user_message":
+        return message_id in (line.get("id"), line.get("messageId"))
+    return line["type"] in ("turn_start", "turn_end") and line.get("messageId") == message_id
+
+
+# ----------------------------------------------------------------------------- §11.2 / §11.3
+
+
+def _starts(obs: Observation, tool: str) -> dict[str, set[str]]:
+    """Execution id -> the distinct start tokens of `tool` (a resent push repeats its token)."""
+    by_call: dict[str, set[str]] = defaultdict(set)
+    for run in obs.runs:
+        if run.get("tool") == tool:
+            by_call[run["x"]].add(run["token"])
+    return by_call
+
+
+def duplicated_effects(obs: Observation, violations: list[str]) -> dict[str, Any]:
+    effects = _starts(obs, "effect")
+    duplicated = 0
+    for execution_id, tokens in sorted(effects.items()):
+        if len(tokens) > 1:
+            duplicated += len(tokens) - 1
+            violations.append(f"§11.2 the non-idempotent call {execution_id} started {len(tokens)} times")
+    probes = _starts(obs, "probe")
+    return {
+        "effect_calls": len(effects),
+        "duplicated_effects": duplicated,
+        "probe_calls": len(probes),
+        "probe_reruns": sum(len(t) - 1 for t in probes.values()),
+    }
+
+
+def intents(obs: Observation, violations: list[str]) -> dict[str, Any]:
+    missing = sorted({run["x"] for run in obs.runs if run.get("tool") == "effect" and not run.get("intent")})
+    for execution_id in missing:
+        violations.append(f"§11.3 the non-idempotent call {execution_id} started before its intent was stored")
+    return {"starts_without_intent": len(missing)}
+
+
+# ----------------------------------------------------------------------------- §11.4
+
+
+def stale_lines(obs: Observation, violations: list[str]) -> dict[str, Any]:
+    stale = 0
+    for session_id, lines in obs.streams.items():
+        head = 0
+        for line in lines:
+            if line["epoch"] < head:
+                stale += 1
+                violations.append(f"§11.4 {session_id} stores a line of epoch {line['epoch']} after epoch {head}: "
+                                  f"cursor {line['cursor']} {line['type']}")
+            head = max(head, line["epoch"])
+    return {"stale_lines": stale}
+
+
+# ----------------------------------------------------------------------------- §11.5
+
+
+def turn_order(obs: Observation, violations: list[str]) -> dict[str, Any]:
+    acked: dict[str, list[str]] = defaultdict(list)
+    for ack in obs.acks:
+        acked[ack["session"]].append(ack["messageId"])
+    overlaps = 0
+    for session_id, lines in obs.streams.items():
+        started, problems = _turns(lines)
+        overlaps += len(problems)
+        violations.extend(f"§11.5 {session_id}: {p}" for p in problems)
+        if not _is_subsequence(started, acked.get(session_id, [])):
+            violations.append(f"§11.5 {session_id}: turns ran in the order {started}, "
+                              f"not the acceptance order {acked.get(session_id, [])}")
+    return {"overlapping_turns": overlaps}
+
+
+def _turns(lines: Iterable[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """(the inputs in the order their turns began or ended unopened, what broke one-at-a-time)."""
+    order: list[str] = []
+    problems: list[str] = []
+    open_turn: str | None = None
+    for line in lines:
+        mid = line.get("messageId")
+        if line["type"] == "turn_start":
+            if open_turn is not None:
+                problems.append(f"turn {mid} started at cursor {line['cursor']} while {open_turn} was open")
+            if mid in order:
+                problems.append(f"input {mid} started a second turn at cursor {line['cursor']}")
+            order.append(mid)
+            open_turn = mid
+        elif line["type"] == "turn_end" and not line.get("repeated"):
+            if open_turn not in (None, mid):
+                problems.append(f"turn_end of {mid} at cursor {line['cursor']} while {open_turn} was open")
+            if open_turn is None and mid not in order:
+                order.append(mid)  # an input ended without a turn (a poison input)
+            open_turn = None
+    return order, problems
+
+
+def _is_subsequence(items: list[str], of: list[str]) -> bool:
+    rest: Iterator[str] = iter(of)
+    return all(any(x == y for y in rest) for x in items)
+
+
+# ----------------------------------------------------------------------------- §11.6
+
+
+def cutoffs(obs: Observation, violations: list[str]) -> dict[str, Any]:
+    deadlines = [e for e in obs.events if e.get("type") == "session.deadline"]
+    for e in deadlines:
+        if int(e.get("cutoffs") or 0) > MAX_CUTOFFS:
+            violations.append(f"§11.6 {e.get('sessionId')} was cut off {e['cutoffs']} times in a row")
+    ended = sum(1 for lines in obs.streams.values() for ln in lines
+                if ln["type"] == "turn_end" and (ln.get("error") or {}).get("code") == "FX_DEADLINE_CUTOFFS")
+    return {"cutoffs": len(deadlines), "max_cutoffs_in_a_row": max((int(e.get("cutoffs") or 0) for e in deadlines),
+                                                                    default=0),
+            "turns_ended_by_cutoffs": ended}
+
+
+# ----------------------------------------------------------------------------- §11.7
+
+
+def readers(obs: Observation, violations: list[str]) -> dict[str, Any]:
+    checked = 0
+    for session_id, lines in obs.streams.items():
+        cursors = [ln["cursor"] for ln in lines]
+        if cursors != list(range(1, len(lines) + 1)):
+            violations.append(f"§11.7 {session_id}: stored cursors are not 1..{len(lines)} in order")
+    for session_id, seen in obs.readers.items():
+        stored = obs.streams.get(session_id, [])
+        problem = _reader_problem(seen, stored)
+        if problem:
+            violations.append(f"§11.7 the reader of {session_id} {problem}")
+        checked += len(seen)
+    return {"reader_lines": checked, "reader_connections": obs.reader_connections}
+
+
+def _reader_problem(seen: list[dict[str, Any]], stored: list[dict[str, Any]]) -> str | None:
+    for i, line in enumerate(seen):
+        if line.get("cursor") != i + 1:
+            return f"was sent cursor {line.get('cursor')} where {i + 1} was next (a line lost, repeated or reordered)"
+        if i >= len(stored) or line != stored[i]:
+            return f"was sent a line at cursor {i + 1} the store does not hold: {line}"
+    if len(seen) != len(stored):
+        return f"ended at cursor {len(seen)} of {len(stored)} stored"
+    return None
+
+
+# ----------------------------------------------------------------------------- §11.8
+
+
+def credentials(obs: Observation, violations: list[str]) -> dict[str, Any]:
+    for where in obs.key_hits:
+        violations.append(f"§11.8 the API key is stored in Redis: {where}")
+    if obs.keyed_requests == 0:
+        violations.append("§11.8 no model request carried the API key: the scan proves nothing")
+    return {"key_found": len(obs.key_hits), "keyed_model_requests": obs.keyed_requests}
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    """Nearest-rank percentile (None for no values)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+def counts(obs: Observation) -> dict[str, Any]:
+    lines = [ln for stream in obs.streams.values() for ln in stream]
+    ends = [ln for ln in lines if ln["type"] == "turn_end" and not ln.get("repeated")]
+    events = Counter(e.get("type") for e in obs.events)
+    faults = Counter(f["fault"] for f in obs.faults)
+    figures: dict[str, Any] = {
+        "sessions": len(obs.streams),
+        "prompts": sum(1 for a in obs.acks if a["input"] == "prompt"),
+        "steers": sum(1 for a in obs.acks if a["input"] == "steer"),
+        "unacknowledged": len(obs.unacked),
+        "refused": len(obs.refused),
+        "turns": len(ends),
+        "stop_reasons": dict(Counter(ln.get("stopReason") for ln in ends)),
+        "lines": len(lines),
+        "yields": sum(1 for ln in lines if ln["type"] == "turn_yield"),
+        "resumes": sum(1 for ln in lines if ln["type"] == "turn_resume"),
+        "takeovers": events["session.takeover"],
+        "fenced": events["session.fenced"],
+        "tool_reruns": events["tool.rerun"],
+        "faults": {kind: faults[kind] for kind in FAULT_KINDS},
+    }
+    for fault in ("kill", "stop"):
+        times = [r["seconds"] for r in obs.recoveries if r["fault"] == fault and r["seconds"] is not None]
+        figures[f"recover_{fault}_n"] = len(times)
+        figures[f"recover_{fault}_p50_s"] = percentile(times, 50)
+        figures[f"recover_{fault}_p99_s"] = percentile(times, 99)
+        figures[f"recover_{fault}_unresolved"] = sum(1 for r in obs.recoveries
+                                                     if r["fault"] == fault and r["seconds"] is None)
+    return figures

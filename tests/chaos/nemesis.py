@@ -1,0 +1,186 @@
+"""The nemesis of a chaos run: faults on a seeded schedule, each one recorded.
+
+Every few seconds (a gap drawn from the seed) it does one of:
+
+- `kill`: kill -9 a worker process, then start a replacement;
+- `stop`: SIGSTOP a worker past its lease (`LEASE_S` + 1.5 s), then SIGCONT it: another
+  worker takes its sessions over, and the woken one's writes must all be fenced (§11.4);
+- `term`: SIGTERM a worker (a deploy: its turns yield and it exits), start a replacement;
+- `redis`: restart the Redis server (SIGTERM, start again on its port; the AOF keeps the data);
+- `clients`: `CLIENT KILL TYPE normal` (every client connection but the nemesis's own).
+
+The first round does each kind once, in a seeded order, so every run has each; after that
+the kinds are drawn at random. For a `kill` or `stop`, the sessions the worker had a turn
+open for (the ones whose last model request it made, holding a lease) are watched until a
+line of a newer epoch is stored: that is the time to recover (`recovery` operations).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+from typing import Any
+
+import redis
+
+from tests.chaos.history import History
+from tests.chaos.system import LEASE_S, System
+from tests.chaos.workload import ModelScript
+from tests.support.workers import CeleryWorker
+
+KINDS = ("kill", "stop", "term", "redis", "clients")
+WEIGHTS = (3, 2, 1, 1, 2)
+STOP_PAST_LEASE_S = LEASE_S + 1.5
+RECOVERY_WATCH_S = 30.0
+
+
+class Nemesis:
+    """Runs the fault schedule in a thread until `stop_at`."""
+
+    def __init__(self, system: System, script: ModelScript, sessions: dict[str, str], *, seed: int,
+                 history: History, stop_at: float, gap_s: tuple[float, float] = (2.5, 5.0)) -> None:
+        self.system = system
+        self.script = script
+        self.sessions = sessions  # session tag (s<i>) -> session id, filled by the drivers
+        self.rng = random.Random(f"nemesis-{seed}")
+        self.history = history
+        self.stop_at = stop_at
+        self.gap_s = gap_s
+        self._done = threading.Event()
+        self._watchers: list[threading.Thread] = []
+        self._terminating: list[threading.Thread] = []
+        self.thread = threading.Thread(target=self.run, name="chaos-nemesis", daemon=True)
+
+    def start(self) -> Nemesis:
+        self.thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Ends the schedule (the running fault completes, a frozen worker is woken) and waits."""
+        self._done.set()
+        self.thread.join(timeout_s)
+        for t in self._watchers + self._terminating:
+            t.join(timeout_s)
+
+    def schedule(self) -> Any:
+        first = list(KINDS)
+        self.rng.shuffle(first)
+        yield from first
+        while True:
+            yield self.rng.choices(KINDS, WEIGHTS)[0]
+
+    def run(self) -> None:
+        for kind in self.schedule():
+            if self._done.wait(self.rng.uniform(*self.gap_s)) or time.monotonic() >= self.stop_at:
+                return
+            try:
+                getattr(self, f"fault_{kind}")()
+            except Exception as exc:  # a fault that could not be applied is recorded, not fatal
+                self.history.record("fault_failed", fault=kind, error=repr(exc))
+
+    # ------------------------------------------------------------------ faults
+
+    def _victim(self) -> CeleryWorker:
+        assert self.system.pool is not None
+        live = self.system.pool.live()
+        busy = set(self.script.last_pid.values())
+        preferred = [w for w in live if w.pid in busy] or live
+        return self.rng.choice(preferred)
+
+    def _open_turns_of(self, pid: int | None) -> dict[str, int]:
+        """Session id -> lease epoch, of the sessions with a turn open whose last request `pid` made."""
+        held: dict[str, int] = {}
+        for tag, last in list(self.script.last_pid.items()):
+            session_id = self.sessions.get(tag)
+            if last != pid or session_id is None:
+                continue
+            epoch = self.system.open_turn_epoch(session_id)
+            if epoch is not None:
+                held[session_id] = epoch
+        return held
+
+    def _replace(self, why: str) -> None:
+        assert self.system.pool is not None
+        worker = self.system.pool.start()
+        self.history.record("fault", fault="replacement", pid=worker.pid, why=why)
+
+    def fault_kill(self) -> None:
+        worker = self._victim()
+        held = self._open_turns_of(worker.pid)
+        t0 = time.monotonic()
+        worker.kill()
+        self.history.record("fault", fault="kill", pid=worker.pid, sessions=len(held))
+        self._watch("kill", held, t0)
+        self._replace("kill")
+
+    def fault_stop(self) -> None:
+        worker = self._victim()
+        held = self._open_turns_of(worker.pid)
+        t0 = time.monotonic()
+        worker.signal(signal.SIGSTOP)
+        self.history.record("fault", fault="stop", pid=worker.pid, sessions=len(held))
+        self._watch("stop", held, t0)
+        try:
+            time.sleep(STOP_PAST_LEASE_S)
+        finally:
+            worker.signal(signal.SIGCONT)
+            self.history.record("fault", fault="cont", pid=worker.pid)
+
+    def fault_term(self) -> None:
+        worker = self._victim()
+        worker.signal(signal.SIGTERM)
+        self.history.record("fault", fault="term", pid=worker.pid)
+        waiter = threading.Thread(target=self._reap, args=(worker,), name=f"chaos-reap-{worker.pid}", daemon=True)
+        waiter.start()
+        self._terminating.append(waiter)
+        self._replace("term")
+
+    def _reap(self, worker: CeleryWorker) -> None:
+        assert worker.proc is not None
+        try:
+            code = worker.proc.wait(30)
+        except Exception:
+            worker.kill()
+            code = None
+        self.history.record("fault", fault="exited", pid=worker.pid, code=code)
+
+    def fault_redis(self) -> None:
+        assert self.system.redis is not None
+        t0 = time.monotonic()
+        self.system.redis.restart()
+        self.history.record("fault", fault="redis", down_s=round(time.monotonic() - t0, 3))
+
+    def fault_clients(self) -> None:
+        assert self.system.redis is not None
+        r = redis.Redis.from_url(self.system.redis.url, socket_timeout=5.0)
+        try:
+            killed = r.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        finally:
+            r.close()
+        self.history.record("fault", fault="clients", killed=int(killed))
+
+    # ------------------------------------------------------------------ recovery
+
+    def _watch(self, fault: str, held: dict[str, int], t0: float) -> None:
+        for session_id, epoch in held.items():
+            t = threading.Thread(target=self._recovery, args=(fault, session_id, epoch, t0),
+                                 name=f"chaos-watch-{session_id}", daemon=True)
+            t.start()
+            self._watchers.append(t)
+
+    def _recovery(self, fault: str, session_id: str, epoch: int, t0: float) -> None:
+        """Records when the session first stores a line of an epoch after `epoch`."""
+        deadline = t0 + RECOVERY_WATCH_S
+        while time.monotonic() < deadline:
+            try:
+                last = self.system.last_epoch(session_id)
+            except redis.RedisError:
+                last = None
+            if last is not None and last > epoch:
+                self.history.record("recovery", fault=fault, session=session_id, epoch=epoch,
+                                    seconds=round(time.monotonic() - t0, 3))
+                return
+            time.sleep(0.05)
+        self.history.record("recovery", fault=fault, session=session_id, epoch=epoch, seconds=None)

@@ -1,0 +1,271 @@
+"""The chaos run: workload + nemesis + checker on real processes (`make chaos`).
+
+    python -m tests.chaos.run [--duration S] [--seed N] [--sessions S] [--workers N]
+
+Starts the system (`tests.chaos.system`), runs the session drivers and the nemesis for
+`--duration` seconds, stops the faults, lets every acknowledged input run to its end (at
+most `--drain` seconds), has every reader read to the end of its stream, then reads the
+store and checks the history (`tests.chaos.checker`). Prints a table of figures, writes
+`<--out>/chaos-<seed>.json` (figures, violations, settings) and the history as JSON lines
+beside it, and exits 1 on any violation, printing the seed that replays the schedule.
+The seed fixes every choice (the workload's prompts and pauses, the nemesis's faults,
+victims and gaps, the model's delays); the machine's timing does not repeat exactly.
+
+`--plant duplicate-effects` starts the workers with the test-only switch
+`FXENGINE_TEST_DUPLICATE_EFFECTS=1` (fxengine/tools/runner.py), which starts every call of
+a non-idempotent tool twice: the checker must then fail (§11.2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tests.chaos.checker import FAULT_KINDS, Observation, Verdict, check
+from tests.chaos.history import History
+from tests.chaos.nemesis import Nemesis
+from tests.chaos.system import System
+from tests.chaos.tooling import events_key, runs_key
+from tests.chaos.workload import ModelScript, SessionDriver
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PLANTS = {"duplicate-effects": {"FXENGINE_TEST_DUPLICATE_EFFECTS": "1"}}
+DRAIN_POLL_S = 0.5
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tests.chaos.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration", type=float, default=90.0, help="seconds of workload and faults (default 90)")
+    p.add_argument("--seed", type=int, default=None, help="the schedule's seed (default: a random one, printed)")
+    p.add_argument("--sessions", type=int, default=10, help="concurrent sessions (default 10)")
+    p.add_argument("--prompts", type=int, default=6, help="prompts per session at most (default 6)")
+    p.add_argument("--workers", type=int, default=3, help="Celery worker processes kept alive (default 3)")
+    p.add_argument("--drain", type=float, default=150.0, help="seconds to let acknowledged inputs finish")
+    p.add_argument("--gap", type=float, nargs=2, default=(2.5, 5.0), metavar=("MIN", "MAX"),
+                   help="seconds between two faults (default 2.5 5)")
+    p.add_argument("--no-faults", action="store_true", help="run the workload without the nemesis")
+    p.add_argument("--plant", choices=sorted(PLANTS), default=None, help="plant a fault the checker must catch")
+    p.add_argument("--out", type=Path, default=RESULTS, help=f"where the JSON goes (default {RESULTS})")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    seed = args.seed if args.seed is not None else int(uuid.uuid4().int % 1_000_000)
+    started = time.monotonic()
+    verdict, obs, history = run(args, seed)
+    elapsed = time.monotonic() - started
+    print(table(verdict, seed, elapsed))
+    path = write_results(args, seed, verdict, history, elapsed)
+    print(f"results: {path}")
+    if verdict.passed:
+        print(f"chaos: passed (seed {seed})")
+        return 0
+    for v in verdict.violations[:50]:
+        print(f"VIOLATION {v}")
+    if len(verdict.violations) > 50:
+        print(f"... and {len(verdict.violations) - 50} more (see {path})")
+    print(f"chaos: FAILED with {len(verdict.violations)} violation(s); replay with --seed {seed} "
+          f"(make chaos SEED={seed} DURATION={args.duration:g})")
+    return 1
+
+
+def run(args: argparse.Namespace, seed: int) -> tuple[Verdict, Observation, History]:
+    history = History()
+    api_key = f"sk-chaos-{uuid.uuid4().hex}"
+    script = ModelScript(seed, api_key)
+    system = System(workers=args.workers, prefix=f"fxc{seed}", api_key=api_key, responder=script,
+                    worker_env=PLANTS.get(args.plant or "", {}))
+    try:
+        system.start()
+        history.record("started", workers=args.workers, sessions=args.sessions, seed=seed, plant=args.plant)
+        assert system.web is not None
+        stop_at = time.monotonic() + args.duration
+        drivers = [SessionDriver(i, system.web.url, seed, history, stop_at, max_prompts=args.prompts,
+                                 first_prompt="slow:s0.0" if i == 0 else None) for i in range(args.sessions)]
+        tags: dict[str, str] = {}
+        nemesis = None
+        if not args.no_faults:
+            nemesis = Nemesis(system, script, tags, seed=seed, history=history, stop_at=stop_at,
+                              gap_s=tuple(args.gap)).start()  # type: ignore[arg-type]
+        for d in drivers:
+            d.start()
+            time.sleep(0.1)
+        while time.monotonic() < stop_at:
+            tags.update({f"s{d.index}": d.session_id for d in drivers if d.session_id})
+            time.sleep(0.2)
+        for d in drivers:
+            d.thread.join(60)
+        if nemesis is not None:
+            nemesis.stop()
+        history.record("faults_stopped")
+        assert system.pool is not None
+        system.pool.fill()
+        drained = drain(system, drivers, args.drain)
+        history.record("drained", complete=drained)
+        for d in drivers:
+            if d.reader is not None:
+                d.reader.finish()
+        for d in drivers:
+            if d.reader is not None:
+                d.reader.thread.join(30)
+        obs = observe(system, drivers, history, seed, script)
+        return check(obs), obs, history
+    finally:
+        system.close()
+
+
+def drain(system: System, drivers: list[SessionDriver], timeout_s: float) -> bool:
+    """Waits until every acknowledged prompt of every session has its `turn_end` stored."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(_finished(system, d) for d in drivers):
+            return True
+        time.sleep(DRAIN_POLL_S)
+    return False
+
+
+def _finished(system: System, driver: SessionDriver) -> bool:
+    if driver.session_id is None:
+        return True
+    want = {a["messageId"] for a in driver.acked if a["input"] == "prompt"}
+    ended = {ln.get("messageId") for ln in system.lines(driver.session_id) if ln["type"] == "turn_end"}
+    state = system.retrying(lambda r: r.zcard(_pending_key(system, driver.session_id)))
+    return want <= ended and state == 0
+
+
+def _pending_key(system: System, session_id: str | None) -> str:
+    from fxworker.keys import session_keys
+
+    assert session_id is not None
+    return session_keys(system.prefix, session_id).pending
+
+
+def observe(system: System, drivers: list[SessionDriver], history: History, seed: int,
+            script: ModelScript) -> Observation:
+    """Reads what the store holds and gathers what the run recorded."""
+    sessions = [d.session_id for d in drivers if d.session_id]
+    runs = [json.loads(v) for v in system.retrying(lambda r: r.lrange(runs_key(system.prefix), 0, -1))]
+    events = [json.loads(v) for v in system.retrying(lambda r: r.lrange(events_key(system.prefix), 0, -1))]
+    readers = {d.session_id: d.reader.seen for d in drivers if d.session_id and d.reader is not None}
+    return Observation(
+        seed=seed,
+        acks=history.of("ack"),
+        streams={s: system.lines(s) for s in sessions},
+        readers=readers,  # type: ignore[arg-type]
+        runs=runs,
+        events=events,
+        faults=history.of("fault"),
+        recoveries=history.of("recovery"),
+        unacked=history.of("unacked"),
+        refused=history.of("refused"),
+        key_hits=key_hits(system),
+        keyed_requests=script.keyed_requests,
+        reader_connections=sum(d.reader.connections for d in drivers if d.reader is not None),
+    )
+
+
+def key_hits(system: System) -> list[str]:
+    """Where the API key is found: any Redis key name or value of any type, or the AOF files."""
+    needle = system.api_key.encode()
+
+    def scan(r: Any) -> list[str]:
+        hits = []
+        for key in r.scan_iter(count=1000):
+            if needle in key or any(needle in v for v in _values(r, key)):
+                hits.append(key.decode(errors="replace"))
+        return hits
+
+    hits = system.retrying(scan)
+    assert system.redis is not None
+    for path in system.redis.dir.rglob("*"):
+        if path.is_file() and needle in path.read_bytes():
+            hits.append(f"file {path.name}")
+    return hits
+
+
+def _values(r: Any, key: bytes) -> list[bytes]:
+    kind = r.type(key)
+    if kind == b"string":
+        return [r.get(key) or b""]
+    if kind == b"hash":
+        return [b for kv in r.hgetall(key).items() for b in kv]
+    if kind == b"list":
+        return list(r.lrange(key, 0, -1))
+    if kind == b"set":
+        return list(r.smembers(key))
+    if kind == b"zset":
+        return list(r.zrange(key, 0, -1))
+    if kind == b"stream":
+        return [b for _, fields in r.xrange(key) for kv in fields.items() for b in kv]
+    return []
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _s(value: Any) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
+def table(verdict: Verdict, seed: int, elapsed_s: float) -> str:
+    f = verdict.figures
+    faults = f["faults"]
+    rows = [
+        ("seed", seed),
+        ("wall time", f"{elapsed_s:.0f} s"),
+        ("sessions", f["sessions"]),
+        ("prompts acknowledged", f["prompts"]),
+        ("steers acknowledged", f["steers"]),
+        ("turns ended", f["turns"]),
+        ("stop reasons", ", ".join(f"{k} {v}" for k, v in sorted(f["stop_reasons"].items(), key=str))),
+        ("lines stored", f["lines"]),
+        *((f"faults: {kind}", faults[kind]) for kind in FAULT_KINDS),
+        ("takeovers", f["takeovers"]),
+        ("fenced writers", f["fenced"]),
+        ("yields", f["yields"]),
+        ("resumes", f["resumes"]),
+        ("deadline cut-offs (max in a row)", f"{f['cutoffs']} ({f['max_cutoffs_in_a_row']})"),
+        ("effect calls / probe calls", f"{f['effect_calls']} / {f['probe_calls']}"),
+        ("idempotent reruns", f["probe_reruns"]),
+        ("reader lines checked (connections)", f"{f['reader_lines']} ({f['reader_connections']})"),
+        ("lost", f["lost"] + f["lost_steers"]),
+        ("duplicated effects", f["duplicated_effects"]),
+        ("starts without intent", f["starts_without_intent"]),
+        ("stale lines", f["stale_lines"]),
+        ("API key found in Redis", f["key_found"]),
+        ("recover after kill -9: p50 / p99 (n)",
+         f"{_s(f['recover_kill_p50_s'])} / {_s(f['recover_kill_p99_s'])} ({f['recover_kill_n']})"),
+        ("recover after SIGSTOP: p50 / p99 (n)",
+         f"{_s(f['recover_stop_p50_s'])} / {_s(f['recover_stop_p99_s'])} ({f['recover_stop_n']})"),
+        ("violations", len(verdict.violations)),
+    ]
+    width = max(len(str(k)) for k, _ in rows)
+    return "\n".join(f"{str(k).ljust(width)}  {v}" for k, v in rows)
+
+
+def write_results(args: argparse.Namespace, seed: int, verdict: Verdict, history: History, elapsed_s: float) -> Path:
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"chaos-{seed}{'-' + args.plant if args.plant else ''}.json"
+    body = {
+        "seed": seed,
+        "passed": verdict.passed,
+        "elapsed_s": round(elapsed_s, 1),
+        "settings": {"duration_s": args.duration, "sessions": args.sessions, "prompts": args.prompts,
+                     "workers": args.workers, "gap_s": list(args.gap), "faults": not args.no_faults,
+                     "plant": args.plant},
+        "figures": verdict.figures,
+        "violations": verdict.violations,
+    }
+    path.write_text(json.dumps(body, indent=2, default=str) + "\n")
+    history.write_jsonl(path.with_suffix(".history.jsonl"))
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())

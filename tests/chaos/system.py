@@ -1,0 +1,174 @@
+"""The system a chaos run puts under load: its own parts, all real processes on loopback.
+
+- a `redis-server` with `appendonly yes` on a free port (restarted by the nemesis; its
+  data survives through the AOF);
+- the scripted model server (in this process), answering with random delays;
+- one web process (`python -m fxworker web`), which the workload talks HTTP to;
+- a pool of N Celery worker processes (`tests.chaos.faults.Pool`, agents of
+  `tests.chaos.agents`), which the nemesis kills, freezes and stops and refills.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import redis
+
+from fxengine.testing import ScriptedModel
+from fxworker.keys import session_keys
+from tests.chaos.faults import Pool, fault_env
+from tests.support.redis_server import RedisServer, free_port
+from tests.support.workers import ROOT, Workers, wait_until
+
+T = TypeVar("T")
+
+# A short lease and a fast sweep make takeovers quick; a short delivery makes long turns
+# yield (soft stop at timeout - reserve) and a tool that outlasts it be cut off.
+LEASE_S = 2.0
+SWEEP_S = 0.5
+RESERVE_S = 4.0
+DELIVERY_TIMEOUT_S = 12.0
+
+
+class WebProcess:
+    """`python -m fxworker web` on a free loopback port, for the workload's HTTP calls."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.port = free_port()
+        self.env = env
+        self.log_path = Path(tempfile.mkstemp(prefix="fx-chaos-web-", suffix=".log")[1])
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> WebProcess:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "fxworker", "web", "--port", str(self.port)],
+                                     env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+        def healthy() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"the web process exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                return httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(healthy, timeout_s, interval_s=0.1, what="the web process healthy")
+        return self
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log_path.unlink(missing_ok=True)
+
+
+class System:
+    """Starts and stops the parts; answers the store questions the nemesis and the run ask."""
+
+    def __init__(self, *, workers: int, prefix: str, api_key: str, responder: Callable[[Any], Any],
+                 worker_env: dict[str, str] | None = None) -> None:
+        self.size = workers
+        self.prefix = prefix
+        self.api_key = api_key
+        self.responder = responder
+        self.worker_env = dict(worker_env or {})
+        self.redis: RedisServer | None = None
+        self.model: ScriptedModel | None = None
+        self.web: WebProcess | None = None
+        self.pool: Pool | None = None
+        self._workers: Workers | None = None
+        self._client: redis.Redis | None = None
+
+    def start(self) -> System:
+        self.redis = RedisServer(appendonly=True)
+        self.model = ScriptedModel(responder=self.responder).start()
+        env = fault_env(self.model, FX_LEASE_S=str(LEASE_S), FX_SWEEP_S=str(SWEEP_S), FX_RESERVE_S=str(RESERVE_S),
+                        FX_DELIVERY_TIMEOUT_S=str(DELIVERY_TIMEOUT_S), FX_TEST_API_KEY=self.api_key,
+                        FX_LOG_LEVEL="WARNING", **self.worker_env)
+        self._workers = Workers(redis_url=self.redis.url, prefix=self.prefix)
+        self.pool = Pool(self._workers, env, size=self.size, concurrency=8)
+        self.pool.fill()
+        self.web = WebProcess(self._web_env(env)).start()
+        return self
+
+    def _web_env(self, worker_env: dict[str, str]) -> dict[str, str]:
+        assert self.redis is not None
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FX_")}
+        env.update(worker_env)
+        env.update(REDIS_URL=self.redis.url, FX_PREFIX=self.prefix,
+                   PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+        return env
+
+    def close(self) -> None:
+        if self.web is not None:
+            self.web.close()
+        if self._workers is not None:
+            self._workers.close()
+        if self.model is not None:
+            self.model.close()
+        if self._client is not None:
+            self._client.close()
+        if self.redis is not None:
+            self.redis.close()
+
+    # ------------------------------------------------------------------ store reads
+
+    def client(self) -> redis.Redis:
+        assert self.redis is not None
+        if self._client is None:
+            self._client = redis.Redis.from_url(self.redis.url, socket_timeout=5.0)
+        return self._client
+
+    def retrying(self, read: Callable[[redis.Redis], T], timeout_s: float = 30.0) -> T:
+        """`read(client)`, run again on a fresh connection while Redis restarts or drops us."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return read(self.client())
+            except redis.RedisError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def lines(self, session_id: str) -> list[dict[str, Any]]:
+        """Every line the store holds for the session, in cursor order."""
+        import json
+
+        key = session_keys(self.prefix, session_id).ui
+        entries = self.retrying(lambda r: r.xrange(key))
+        return [json.loads(fields[b"l"]) for _, fields in entries]
+
+    def last_epoch(self, session_id: str) -> int | None:
+        """The epoch of the session's newest stored line (None: no line yet)."""
+        import json
+
+        key = session_keys(self.prefix, session_id).ui
+        entries = self.retrying(lambda r: r.xrevrange(key, count=1), timeout_s=5.0)
+        return int(json.loads(entries[0][1][b"l"])["epoch"]) if entries else None
+
+    def open_turn_epoch(self, session_id: str) -> int | None:
+        """The lease epoch when the session has a turn open under a held lease, else None."""
+        keys = session_keys(self.prefix, session_id)
+
+        def read(r: redis.Redis) -> tuple[Any, Any]:
+            return r.hget(keys.meta, "turn"), r.hmget(keys.lease, "state", "epoch")
+
+        turn, (state, epoch) = self.retrying(read, timeout_s=5.0)
+        return int(epoch) if turn and state == b"held" and epoch is not None else None

@@ -1,0 +1,257 @@
+"""The workload of a chaos run: session drivers, stream readers, and the model's script.
+
+Each `SessionDriver` owns one session: it sends a few prompts over HTTP (the first one
+creates the session), without waiting for turns to end, and a steer now and then; every
+request carries a message id and is resent under it until the API acknowledges it (202)
+or refuses it (4xx). Each acknowledgement is recorded (`ack`), in the order the driver got
+them: one driver sends one request at a time, so that is the session's acceptance order.
+
+Each `Reader` follows one session's stream from cursor 0 and drops its connection at random
+(after a few lines, or when no line came within a random read timeout), then resumes from
+the last cursor it saw, as `fx tail` does. It keeps every stored line it was sent, so the
+checker can compare them with the stream the store holds (§11.7).
+
+`ModelScript` is the scripted model's responder. The prompt text says what the turn does:
+
+- `echo:<tag>`: text after a random delay;
+- `probe:<tag>` / `effect:<tag>`: one idempotent / not idempotent call that runs a while;
+- `both:<tag>`: both kinds of call in one response (the effect runs alone, after the probe);
+- `chain:<tag>:<n>`: n probe calls in a row (long enough to yield at the soft stop);
+- `slow:<tag>`: a call that outlasts every delivery (cut off until the third cut-off);
+- `steer:<tag>` (a steer's text): text answering the steer.
+`<tag>` is `s<session>.<prompt>`; the script keeps, per session, the pid of the worker
+process that made its last model request (from the `x-fx-pid` header), which is how the
+nemesis knows which sessions a worker it kills was running.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from fxengine.testing import Reply, delay, text, tool_call
+from tests.chaos.faults import pid_of, tool_results, turn_prompt
+from tests.chaos.history import History
+
+ACK_TIMEOUT_S = 45.0
+SLOW_TOOL_S = 60
+
+
+class ModelScript:
+    """The responder of the chaos model server (see the module doc); thread-safe."""
+
+    def __init__(self, seed: int, api_key: str) -> None:
+        self._rng = random.Random(f"model-{seed}")
+        self._lock = threading.Lock()
+        self._api_key = api_key
+        self.last_pid: dict[str, int] = {}
+        self.requests = 0
+        self.keyed_requests = 0
+
+    def _ms(self) -> float:
+        with self._lock:
+            if self._rng.random() < 0.1:
+                return self._rng.uniform(1000, 2500)
+            return self._rng.uniform(20, 400)
+
+    def _run_ms(self) -> int:
+        with self._lock:
+            return self._rng.randint(200, 1500)
+
+    def _note(self, request: Any, tag: str) -> None:
+        with self._lock:
+            self.requests += 1
+            if request.headers.get("authorization") == f"Bearer {self._api_key}":
+                self.keyed_requests += 1
+            try:
+                self.last_pid[tag.split(".")[0]] = pid_of(request)
+            except (KeyError, ValueError):
+                pass
+
+    def _call(self, name: str, args: dict[str, Any]) -> Any:
+        return tool_call(f"call_{uuid.uuid4().hex[:10]}", name, args)
+
+    def __call__(self, request: Any) -> Reply:
+        prompt, _ = turn_prompt(request)
+        results = tool_results(request)
+        kind, _, arg = prompt.partition(":")
+        tag, _, extra = arg.partition(":")
+        self._note(request, tag)
+        wait = delay(self._ms())
+        if kind in ("probe", "effect"):
+            if results:
+                return Reply(wait, text("done ", tag))
+            return Reply(wait, self._call(kind, {"name": f"{kind[0]}-{tag}", "ms": self._run_ms()}))
+        if kind == "both":
+            if results:
+                return Reply(wait, text("both done ", tag))
+            return Reply(wait, self._call("probe", {"name": f"p-{tag}", "ms": self._run_ms()}),
+                         self._call("effect", {"name": f"e-{tag}", "ms": self._run_ms()}))
+        if kind == "chain":
+            if len(results) < int(extra or 1):
+                return Reply(wait, self._call("probe", {"name": f"p-{tag}-{len(results)}", "ms": 1300}))
+            return Reply(wait, text("chained ", tag))
+        if kind == "slow":
+            if results:
+                return Reply(wait, text("slow done ", tag))
+            return Reply(wait, self._call("slow", {"seconds": SLOW_TOOL_S}))
+        if kind == "steer":
+            return Reply(wait, text("steered ", tag))
+        return Reply(wait, text("echo ", tag), chunk_delay_ms=5)
+
+
+# ----------------------------------------------------------------------------- drivers
+
+PROMPT_KINDS = (("echo", 3), ("probe", 2), ("effect", 3), ("both", 2), ("chain", 1))
+
+
+def prompt_text(rng: random.Random, tag: str) -> str:
+    kinds, weights = zip(*PROMPT_KINDS)
+    kind = rng.choices(kinds, weights)[0]
+    return f"chain:{tag}:6" if kind == "chain" else f"{kind}:{tag}"
+
+
+@dataclass
+class SessionDriver:
+    """Sends one session's prompts and steers until `stop_at` (see the module doc)."""
+
+    index: int
+    base_url: str
+    seed: int
+    history: History
+    stop_at: float
+    max_prompts: int = 5
+    first_prompt: str | None = None
+    session_id: str | None = None
+    acked: list[dict[str, Any]] = field(default_factory=list)
+    reader: Reader | None = None
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(f"driver-{self.seed}-{self.index}")
+        self.thread = threading.Thread(target=self.run, name=f"chaos-driver-{self.index}", daemon=True)
+
+    def start(self) -> SessionDriver:
+        self.thread.start()
+        return self
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.base_url, timeout=10.0) as http:
+            for n in range(self.max_prompts):
+                if time.monotonic() >= self.stop_at:
+                    return
+                tag = f"s{self.index}.{n}"
+                text_ = self.first_prompt if n == 0 and self.first_prompt else prompt_text(self.rng, tag)
+                if not self._send(http, "prompt", text_, f"m-{self.seed}-{tag}"):
+                    return  # never acknowledged: stop here, so what was sent stays in order
+                for k in range(self.rng.choice((0, 0, 1, 1, 2))):
+                    time.sleep(self.rng.uniform(0.1, 1.5))
+                    if not self._send(http, "steer", f"steer:{tag}.{k}", f"m-{self.seed}-{tag}-s{k}"):
+                        return
+                time.sleep(self.rng.uniform(0.5, 4.0))
+
+    def _path(self, kind: str) -> str:
+        if self.session_id is None:
+            return "/v1/sessions"
+        return f"/v1/sessions/{self.session_id}/{'steer' if kind == 'steer' else 'prompts'}"
+
+    def _send(self, http: httpx.Client, kind: str, text_: str, message_id: str) -> bool:
+        """Sends one input until it is acknowledged (True) or refused or never answered (False)."""
+        deadline = time.monotonic() + ACK_TIMEOUT_S
+        attempts = 0
+        while time.monotonic() < deadline:
+            attempts += 1
+            try:
+                response = http.post(self._path(kind), json={"input": text_, "messageId": message_id})
+            except httpx.HTTPError:
+                time.sleep(self.rng.uniform(0.2, 0.8))
+                continue
+            if response.status_code in (200, 202):
+                body = response.json()
+                self.session_id = self.session_id or body["sessionId"]
+                ack = self.history.record("ack", session=self.session_id, driver=self.index, input=kind,
+                                          messageId=message_id, text=text_, attempts=attempts,
+                                          repeated=bool(body.get("repeated")))
+                self.acked.append(ack)
+                if self.reader is None:
+                    self.reader = Reader(self.session_id, self.base_url, self.seed, self.history).start()
+                return True
+            if response.status_code < 500:
+                self.history.record("refused", session=self.session_id, input=kind, messageId=message_id,
+                                    status=response.status_code, body=response.text[:300])
+                return False
+            time.sleep(self.rng.uniform(0.2, 0.8))
+        self.history.record("unacked", session=self.session_id, input=kind, messageId=message_id, attempts=attempts)
+        return False
+
+
+# ----------------------------------------------------------------------------- readers
+
+
+class Reader:
+    """Follows one session's stream, dropping and resuming its connection at random."""
+
+    def __init__(self, session_id: str, base_url: str, seed: int, history: History) -> None:
+        self.session_id = session_id
+        self.base_url = base_url
+        self.history = history
+        self.rng = random.Random(f"reader-{seed}-{session_id}")
+        self.seen: list[dict[str, Any]] = []
+        self.cursor = 0
+        self.connections = 0
+        self.drops = 0
+        self.unstored = 0
+        self._finish = threading.Event()
+        self.caught_up = threading.Event()
+        self.thread = threading.Thread(target=self.run, name=f"chaos-reader-{session_id}", daemon=True)
+
+    def start(self) -> Reader:
+        self.thread.start()
+        return self
+
+    def finish(self) -> None:
+        """Asks for a last read to the end of what is stored (`follow=0`), then stops."""
+        self._finish.set()
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.base_url) as http:
+            while not self.caught_up.is_set():
+                finishing = self._finish.is_set()
+                if self._read_once(http, follow=not finishing) and finishing:
+                    self.caught_up.set()
+                    return
+                time.sleep(self.rng.uniform(0.05, 0.3))
+
+    def _read_once(self, http: httpx.Client, *, follow: bool) -> bool:
+        """One connection; True when it ended cleanly at the end of what was sent."""
+        self.connections += 1
+        budget = self.rng.randint(1, 40) if follow else 1_000_000
+        timeout = httpx.Timeout(10.0, read=self.rng.uniform(0.3, 2.5) if follow else 10.0)
+        params = {"cursor": self.cursor, "follow": 1 if follow else 0}
+        try:
+            with http.stream("GET", f"/v1/sessions/{self.session_id}/stream", params=params, timeout=timeout) as r:
+                if r.status_code != 200:
+                    self.drops += 1
+                    return False
+                for raw in r.iter_lines():
+                    if not raw.strip():
+                        continue
+                    line = json.loads(raw)
+                    if "cursor" not in line:  # an error the web process sent, not a stored line
+                        self.unstored += 1
+                        return False
+                    self.seen.append(line)
+                    self.cursor = max(self.cursor, int(line["cursor"]))
+                    budget -= 1
+                    if budget == 0:
+                        return False  # a deliberate disconnect
+            return True
+        except httpx.HTTPError:
+            self.drops += 1
+            return False
