@@ -12,12 +12,13 @@ from .errors import (
     FxJournalVersionError,
     FxLimitError,
     FxProviderError,
+    FxSteerDeferredError,
     FxToolDefinitionError,
 )
 from .limits import check_prompt_input
 from .models.sse import BUILD
 from .persistence import JournalRecord, Loaded, MemoryPersistence, Persistence, StoredCheckpoint
-from .tools import Signal, Tool, ToolContext, tool
+from .tools import Signal, Tool, ToolContext, provider_tool, tool
 from .turn import Turn, TurnResult
 
 __version__ = "0.1.0"
@@ -34,6 +35,7 @@ __all__ = [
     "Signal",
     "Tool",
     "ToolContext",
+    "provider_tool",
     "tool",
     # input checks
     "check_prompt_input",
@@ -46,6 +48,7 @@ __all__ = [
     "FxJournalVersionError",
     "FxLimitError",
     "FxProviderError",
+    "FxSteerDeferredError",
     "FxToolDefinitionError",
     # persistence
     "JournalRecord",

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from .conversation import Conversation
+from .errors import FxInputError
 from .events import Event
 from .journal.journal import Journal
 from .journal.records import ENGINE_VERSION, decode_batch, decode_checkpoint, encode_checkpoint
@@ -86,6 +87,19 @@ class EngineCore:
         open_id = self.conversation.open.id if self.conversation.open else None
         return (f"<EngineCore model={self.spec.id} provider={self.provider.name} "
                 f"messages={len(self.conversation.messages)} open_turn={open_id} head={self.journal.head}>")
+
+    # images
+
+    @property
+    def takes_images(self) -> bool:
+        """False when the model's catalog entry says it takes no images (unknown: True)."""
+        entry = self.spec.entry
+        return entry is None or bool(entry.supports_images)
+
+    def check_images(self, blocks: list[dict[str, Any]]) -> None:
+        """`FX_MODEL_NO_IMAGES` for blocks with an image when the model takes none."""
+        if not self.takes_images and any(block.get("type") == "image" for block in blocks):
+            raise FxInputError(f"model {self.spec.id} does not take images", code="FX_MODEL_NO_IMAGES")
 
     # diagnostics
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -339,7 +339,10 @@ async def create_engine(
     session_id: str | None = None,
     context: Any = None,
     epoch: int | None = None,
-    model_catalog: Mapping[str, Any] | None = None,
+    model_catalog: Any = None,
+    credentials: Callable[..., Any] | None = None,
+    on_credentials: Callable[..., Any] | None = None,
+    refresh_lock: Callable[..., Any] | None = None,
 ) -> Engine:
     """Creates an engine (and loads its journal when `persistence` is given).
 
@@ -349,8 +352,10 @@ async def create_engine(
             `AI_GATEWAY_API_KEY`, then `VERCEL_OIDC_TOKEN`.
         instructions: the system prompt (a string or a list of strings, ≤ 64 KiB).
         tools: `Tool`s (a list, or a dict keyed by name; at most 64).
-        provider: None for AI Gateway, or a custom provider dict (see
-            `fxengine.providers.custom`).
+        provider: None (or ``"gateway"``) for AI Gateway, ``"codex"`` (ChatGPT plans),
+            ``"grok"`` (Grok plans), a custom provider dict (see
+            `fxengine.providers.custom`), or a `Provider` such as
+            `fxengine.providers.chatgpt.provider(...)` (every endpoint configurable).
         checkpoint: bytes from `Engine.checkpoint()` to start from.
         persistence: a `Persistence` store; every step is journaled to it.
         on_event: diagnostics (`transport.*`, `tool.rerun`, `checkpoint.*`, ...).
@@ -363,7 +368,12 @@ async def create_engine(
         session_id, context, epoch: handed to every tool call's `ctx`; `context` is JSON
             (`fxengine.limits.check_context`: finite numbers, valid Unicode, ≤ 32 levels,
             ≤ 64 KiB).
-        model_catalog: model entries for AI Gateway, to check settings offline.
+        model_catalog: model entries for AI Gateway (or a plan), to check settings
+            offline (`fxengine.providers.catalog`); nothing is fetched here.
+        credentials, on_credentials, refresh_lock: the plan's (or a custom provider's)
+            credential callbacks, called with ``{"provider", "session_id"}``; see
+            `fxengine.providers.auth`. Credentials are added to each request just
+            before it is sent and are never journaled or passed to `on_event`.
 
     Raises:
         FxInputError: a bad model, setting, provider, tool or option (`FX_*` codes); the
@@ -374,10 +384,11 @@ async def create_engine(
         FxJournalError: the journal or checkpoint does not parse.
     """
     tools_by_name = check_tools(tools)
-    resolved = resolve_provider(provider, api_key=api_key, model_catalog=model_catalog)
+    resolved = resolve_provider(provider, api_key=api_key, model_catalog=model_catalog, credentials=credentials,
+                                on_credentials=on_credentials, refresh_lock=refresh_lock).bind(session_id)
     # The same checks `fxworker` runs when an Agent or a Session is made (§10): a setting
     # the door accepted is never refused here.
-    spec = check_model(model, resolved)
+    spec = check_model(model, resolved, model_catalog=model_catalog)
     instructions = check_instructions(instructions)
     context = check_context(context)
     check_max_model_turns(max_model_turns)

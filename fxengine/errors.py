@@ -3,6 +3,7 @@
     FxError                         base of every fxengine failure (code FX_ERROR)
     ├── FxInputError                bad input refused before anything was sent or stored
     │   ├── FxLimitError            a documented limit was exceeded (FX_LIMIT_*)
+    │   ├── FxModelUnsupportedError a model setting the catalog lacks (FX_MODEL_UNSUPPORTED_*)
     │   ├── FxToolDefinitionError   a tool, an MCP tool or a skill is malformed (FX_TOOL_INVALID, FX_SKILL_INVALID)
     │   └── FxSteerDeferredError    a steer with images runs as the next turn (FX_STEER_NEXT_TURN)
     ├── FxProviderError             the model provider failed (FX_PROVIDER_*)
@@ -15,6 +16,8 @@ Control-flow outcomes (cancelled, yielded) are stop reasons, not exceptions.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class FxError(Exception):
@@ -45,6 +48,31 @@ class FxLimitError(FxInputError):
     """Raised when input exceeds a documented limit of docs/design.md §10."""
 
     code = "FX_LIMIT"
+
+
+class FxModelUnsupportedError(FxInputError):
+    """Raised when a model's catalog entry does not offer a setting (docs/design.md §8).
+
+    Attributes:
+        model: the model id.
+        capability: ``"effort"``, ``"fast"`` or ``"ultrafast"``.
+        supported: for effort, the levels the model offers (else empty).
+    """
+
+    code = "FX_MODEL_UNSUPPORTED"
+
+    def __init__(self, message: str, *, code: str | None = None, model: str, capability: str,
+                 supported: tuple[str, ...] = ()) -> None:
+        super().__init__(message, code=code)
+        self.model = model
+        self.capability = capability
+        self.supported = tuple(supported)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {**super().to_dict(), "model": self.model, "capability": self.capability}
+        if self.capability == "effort":
+            out["supported"] = list(self.supported)
+        return out
 
 
 class FxToolDefinitionError(FxInputError):

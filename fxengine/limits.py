@@ -14,7 +14,8 @@ import binascii
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+import inspect
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from .errors import FxInputError, FxLimitError
@@ -57,9 +58,12 @@ def sniff_image_type(data: bytes) -> str | None:
     return None
 
 
-def _image_bytes(block: Mapping[str, Any], index: int) -> bytes:
+def _image_bytes(block: Mapping[str, Any], index: int, *, json_only: bool = False) -> bytes:
     data = block.get("data")
     if isinstance(data, (bytes, bytearray, memoryview)):
+        if json_only:
+            # A session stores its prompts as JSON before they run (§10).
+            raise FxInputError(f"image block {index}: a session prompt carries image data as a base64 string")
         return bytes(data)
     if not isinstance(data, str):
         raise FxInputError(f"image block {index} needs `data` as bytes or a base64 string")
@@ -72,12 +76,13 @@ def _image_bytes(block: Mapping[str, Any], index: int) -> bytes:
     return raw
 
 
-def check_prompt_input(input: str | list[Any] | tuple[Any, ...]) -> list[Block]:
+def check_prompt_input(input: str | list[Any] | tuple[Any, ...], *, json_only: bool = False) -> list[Block]:
     """Validates a prompt and returns its normalized blocks.
 
     Args:
         input: a string, or a list of blocks ``{"type": "text", "text"}`` and
-            ``{"type": "image", "data": bytes | base64 str, "mimeType"}``.
+            ``{"type": "image", "data": bytes | base64 str, "mimeType" | "mime_type"}``.
+        json_only: refuse image data given as bytes (a session prompt is stored as JSON).
 
     Raises:
         FxInputError: malformed input, an empty prompt, text with a lone surrogate, an
@@ -86,12 +91,7 @@ def check_prompt_input(input: str | list[Any] | tuple[Any, ...]) -> list[Block]:
             (`FX_LIMIT_IMAGE_COUNT`), an image over 3.75 MiB (`FX_LIMIT_IMAGE_SIZE`),
             images over 6 MiB together (`FX_LIMIT_IMAGES_TOTAL`).
     """
-    if isinstance(input, str):
-        blocks_in: list[Any] = [{"type": "text", "text": input}]
-    elif isinstance(input, (list, tuple)) or (isinstance(input, Sequence) and not isinstance(input, (bytes, bytearray))):
-        blocks_in = list(input)
-    else:
-        raise FxInputError("prompt input must be a string or a list of content blocks")
+    blocks_in = _block_list(input)
     out: list[Block] = []
     text_bytes = 0
     image_bytes = 0
@@ -116,7 +116,7 @@ def check_prompt_input(input: str | list[Any] | tuple[Any, ...]) -> list[Block]:
             images += 1
             if images > PROMPT_IMAGES_MAX:
                 raise FxLimitError(f"a prompt takes at most {PROMPT_IMAGES_MAX} images", code="FX_LIMIT_IMAGE_COUNT")
-            raw = _image_bytes(block, index)
+            raw = _image_bytes(block, index, json_only=json_only)
             if len(raw) > IMAGE_MAX_BYTES:
                 raise FxLimitError(f"image {index} is {len(raw)} bytes, over 3.75 MiB", code="FX_LIMIT_IMAGE_SIZE")
             image_bytes += len(raw)
@@ -135,6 +135,128 @@ def check_prompt_input(input: str | list[Any] | tuple[Any, ...]) -> list[Block]:
     if not has_content:
         raise FxInputError("the prompt is empty")
     return out
+
+
+def _block_list(input: object) -> list[Any]:
+    if isinstance(input, str):
+        return [{"type": "text", "text": input}]
+    if isinstance(input, (list, tuple)) or (isinstance(input, Sequence) and not isinstance(input, (bytes, bytearray))):
+        return list(input)
+    raise FxInputError("prompt input must be a string or a list of content blocks")
+
+
+def has_images(blocks: Sequence[Mapping[str, Any]]) -> bool:
+    """True when normalized blocks hold an image."""
+    return any(block.get("type") == "image" for block in blocks)
+
+
+# A `resize_image` hook: ``{"bytes", "mime_type"}`` in, the same out (or an awaitable of it).
+ResizeImage = Callable[[dict[str, Any]], Any]
+
+
+def stage_prompt_input(input: object, *, json_only: bool = False) -> list[Any]:
+    """The checks a prompt passes before a `resize_image` hook sees it: its shape, at most
+    8 images, each image's data as bytes or canonical base64 (base64 only with `json_only`).
+
+    Returns the blocks with each image as ``{"type": "image", "bytes", "mime_type"}`` (the
+    claimed type, or the sniffed one); text blocks are left for `check_prompt_input`.
+    """
+    out: list[Any] = []
+    images = 0
+    for index, block in enumerate(_block_list(input)):
+        if isinstance(block, Mapping) and block.get("type") == "image":
+            images += 1
+            if images > PROMPT_IMAGES_MAX:
+                raise FxLimitError(f"a prompt takes at most {PROMPT_IMAGES_MAX} images", code="FX_LIMIT_IMAGE_COUNT")
+            raw = _image_bytes(block, index, json_only=json_only)
+            claimed = block.get("mimeType", block.get("mime_type"))
+            if claimed is not None and not isinstance(claimed, str):
+                raise FxInputError(f"image block {index}: the MIME type must be a string")
+            out.append({"type": "image", "bytes": raw, "mime_type": claimed or sniff_image_type(raw)})
+        else:
+            out.append(block)
+    return out
+
+
+def _resized(result: object, index: int) -> Block:
+    if not isinstance(result, Mapping) or not isinstance(result.get("bytes"), (bytes, bytearray, memoryview)):
+        raise FxInputError(f"resize_image must return {{'bytes', 'mime_type'}} (image {index})")
+    mime = result.get("mime_type", result.get("mimeType"))
+    if mime is not None and not isinstance(mime, str):
+        raise FxInputError(f"resize_image returned a MIME type that is not a string (image {index})")
+    return {"type": "image", "data": bytes(result["bytes"]), "mimeType": mime}
+
+
+def resize_prompt_images(staged: list[Any], resize_image: ResizeImage) -> list[Any] | Awaitable[list[Any]]:
+    """Hands every staged image to `resize_image`; returns the blocks for `check_prompt_input`.
+
+    A hook that answers at once gives the blocks at once; one that returns an awaitable
+    (an async hook) gives an awaitable of them. A hook that raises fails the prompt with
+    `FX_INVALID_INPUT`.
+    """
+    results: list[Any] = []
+    try:
+        for index, block in enumerate(staged):
+            if _is_staged_image(block):
+                results.append(_call_hook(resize_image, block, index))
+            else:
+                results.append(block)
+    except BaseException:
+        for result in results:  # the awaitables already made are never awaited
+            if inspect.iscoroutine(result):
+                result.close()
+        raise
+    if not any(inspect.isawaitable(r) for r in results):
+        return [_resized(r, i) if _is_staged_image(b) else r for i, (b, r) in enumerate(zip(staged, results))]
+
+    async def settle() -> list[Any]:
+        out: list[Any] = []
+        try:
+            for index, (block, result) in enumerate(zip(staged, results)):
+                if inspect.isawaitable(result):
+                    try:
+                        result = await result
+                    except FxInputError:
+                        raise
+                    except Exception as exc:
+                        raise FxInputError(f"resize_image failed on image {index}: {exc}") from exc
+                out.append(_resized(result, index) if _is_staged_image(block) else result)
+        finally:
+            for result in results[len(out) + 1:]:
+                if inspect.iscoroutine(result):
+                    result.close()
+        return out
+
+    return settle()
+
+
+def _call_hook(resize_image: ResizeImage, block: Mapping[str, Any], index: int) -> Any:
+    try:
+        return resize_image({"bytes": block["bytes"], "mime_type": block["mime_type"]})
+    except FxInputError:
+        raise
+    except Exception as exc:
+        raise FxInputError(f"resize_image failed on image {index}: {exc}") from exc
+
+
+def _is_staged_image(block: object) -> bool:
+    return isinstance(block, Mapping) and block.get("type") == "image" and "bytes" in block
+
+
+async def prepare_prompt_input(
+    input: object, *, resize_image: ResizeImage | None = None, json_only: bool = False
+) -> list[Block]:
+    """`check_prompt_input` after the `resize_image` hook (sync or async) saw each image.
+
+    Every limit applies to what the hook returned; the shape, the image count and the
+    input's own base64 are checked before it runs (`stage_prompt_input`).
+    """
+    if resize_image is None:
+        return check_prompt_input(input, json_only=json_only)  # type: ignore[arg-type]
+    blocks = resize_prompt_images(stage_prompt_input(input, json_only=json_only), resize_image)
+    if inspect.isawaitable(blocks):
+        blocks = await blocks
+    return check_prompt_input(blocks)  # type: ignore[arg-type]
 
 
 def prompt_text(blocks: list[Block]) -> str:

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import events as ev
-from .errors import FxError, FxInputError, FxJournalAppendError
+from .errors import FxError, FxInputError, FxJournalAppendError, FxSteerDeferredError
 from .journal.journal import JournalStopped
-from .limits import check_message_id, check_steer_text
+from .limits import check_message_id, check_prompt_input, check_steer_text, has_images, prompt_text
 from .models.openai_chat import StepOutput, build_request, model_step
 from .tools.definition import Signal, ToolContext
 from .tools.runner import PlannedCall, ToolOutcome, execution_id, parse_arguments, run_calls
@@ -64,6 +64,7 @@ class TurnRunner:
         on_finish: OnFinish,
         on_detach: OnDetach,
         blocks: list[dict[str, Any]] | None = None,
+        prepare: Any = None,
         yield_at: float | None = None,
         resume: bool = False,
         on_ambiguous: OnAmbiguous | None = None,
@@ -80,6 +81,9 @@ class TurnRunner:
         self._on_finish = on_finish
         self._on_detach = on_detach
         self._blocks = blocks
+        self._prepare = prepare  # an awaitable of the blocks (an async `resize_image`), or None
+        self._refused: FxError | None = None
+        self._end_requested = False  # a steer with images: end at the next safe point
         self._yield_at = yield_at
         self._resume = resume
         self._on_ambiguous = on_ambiguous
@@ -129,14 +133,37 @@ class TurnRunner:
 
     # control from the caller
 
-    def steer(self, text: str, steer_id: str | None) -> None:
+    def steer(self, input: str | list[Any], steer_id: str | None) -> None:
         if not self._accepting or self.result_future.done():
             raise FxInputError("no prompt is running", code="FX_TURN_ENDED")
-        check_steer_text(text, queued=len(self._steers), queued_bytes=self._steer_bytes)
+        if not isinstance(input, str):
+            blocks = check_prompt_input(input)
+            if has_images(blocks):
+                self._end_for_images(blocks, steer_id)
+            input = prompt_text(blocks)
+        check_steer_text(input, queued=len(self._steers), queued_bytes=self._steer_bytes)
         if steer_id is not None:
             check_message_id(steer_id)
-        self._steers.append((steer_id or f"str_{uuid.uuid4().hex}", text))
-        self._steer_bytes += len(text.encode("utf-8", "surrogatepass"))
+        self._steers.append((steer_id or f"str_{uuid.uuid4().hex}", input))
+        self._steer_bytes += len(input.encode("utf-8", "surrogatepass"))
+        self._cut_stream()
+
+    def _end_for_images(self, blocks: list[dict[str, Any]], steer_id: str | None) -> None:
+        """A steer with images cannot join a turn (a Chat Completions history takes images
+        only in a user message of their own): the turn ends at its next safe point, and
+        the steer goes back to the caller to run as the next prompt (docs/design.md §6)."""
+        if steer_id is not None:
+            check_message_id(steer_id)
+        self.core.check_images(blocks)
+        text = prompt_text(blocks)
+        if text.strip():
+            check_steer_text(text)
+        self._end_requested = True
+        self._accepting = False
+        self._cut_stream()
+        raise FxSteerDeferredError("a steer with images runs as the next turn: this turn ends at its next safe point")
+
+    def _cut_stream(self) -> None:
         stream = self._stream_task
         if stream is not None and not stream.done():
             stream.cancel()
@@ -214,10 +241,14 @@ class TurnRunner:
 
     async def _finish(self, outcome: tuple[str, dict[str, Any] | None] | None) -> None:
         core = self.core
+        if inspect.iscoroutine(self._prepare):
+            self._prepare.close()  # the turn stopped before its prompt's images were resized
         usage = dict(core.conversation.open.usage) if core.conversation.open is not None else {}
         result: TurnResult
         try:
-            if self._failure is not None:
+            if self._refused is not None:
+                result = TurnResult("error", {}, self._refused.to_dict())  # nothing was journaled
+            elif self._failure is not None:
                 result = self._failure_result(usage)
             elif self._detached:
                 result = TurnResult("unknown", usage, detached=True)
@@ -262,6 +293,9 @@ class TurnRunner:
         conv = core.conversation
         first_barrier: asyncio.Future[str | None] | None = None
         if not self._resume:
+            if self._prepare is not None and not await self._prepared():
+                assert self._refused is not None
+                return ("error", self._refused.to_dict())
             if conv.open is not None:
                 stale = {"stopReason": "cancelled", "usage": conv.open.usage, "error": {
                     "code": "FX_TURN_INTERRUPTED", "message": "a new prompt ended this turn, which an earlier engine left open"}}
@@ -286,6 +320,8 @@ class TurnRunner:
             await self._place_steers()
             turn = conv.open
             assert turn is not None
+            if self._end_requested and not first:
+                return ("end_turn", None)  # a steer with images runs as the next turn
             if self._yield_requested or (not first and self._yield_at is not None and now_ms() >= self._yield_at):
                 return ("yielded", None)
             if turn.responses >= core.max_model_turns:
@@ -317,6 +353,19 @@ class TurnRunner:
                 self._accepting = False
                 return ("end_turn", None)
             await self._run_tools(step, calls, response_future)
+
+    async def _prepared(self) -> bool:
+        """Awaits the prompt's blocks from an async `resize_image` and checks them; False
+        (with `_refused` set) when they are refused: the turn then journals nothing."""
+        prepare, self._prepare = self._prepare, None
+        try:
+            blocks = check_prompt_input(await prepare)
+            self.core.check_images(blocks)
+        except FxInputError as exc:
+            self._refused = exc
+            return False
+        self._blocks = blocks
+        return True
 
     def _needs_barrier(self, name: str) -> bool:
         tool = self.core.tools.get(name)
@@ -385,12 +434,17 @@ class TurnRunner:
             self._running_calls.pop(call.id, None)
             if self.signal.aborted:
                 return  # a late result after a cancel is dropped (the turn end answers the call)
-            body: dict[str, Any] = {"step": step, "id": call.id, "name": call.name, "content": outcome.content,
+            content, images = outcome.content, outcome.images
+            if images and not core.takes_images:
+                content += (f"\n[FX_MODEL_NO_IMAGES: the tool returned {len(images)} image(s); model "
+                            f"{core.spec.id} does not take images, so they were not sent]")
+                images = []
+            body: dict[str, Any] = {"step": step, "id": call.id, "name": call.name, "content": content,
                                     "isError": outcome.is_error}
-            if outcome.images:
-                body["images"] = outcome.images
+            if images:
+                body["images"] = images
             core.commit("tool_result", body, marks=[DONE])
-            await self.events.put(ev.tool_end(call.id, call.name, is_error=outcome.is_error, content=outcome.content,
+            await self.events.put(ev.tool_end(call.id, call.name, is_error=outcome.is_error, content=content,
                                               step=step))
 
         async def wait_barrier() -> None:

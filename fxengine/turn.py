@@ -45,7 +45,7 @@ class TurnDriver(Protocol):
     events: EventBuffer
 
     def describe(self) -> str: ...
-    def steer(self, text: str, steer_id: str | None) -> None: ...
+    def steer(self, input: Any, steer_id: str | None) -> None: ...
     def cancel(self) -> None: ...
     def yield_now(self) -> None: ...
     def detach(self) -> None: ...
@@ -160,15 +160,23 @@ class Turn:
         self._runner.events.unbound()
         return await asyncio.shield(self._runner.result_future)
 
-    def steer(self, text: str, *, id: str | None = None) -> None:
+    def steer(self, input: str | list[Any], *, id: str | None = None) -> None:
         """Steers the turn: cuts a streaming reply short, or waits for running tools, then
-        continues with `text` as a `user_message`.
+        continues with `input` (text, or text blocks) as a `user_message`.
+
+        A steer with images cannot join the turn: the turn ends `end_turn` at its next
+        safe point (a streaming reply is cut short, running tools finish; the turn's first
+        request always goes), takes no further steer, and `FxSteerDeferredError`
+        (`FX_STEER_NEXT_TURN`) hands the steer back to run as the next prompt.
 
         Raises:
-            FxLimitError: over the steering limits (64 KiB, 64 queued, 1 MiB queued).
-            FxInputError: empty text, or the turn already ended (`FX_TURN_ENDED`).
+            FxSteerDeferredError: the steer has images (see above).
+            FxLimitError: over the steering limits (64 KiB, 64 queued, 1 MiB queued), or
+                an image limit of `fxengine.limits.check_prompt_input`.
+            FxInputError: empty text, the turn already ended (`FX_TURN_ENDED`), images
+                to a model that takes none (`FX_MODEL_NO_IMAGES`).
         """
-        self._runner.steer(text, id)
+        self._runner.steer(input, id)
 
     def cancel(self) -> None:
         """Ends the turn `cancelled`: aborts tool signals and stops waiting for them."""

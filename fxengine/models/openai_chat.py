@@ -18,8 +18,9 @@ from typing import Any
 import httpx
 
 from ..errors import FxProviderError
-from ..providers.base import ModelSpec, Provider
-from ..providers.credentials import mask_secret
+from ..providers.base import WIRE_RESPONSES, ModelSpec, Provider
+from ..providers.credentials import mask_secrets
+from ..providers.responses import ResponsesDecoder, responses_body
 from ..tools.definition import Tool
 from ..usage import clean_usage
 from .sse import ChatStreamDecoder
@@ -192,7 +193,6 @@ async def stream_attempt(
         AttemptFailed: the request or its stream failed (`retryable` says whether a
             retry is allowed by the kind of failure alone).
     """
-    secret = provider.api_key
     started = time.monotonic()
 
     def elapsed_ms() -> int:
@@ -200,9 +200,20 @@ async def stream_attempt(
 
     diag({"type": "transport.request", "attempt": attempt, "method": "POST", "endpoint": provider.chat_url,
           "model": body.get("model"), "step": step})
-    decoder = ChatStreamDecoder()
+    headers = provider.request_headers()
+    if provider.auth is not None:
+        try:
+            # Added here, just before sending: credentials never sit in the body or the journal.
+            headers.update(await provider.auth.headers(client))
+        except FxProviderError as exc:
+            raise AttemptFailed(FxProviderError(mask_secrets(exc.message, provider.secrets()), code=exc.code),
+                                retryable=False) from None
+    secrets = provider.secrets()
+    responses = provider.wire == WIRE_RESPONSES
+    wire_body = responses_body(body) if responses else body
+    decoder: Any = ResponsesDecoder() if responses else ChatStreamDecoder()
     try:
-        async with client.stream("POST", provider.chat_url, json=body, headers=provider.request_headers()) as response:
+        async with client.stream("POST", provider.chat_url, json=wire_body, headers=headers) as response:
             response_event: dict[str, Any] = {"type": "transport.response", "attempt": attempt,
                                               "status": response.status_code, "elapsedMs": elapsed_ms(), "step": step}
             request_id = response.headers.get("x-vercel-id") or response.headers.get("x-request-id")
@@ -215,7 +226,7 @@ async def stream_attempt(
                     raw += piece
                     if len(raw) > ERROR_BODY_MAX_BYTES:
                         break
-                message = mask_secret(_error_message(raw), secret)
+                message = mask_secrets(_error_message(raw), secrets)
                 status = response.status_code
                 raise AttemptFailed(
                     _status_error(status, message),
@@ -265,7 +276,7 @@ async def stream_attempt(
     outcome = decoder.finish()
     if outcome.error is not None:
         detail = outcome.error.get("message") if isinstance(outcome.error, dict) else None
-        message = mask_secret(str(detail or json.dumps(outcome.error))[:2000], secret)
+        message = mask_secrets(str(detail or json.dumps(outcome.error))[:2000], secrets)
         raise AttemptFailed(FxProviderError(f"the model provider failed: {message}"), retryable=False)
     if not outcome.done and outcome.finish_reason is None:
         raise AttemptFailed(
@@ -298,6 +309,8 @@ async def model_step(
     out = out if out is not None else StepOutput()
     started = time.monotonic()
     attempt = 1
+    retried = False
+    refreshed = False
     while True:
         try:
             await stream_attempt(client, provider, body, out, on_delta=on_delta, diag=diag, attempt=attempt, step=step)
@@ -306,7 +319,14 @@ async def model_step(
             elapsed_ms = int((time.monotonic() - started) * 1000)
             diag({"type": "transport.error", "attempt": attempt, "elapsedMs": elapsed_ms, "error": failed.error.code,
                   "step": step})
-            if attempt >= 2 or not failed.retryable or out.emitted:
+            if not refreshed and _rejected(failed, provider):
+                # Credentials refused: refresh them once and send again (not the transport retry).
+                refreshed = True
+                diag({"type": "credentials.refresh", "attempt": attempt, "nextAttempt": attempt + 1, "step": step})
+                await _refresh(client, provider)
+                attempt += 1
+                continue
+            if retried or not failed.retryable or out.emitted:
                 raise failed.error from None
             delay_s = RETRY_DELAY_S if failed.retry_after_s is None else min(failed.retry_after_s, RETRY_AFTER_MAX_S)
             diag({"type": "transport.retry", "attempt": attempt, "nextAttempt": attempt + 1, "elapsedMs": elapsed_ms,
@@ -314,4 +334,20 @@ async def model_step(
             await asyncio.sleep(delay_s)
             out.text.clear()
             out.reasoning.clear()
+            retried = True
             attempt += 1
+
+
+def _rejected(failed: AttemptFailed, provider: Provider) -> bool:
+    """Whether the provider refused refreshable credentials (HTTP 401)."""
+    return (getattr(failed.error, "status", None) == 401 and provider.auth is not None
+            and provider.auth.refreshable)
+
+
+async def _refresh(client: httpx.AsyncClient, provider: Provider) -> None:
+    """Refreshes the provider's credentials; a failure ends the step, tokens masked."""
+    assert provider.auth is not None
+    try:
+        await provider.auth.refresh_rejected(client)
+    except FxProviderError as exc:
+        raise FxProviderError(mask_secrets(exc.message, provider.secrets()), code=exc.code) from None

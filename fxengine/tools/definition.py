@@ -85,6 +85,9 @@ class Tool:
             off by a crash runs again under the same `execution_id`.
         writes: defaults to `not idempotent`; a writing call runs alone.
         execute: `execute(input, ctx)`, sync (run in a thread) or async.
+        provider_executed: the provider runs it (AI Gateway's `web_search`); it is passed
+            through in the request and never runs here (`provider_tool`).
+        options: for a provider-executed tool, the settings passed with it.
     """
 
     name: str
@@ -93,6 +96,8 @@ class Tool:
     idempotent: bool
     writes: bool | None = None
     execute: Execute | None = field(default=None, repr=False)
+    provider_executed: bool = False
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
@@ -122,15 +127,47 @@ class Tool:
         return bool(self.writes)
 
     def describe(self) -> dict[str, Any]:
-        """The tool as a Chat Completions `tools` entry."""
+        """The tool as a Chat Completions `tools` entry (``{"type": <name>, **options}`` for
+        a provider-executed one)."""
+        if self.provider_executed:
+            return {"type": self.name, **self.options}
         return {
             "type": "function",
             "function": {"name": self.name, "description": self.description, "parameters": dict(self.input_schema)},
         }
 
 
+def _runs_at_provider(input: Any, ctx: ToolContext) -> Any:
+    raise RuntimeError("this tool runs at the model provider, not in this process")
+
+
+def provider_tool(name: str, **options: Any) -> Tool:
+    """A tool the provider runs, such as AI Gateway's web search (``provider_tool("web_search")``).
+
+    It goes to the model in the request's `tools` as ``{"type": name, **options}``; a call
+    of it that reaches this process anyway is answered as an error, never run.
+    """
+    return Tool(name, "", {"type": "object"}, idempotent=True, writes=False, execute=_runs_at_provider,
+                provider_executed=True, options=dict(options))
+
+
+def _from_mapping(spec: Mapping[str, Any]) -> Tool:
+    """A tool given as a dict: only ``{"name", "provider_executed": True, **options}``."""
+    options = dict(spec)
+    name = options.pop("name", None)
+    flag = options.pop("provider_executed", options.pop("providerExecuted", None))
+    if flag is not True or not isinstance(name, str):
+        raise FxToolDefinitionError(
+            f"{spec!r} is not a Tool: a dict tool is {{'name', 'provider_executed': True}} (else use Tool or @tool)")
+    return provider_tool(name, **options)
+
+
 def check_tools(tools: Any) -> dict[str, Tool]:
-    """Validates a tool list (or a dict keyed by name) and returns it keyed by name."""
+    """Validates a tool list (or a dict keyed by name) and returns it keyed by name.
+
+    An item is a `Tool`, or ``{"name": "web_search", "provider_executed": True}`` for a
+    tool the provider runs (`provider_tool`).
+    """
     if tools is None:
         return {}
     items = list(tools.values()) if isinstance(tools, Mapping) else list(tools)
@@ -138,6 +175,8 @@ def check_tools(tools: Any) -> dict[str, Tool]:
         raise FxToolDefinitionError(f"at most {TOOLS_MAX} tools")
     out: dict[str, Tool] = {}
     for item in items:
+        if isinstance(item, Mapping):
+            item = _from_mapping(item)
         if not isinstance(item, Tool):
             raise FxToolDefinitionError(f"{item!r} is not a Tool (use Tool(...) or @tool(idempotent=...))")
         if item.name in out:
