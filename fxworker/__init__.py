@@ -19,6 +19,7 @@ from .errors import (
     FxWorkerError,
 )
 from .ids import new_session_id
+from .refresh_lock import redis_refresh_lock
 from .registry import agents, get_agent
 from fxengine.turn import TurnResult
 from .settings import Settings
@@ -34,6 +35,8 @@ __all__ = [
     "agents",
     "get_agent",
     "new_session_id",
+    # credentials
+    "redis_refresh_lock",
     # configuration
     "Settings",
     # errors

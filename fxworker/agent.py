@@ -36,7 +36,7 @@ from typing import Any
 from fxengine.engine import check_max_model_turns
 from fxengine.errors import FxInputError
 from fxengine.limits import check_context, check_instructions, check_prompt_input, check_steer_text
-from fxengine.providers import Provider, check_model
+from fxengine.providers import PROVIDER_NAMES, CatalogCache, Provider, resolve_provider
 from fxengine.tools import check_tools
 
 from . import metrics, registry
@@ -83,10 +83,18 @@ class Agent:
         reserve_s / lease_s: deadline reserve and lease length (default `FX_RESERVE_S`,
             `FX_LEASE_S`).
         on_event: diagnostics callback (`session.*`, `tool.rerun`, `checkpoint.mismatch`...).
+        provider: None / ``"gateway"`` (AI Gateway), ``"codex"`` (ChatGPT plans),
+            ``"grok"`` (Grok plans), a custom provider dict, or a `Provider`.
+        credentials / on_credentials / refresh_lock: the credential callbacks of a plan
+            (or custom) provider, called in whichever process runs the turn
+            (`fxengine.providers.auth`; `fxworker.redis_refresh_lock` is a lock).
+        model_catalog: AI Gateway's catalog, supplied so that nothing is fetched.
 
-    The model, instructions and provider are checked here, offline, by the checks the
-    engine runs (`fxengine.providers.check_model`, `fxengine.limits.check_instructions`),
-    so a worker never meets a setting the agent accepted and the engine refuses.
+    The model, instructions and provider are checked here by the checks the engine runs
+    (`fxengine.providers.check_model`, `fxengine.limits.check_instructions`), so a worker
+    never meets a setting the agent accepted and the engine refuses. The checks are
+    offline, except that a model naming an effort, fast or ultrafast on AI Gateway without
+    `model_catalog` fetches the Gateway's catalog once (cached by the agent).
 
     Raises:
         FxAgentExistsError: this process already has an agent of this name.
@@ -95,6 +103,8 @@ class Agent:
             `FX_MODEL_UNSUPPORTED_EFFORT` / `_FAST` / `_ULTRAFAST`), provider
             (`FX_PROVIDER_INVALID`), instructions (`FX_INVALID_INPUT`,
             `FX_LIMIT_INSTRUCTIONS`), `api_key` or `max_model_turns`.
+        FxProviderError: a plan provider without `credentials`
+            (`FX_PROVIDER_NO_CREDENTIALS`), or the catalog fetch failed.
     """
 
     def __init__(
@@ -104,7 +114,7 @@ class Agent:
         model: str | dict[str, Any],
         instructions: str | Sequence[str] | None = None,
         tools: Sequence[Any] = (),
-        provider: dict[str, Any] | None = None,
+        provider: dict[str, Any] | Provider | str | None = None,
         api_key: str | None = None,
         store: Any = None,
         waker: Waker | None = None,
@@ -113,16 +123,26 @@ class Agent:
         on_event: OnEvent | None = None,
         max_model_turns: int = 50,
         settings: Settings | None = None,
+        credentials: Callable[..., Any] | None = None,
+        on_credentials: Callable[..., Any] | None = None,
+        refresh_lock: Callable[..., Any] | None = None,
+        model_catalog: Any = None,
     ) -> None:
         if not isinstance(name, str) or not _AGENT_NAME.fullmatch(name):
             raise FxConfigError(f"agent name must be 1 to 64 of A-Z a-z 0-9 . _ -, got {name!r}")
-        if provider is not None and not isinstance(provider, (dict, Provider)):
-            raise FxInputError("provider must be a custom provider dict {name, base_url, models}",
+        if provider is not None and not isinstance(provider, (dict, Provider)) and provider not in PROVIDER_NAMES:
+            raise FxInputError("provider must be gateway, codex, grok or a custom provider dict {name, base_url, models}",
                                code="FX_PROVIDER_INVALID")
-        check_model(model, provider)
-        check_instructions(instructions)
         if api_key is not None and not isinstance(api_key, str):
             raise FxInputError("api_key must be a string")
+        if isinstance(provider, str) and provider != "gateway" or credentials is not None:
+            # Callbacks travel inside the resolved provider: the worker's engine gets them
+            # with the provider and binds them to each session.
+            provider = resolve_provider(provider, api_key=api_key, model_catalog=model_catalog, credentials=credentials,
+                                        on_credentials=on_credentials, refresh_lock=refresh_lock)
+        self._catalog = CatalogCache(provider, api_key=api_key, model_catalog=model_catalog)
+        self._catalog.check(model)
+        check_instructions(instructions)
         check_max_model_turns(max_model_turns)
         self.name = name
         self.model = model
@@ -141,6 +161,10 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"<Agent {self.name!r} model={self.model!r} tools={[t.name for t in self.tools]}>"
+
+    def check_model(self, model: Any) -> Any:
+        """Checks a model setting against this agent's catalog (fetched once, when needed)."""
+        return self._catalog.check(model)
 
     @property
     def settings(self) -> Settings:
@@ -269,7 +293,7 @@ class Session:
         context = check_context(self.context)
         out: dict[str, Any] = {}
         if self.model is not None:
-            check_model(self.model, self.agent.provider)
+            self.agent.check_model(self.model)
             out["model"] = self.model if isinstance(self.model, str) else dict(self.model)
         if self.instructions is not None:
             check_instructions(self.instructions)

@@ -47,3 +47,10 @@ def mask_secret(text: str, secret: str | None) -> str:
         prefix = re.escape(secret[:_PREFIX_CHARS])
         text = re.sub(prefix + r"[^\s\"',;]*", mask(secret), text)
     return text
+
+
+def mask_secrets(text: str, secrets: list[str] | tuple[str, ...]) -> str:
+    """`mask_secret` for each of `secrets`, longest first (a token containing another)."""
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        text = mask_secret(text, secret)
+    return text

@@ -1,0 +1,174 @@
+"""The Responses API shape the Codex backend speaks: the request and the streamed answer.
+
+The engine builds every model request as a Chat Completions body
+(`models/openai_chat.build_request`); for a provider with `wire="responses"` it is
+turned into a Responses body here, and the stream is read by `ResponsesDecoder`, which
+gives the same events and outcome as the Chat Completions decoder, so the turn loop does
+not know which shape went over the wire.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# A reply's end: the Responses `incomplete_details.reason` -> a Chat Completions finish_reason.
+_INCOMPLETE = {"max_output_tokens": "length", "content_filter": "content_filter"}
+
+
+def _input_content(content: Any, role: str) -> list[dict[str, Any]]:
+    kind = "output_text" if role == "assistant" else "input_text"
+    if isinstance(content, str):
+        return [{"type": kind, "text": content}] if content else []
+    parts: list[dict[str, Any]] = []
+    for part in content or []:
+        if part.get("type") == "text":
+            parts.append({"type": kind, "text": part["text"]})
+        elif part.get("type") == "image_url":
+            parts.append({"type": "input_image", "image_url": part["image_url"]["url"]})
+    return parts
+
+
+def _input_items(messages: Sequence[Mapping[str, Any]]) -> tuple[str | None, list[dict[str, Any]]]:
+    """(instructions, input items) from Chat Completions messages."""
+    instructions: list[str] = []
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        if role == "system":
+            instructions.append(str(message.get("content") or ""))
+        elif role == "tool":
+            items.append({"type": "function_call_output", "call_id": message["tool_call_id"],
+                          "output": message.get("content") or ""})
+        else:
+            content = _input_content(message.get("content"), str(role))
+            if content:
+                items.append({"type": "message", "role": role, "content": content})
+            for call in message.get("tool_calls") or []:
+                items.append({"type": "function_call", "call_id": call["id"], "name": call["function"]["name"],
+                              "arguments": call["function"]["arguments"]})
+    return ("\n\n".join(instructions) if instructions else None), items
+
+
+def responses_body(chat: Mapping[str, Any]) -> dict[str, Any]:
+    """The Responses request for a Chat Completions request body."""
+    instructions, items = _input_items(chat.get("messages") or [])
+    body: dict[str, Any] = {"model": chat["model"], "input": items, "stream": True, "store": False}
+    if instructions is not None:
+        body["instructions"] = instructions
+    tools = chat.get("tools")
+    if tools:
+        body["tools"] = [{"type": "function", "name": t["function"]["name"],
+                          "description": t["function"].get("description", ""),
+                          "parameters": t["function"].get("parameters") or {"type": "object", "properties": {}}}
+                         for t in tools]
+        body["tool_choice"] = "auto"
+        body["parallel_tool_calls"] = True
+    if chat.get("reasoning_effort") is not None:
+        body["reasoning"] = {"effort": chat["reasoning_effort"], "summary": "auto"}
+    if chat.get("service_tier") is not None:
+        body["service_tier"] = chat["service_tier"]
+    return body
+
+
+class ToolCall:
+    """One function call of a reply: its call id, name and arguments JSON text."""
+
+    __slots__ = ("id", "name", "arguments")
+
+    def __init__(self, id: str, name: str, arguments: str) -> None:
+        self.id = id
+        self.name = name
+        self.arguments = arguments
+
+
+class Outcome:
+    """The end of a Responses stream, with the attributes of the Chat Completions outcome."""
+
+    def __init__(self, finish_reason: str | None, tool_calls: list[ToolCall], usage: dict[str, int],
+                 done: bool, error: Any, model: str | None) -> None:
+        self.finish_reason = finish_reason
+        self.tool_calls = tool_calls
+        self.usage = usage
+        self.done = done
+        self.error = error
+        self.model = model
+
+
+def _usage(raw: Any) -> dict[str, int]:
+    if not isinstance(raw, Mapping):
+        return {}
+    out: dict[str, int] = {}
+    pairs = (("inputTokens", raw.get("input_tokens")), ("outputTokens", raw.get("output_tokens")),
+             ("cacheReadTokens", (raw.get("input_tokens_details") or {}).get("cached_tokens")),
+             ("reasoningTokens", (raw.get("output_tokens_details") or {}).get("reasoning_tokens")))
+    for key, value in pairs:
+        if isinstance(value, int) and not isinstance(value, bool):
+            out[key] = value
+    return out
+
+
+class ResponsesDecoder:
+    """Reads a Responses event stream: `feed(bytes)` gives ``("text_delta", s)`` and
+    ``("reasoning_delta", s)`` events as they arrive, `finish()` the outcome."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._calls: list[ToolCall] = []
+        self._finish: str | None = None
+        self._usage: dict[str, int] = {}
+        self._done = False
+        self._error: Any = None
+        self._model: str | None = None
+
+    def feed(self, data: bytes) -> list[tuple[str, str]]:
+        self._buf += data
+        events: list[tuple[str, str]] = []
+        while b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            line = line.rstrip(b"\r")
+            if line.startswith(b"data:"):
+                self._event(line[5:].strip(), events)
+        return events
+
+    def _event(self, payload: bytes, events: list[tuple[str, str]]) -> None:
+        if not payload or payload == b"[DONE]":
+            return
+        try:
+            event = json.loads(payload)
+        except ValueError:
+            return
+        if not isinstance(event, dict):
+            return
+        kind = event.get("type")
+        if kind == "response.output_text.delta" and isinstance(event.get("delta"), str):
+            events.append(("text_delta", event["delta"]))
+        elif kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta") \
+                and isinstance(event.get("delta"), str):
+            events.append(("reasoning_delta", event["delta"]))
+        elif kind == "response.output_item.done":
+            item = event.get("item") or {}
+            if item.get("type") == "function_call":
+                self._calls.append(ToolCall(str(item.get("call_id") or item.get("id")), str(item.get("name")),
+                                            str(item.get("arguments") or "{}")))
+        elif kind in ("response.completed", "response.incomplete"):
+            self._end(event.get("response") or {})
+        elif kind in ("response.failed", "error"):
+            response = event.get("response") or {}
+            self._error = response.get("error") or event.get("error") or {"message": event.get("message")}
+            self._done = True
+
+    def _end(self, response: Mapping[str, Any]) -> None:
+        self._done = True
+        self._usage = _usage(response.get("usage"))
+        if isinstance(response.get("model"), str):
+            self._model = response["model"]
+        reason = (response.get("incomplete_details") or {}).get("reason")
+        if reason is not None:
+            self._finish = _INCOMPLETE.get(reason, "length")
+        else:
+            self._finish = "tool_calls" if self._calls else "stop"
+
+    def finish(self) -> Outcome:
+        return Outcome(self._finish, list(self._calls), self._usage, self._done, self._error, self._model)
