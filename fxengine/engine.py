@@ -13,6 +13,7 @@ a new engine on the same store can `resume()` a turn the last process left open.
 
 from __future__ import annotations
 
+import inspect
 import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +23,15 @@ import httpx
 
 from .core import EngineCore, EventSink, OnEvent
 from .errors import FxError, FxInputError
-from .limits import INSTRUCTIONS_MAX_BYTES, check_context, check_instructions, check_prompt_input
+from .limits import (
+    INSTRUCTIONS_MAX_BYTES,
+    ResizeImage,
+    check_context,
+    check_instructions,
+    check_prompt_input,
+    resize_prompt_images,
+    stage_prompt_input,
+)
 from .loop import OnAmbiguous, TurnRunner
 from .persistence import Persistence
 from .providers import Provider, check_model, resolve_provider
@@ -80,8 +89,10 @@ class Engine:
         session_id: str | None,
         context: Any,
         epoch: int | None,
+        resize_image: ResizeImage | None = None,
     ) -> None:
         self._own_client = http_client is None
+        self._resize_image = resize_image
         self.core = EngineCore(
             provider=provider,
             spec=spec,
@@ -165,26 +176,32 @@ class Engine:
 
         Args:
             input: text, or a list of text and image blocks (checked by
-                `fxengine.limits.check_prompt_input`).
+                `fxengine.limits.check_prompt_input`; image data as bytes or base64).
+                With a `resize_image` hook every image goes through it first and the
+                limits apply to what it returns; an async hook runs in the turn, so a
+                limit it breaks ends the turn `error` with its code, nothing journaled.
             yield_at: epoch ms; the turn stops `yielded` before its next model request
                 after that time (its first request always goes).
             turn_id: the turn's id; the open turn's id resumes it, the last ended
                 turn's id answers its result again (`repeated=True`) and runs nothing.
 
         Raises:
-            FxInputError / FxLimitError: bad input, before anything is sent or stored.
+            FxInputError / FxLimitError: bad input, before anything is sent or stored;
+                `FX_MODEL_NO_IMAGES` for images to a model whose catalog entry takes none.
             FxError: `FX_TURN_RUNNING`, `FX_ENGINE_CLOSED`, `FX_DETACHED`, or the
                 journal failure that stopped this engine.
         """
         self._check_usable()
         yield_at = _check_yield_at(yield_at)
-        blocks = check_prompt_input(input)  # type: ignore[arg-type]
-        entry = self.core.spec.entry
-        if entry is not None and not entry.supports_images and any(b["type"] == "image" for b in blocks):
-            raise FxInputError(f"model {self.core.spec.id} does not take images", code="FX_MODEL_NO_IMAGES")
         if turn_id is not None:
             _check_turn_id(turn_id)
+        blocks, prepare = self._prompt_blocks(input)
+        if turn_id is not None:
             conv = self.core.conversation
+            repeat = (conv.open is not None and turn_id == conv.open.id) or (
+                turn_id == conv.last_turn_id and conv.last_end is not None)
+            if repeat and inspect.iscoroutine(prepare):
+                prepare.close()  # a repeated turn id runs nothing of this input
             if conv.open is not None and turn_id == conv.open.id:
                 resumed = self.resume(yield_at=yield_at)
                 assert resumed is not None
@@ -195,10 +212,24 @@ class Engine:
                 runner.finish_now(TurnResult(end.get("stopReason") or "end_turn", dict(end.get("usage") or {}),
                                              end.get("error"), repeated=True))
                 return Turn(runner)
-        runner = self._runner(turn_id or f"turn_{uuid.uuid4().hex}", blocks=blocks, yield_at=yield_at)
+        runner = self._runner(turn_id or f"turn_{uuid.uuid4().hex}", blocks=blocks, prepare=prepare, yield_at=yield_at)
         self._running = runner
         runner.start()
         return Turn(runner)
+
+    def _prompt_blocks(self, input: Any) -> tuple[list[dict[str, Any]] | None, Any]:
+        """(blocks, None) checked now, or (None, an awaitable of the blocks) when an async
+        `resize_image` has yet to answer (the turn awaits and checks them)."""
+        hook = self._resize_image
+        if hook is None:
+            blocks = check_prompt_input(input)
+        else:
+            resized = resize_prompt_images(stage_prompt_input(input), hook)
+            if inspect.isawaitable(resized):
+                return None, resized
+            blocks = check_prompt_input(resized)
+        self.core.check_images(blocks)
+        return blocks, None
 
     def resume(
         self,
@@ -343,6 +374,7 @@ async def create_engine(
     credentials: Callable[..., Any] | None = None,
     on_credentials: Callable[..., Any] | None = None,
     refresh_lock: Callable[..., Any] | None = None,
+    resize_image: ResizeImage | None = None,
 ) -> Engine:
     """Creates an engine (and loads its journal when `persistence` is given).
 
@@ -374,6 +406,9 @@ async def create_engine(
             credential callbacks, called with ``{"provider", "session_id"}``; see
             `fxengine.providers.auth`. Credentials are added to each request just
             before it is sent and are never journaled or passed to `on_event`.
+        resize_image: ``hook({"bytes", "mime_type"}) -> {"bytes", "mime_type"}`` (sync or
+            async), applied to every prompt image before the limits (to downscale or
+            convert it).
 
     Raises:
         FxInputError: a bad model, setting, provider, tool or option (`FX_*` codes); the
@@ -396,6 +431,8 @@ async def create_engine(
         raise FxInputError("checkpoint must be bytes from Engine.checkpoint()")
     if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int)):
         raise FxInputError("epoch must be an integer")
+    if resize_image is not None and not callable(resize_image):
+        raise FxInputError("resize_image must be a function")
     engine = Engine(
         provider=resolved,
         spec=spec,
@@ -409,6 +446,7 @@ async def create_engine(
         session_id=session_id,
         context=context,
         epoch=epoch,
+        resize_image=resize_image,
     )
     try:
         await engine.core.load(bytes(checkpoint) if checkpoint is not None else None)

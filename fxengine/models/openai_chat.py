@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from ..errors import FxProviderError
+from ..errors import FxInputError, FxProviderError
 from ..providers.base import WIRE_RESPONSES, ModelSpec, Provider
 from ..providers.credentials import mask_secrets
 from ..providers.responses import ResponsesDecoder, responses_body
@@ -79,6 +79,13 @@ def wire_messages(messages: Sequence[Mapping[str, Any]], instructions: str | Non
     return out
 
 
+def _holds_images(messages: Sequence[Mapping[str, Any]]) -> bool:
+    for message in messages:
+        if message.get("images") or any(b.get("type") == "image" for b in message.get("blocks") or ()):
+            return True
+    return False
+
+
 def build_request(
     spec: ModelSpec,
     messages: Sequence[Mapping[str, Any]],
@@ -86,7 +93,16 @@ def build_request(
     tools: Sequence[Tool],
     instructions: str | None,
 ) -> dict[str, Any]:
-    """The JSON body of one streaming Chat Completions request."""
+    """The JSON body of one streaming Chat Completions request.
+
+    Raises:
+        FxInputError: `FX_MODEL_NO_IMAGES` when the history holds an image (a checkpoint
+            made with another model) and this model's catalog entry takes none: no image
+            bytes leave the process.
+    """
+    if spec.entry is not None and not spec.entry.supports_images and _holds_images(messages):
+        raise FxInputError(f"model {spec.id} does not take images, and the conversation holds some",
+                           code="FX_MODEL_NO_IMAGES")
     body: dict[str, Any] = {
         "model": spec.id,
         "messages": wire_messages(messages, instructions),

@@ -28,6 +28,7 @@ from .definition import Tool, ToolContext
 
 MAX_CONCURRENT_CALLS = 16
 TOOL_RESULT_IMAGES_MAX = 8
+TOOL_RESULT_IMAGE_MAX_CHARS = 5 * 1024 * 1024  # base64 characters of one result image
 TOOL_THREADS_MAX = 64
 TOOL_RESULT_MAX_BYTES = 8 * 1024 * 1024
 
@@ -117,7 +118,13 @@ def _image(entry: Any, index: int) -> dict[str, str]:
     mime = sniff_image_type(raw)
     if mime is None:
         raise ValueError(f"tool result image {index} is not PNG, JPEG, GIF or WebP")
-    return {"mimeType": mime, "data": base64.b64encode(raw).decode("ascii")}
+    claimed = entry.get("mimeType", entry.get("mime_type"))
+    if claimed is not None and claimed != mime:
+        raise ValueError(f"tool result image {index} claims {claimed!r} but its bytes are {mime}")
+    data = base64.b64encode(raw).decode("ascii")
+    if len(data) > TOOL_RESULT_IMAGE_MAX_CHARS:
+        raise ValueError(f"tool result image {index} is over 5 MiB of base64")
+    return {"mimeType": mime, "data": data}
 
 
 def format_result(value: Any) -> tuple[str, list[dict[str, str]], bool]:
