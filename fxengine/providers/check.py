@@ -166,10 +166,12 @@ class CatalogCache:
     def check(self, model: Any) -> ModelSpec:
         """`check_model` against this catalog, fetching it first when `model` names a
         setting and the Gateway's catalog is not held yet."""
+        spec = check_model(model, self.provider, model_catalog=self._catalog)  # the shape, offline first
         fetches, key, base_url = self._fetches_from_gateway()
-        if fetches and self._catalog is None and names_setting(model):
-            with self._lock:
-                if self._catalog is None:
-                    self._catalog = fetch_catalog(api_key=key, base_url=base_url, env=self._env)
-                    self.fetches += 1
+        if not (fetches and self._catalog is None and names_setting(model)):
+            return spec
+        with self._lock:
+            if self._catalog is None:
+                self._catalog = fetch_catalog(api_key=key, base_url=base_url, env=self._env)
+                self.fetches += 1
         return check_model(model, self.provider, model_catalog=self._catalog)

@@ -12,14 +12,21 @@ GATEWAY_BASE_URL = "https://ai-gateway.vercel.sh/v1"
 
 
 def gateway_provider(
-    *, api_key: str | None, env: Mapping[str, str] | None = None, model_catalog: Mapping[str, Any] | None = None
+    *,
+    api_key: str | None,
+    env: Mapping[str, str] | None = None,
+    model_catalog: Any = None,
+    base_url: str = GATEWAY_BASE_URL,
 ) -> Provider:
     """AI Gateway with the key from `api_key`, `AI_GATEWAY_API_KEY` or `VERCEL_OIDC_TOKEN`.
 
-    `model_catalog` (id -> entry, as in a custom provider) lets settings be checked
-    offline; without it any model id and setting is passed through to the gateway.
+    `model_catalog` (either form of `providers.catalog.parse_catalog`) lets settings be
+    checked offline; without it any model id and setting is passed through to the
+    gateway. `base_url` points it elsewhere (a proxy, a test server): requests go to
+    ``{base_url}/chat/completions`` and the catalog is ``{base_url}/models``.
     """
-    from .custom import parse_models
+    from .catalog import parse_catalog
+    from .custom import check_base_url
 
-    models: dict[str, ModelEntry] | None = parse_models(model_catalog) if model_catalog is not None else None
-    return Provider("gateway", GATEWAY_BASE_URL, gateway_key(api_key, env), models)
+    models: dict[str, ModelEntry] | None = parse_catalog(model_catalog) if model_catalog is not None else None
+    return Provider("gateway", check_base_url(base_url), gateway_key(api_key, env), models)
