@@ -12,6 +12,8 @@ from .credentials import mask
 if TYPE_CHECKING:
     from .auth import CredentialSource
 
+GATEWAY_BASE_URL = "https://ai-gateway.vercel.sh/v1"
+
 # The two request shapes: OpenAI Chat Completions, and the Responses API the Codex
 # backend speaks (`providers/responses.py` converts the request and decodes the stream).
 WIRE_CHAT = "chat"

@@ -22,8 +22,9 @@ from typing import Any
 import httpx
 
 from ..errors import FxProviderError
-from .base import ModelEntry
+from .base import GATEWAY_BASE_URL, ModelEntry
 from .credentials import gateway_key, mask_secret
+from .custom import parse_models
 
 REASONING_EFFORTS = ("minimal", "low", "medium", "high")
 CATALOG_TIMEOUT = httpx.Timeout(15.0)
@@ -68,8 +69,6 @@ def _gateway_entries(data: Sequence[Any]) -> dict[str, ModelEntry]:
 
 def parse_catalog(catalog: Any) -> dict[str, ModelEntry]:
     """A catalog in either form the module docstring names (`FX_PROVIDER_INVALID` otherwise)."""
-    from .custom import parse_models
-
     if isinstance(catalog, Mapping) and isinstance(catalog.get("data"), list):
         return _gateway_entries(catalog["data"])
     if isinstance(catalog, (list, tuple)):
@@ -86,8 +85,6 @@ def fetch_catalog(*, api_key: str | None = None, base_url: str | None = None,
             `FX_PROVIDER_REJECTED` or `FX_PROVIDER_UNAVAILABLE` for an HTTP error (the key
             masked in its message); `FX_PROVIDER_UNREACHABLE` when it cannot be reached.
     """
-    from .gateway import GATEWAY_BASE_URL
-
     key = gateway_key(api_key, env)
     url = (base_url or GATEWAY_BASE_URL).rstrip("/") + "/models"
     try:

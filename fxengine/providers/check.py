@@ -7,10 +7,11 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import FxInputError, FxModelUnsupportedError
+from ..errors import FxInputError, FxModelUnsupportedError, FxProviderError
 from ..limits import is_utf8
 from .base import ModelEntry, ModelSpec, Provider
 from .catalog import fetch_catalog, names_setting, parse_catalog
+from .credentials import gateway_key
 from .custom import custom_provider
 
 EFFORT_MAX_BYTES = 64
@@ -156,12 +157,21 @@ class CatalogCache:
         return self._catalog
 
     def _fetches_from_gateway(self) -> tuple[bool, str | None, str | None]:
+        """(fetch?, key, base URL): the Gateway's catalog is fetched only for AI Gateway,
+        and only with a key (without one, settings go through unchecked, as the engine's
+        turn would fail for want of the key anyway)."""
         provider = self.provider
         if provider is None or provider == "gateway":
-            return True, self._api_key, None
-        if isinstance(provider, Provider) and provider.name == "gateway" and provider.models is None:
-            return True, provider.api_key or self._api_key, provider.base_url
-        return False, None, None
+            key, base_url = self._api_key, None
+        elif isinstance(provider, Provider) and provider.name == "gateway" and provider.models is None:
+            key, base_url = provider.api_key or self._api_key, provider.base_url
+        else:
+            return False, None, None
+        try:
+            key = gateway_key(key, self._env)
+        except FxProviderError:
+            return False, None, None
+        return True, key, base_url
 
     def check(self, model: Any) -> ModelSpec:
         """`check_model` against this catalog, fetching it first when `model` names a

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .base import ModelEntry, Provider
+from .base import GATEWAY_BASE_URL, ModelEntry, Provider
+from .catalog import parse_catalog
 from .credentials import gateway_key
+from .custom import check_base_url
 
-GATEWAY_BASE_URL = "https://ai-gateway.vercel.sh/v1"
+__all__ = ["GATEWAY_BASE_URL", "gateway_provider"]
 
 
 def gateway_provider(
@@ -25,8 +27,5 @@ def gateway_provider(
     gateway. `base_url` points it elsewhere (a proxy, a test server): requests go to
     ``{base_url}/chat/completions`` and the catalog is ``{base_url}/models``.
     """
-    from .catalog import parse_catalog
-    from .custom import check_base_url
-
     models: dict[str, ModelEntry] | None = parse_catalog(model_catalog) if model_catalog is not None else None
     return Provider("gateway", check_base_url(base_url), gateway_key(api_key, env), models)

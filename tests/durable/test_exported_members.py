@@ -16,6 +16,7 @@ def test_fxworker_exports() -> None:
         "agents",
         "get_agent",
         "new_session_id",
+        "redis_refresh_lock",
         "Settings",
         "FxAckUnsupportedError",
         "FxAgentExistsError",
