@@ -31,7 +31,7 @@ from tests.chaos.history import History
 from tests.chaos.nemesis import Nemesis
 from tests.chaos.system import System
 from tests.chaos.tooling import events_key, runs_key
-from tests.chaos.workload import ModelScript, SessionDriver
+from tests.chaos.workload import Driver, ModelScript, SessionDriver
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PLANTS = {"duplicate-effects": {"FXENGINE_TEST_DUPLICATE_EFFECTS": "1"}}
@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=90.0, help="seconds of workload and faults (default 90)")
     p.add_argument("--seed", type=int, default=None, help="the schedule's seed (default: a random one, printed)")
     p.add_argument("--sessions", type=int, default=10, help="concurrent sessions (default 10)")
-    p.add_argument("--prompts", type=int, default=6, help="prompts per session at most (default 6)")
+    p.add_argument("--prompts", type=int, default=6, help="prompts per session (then its driver starts a new one; default 6)")
     p.add_argument("--workers", type=int, default=3, help="Celery worker processes kept alive (default 3)")
     p.add_argument("--drain", type=float, default=150.0, help="seconds to let acknowledged inputs finish")
     p.add_argument("--gap", type=float, nargs=2, default=(2.5, 5.0), metavar=("MIN", "MAX"),
@@ -86,8 +86,8 @@ def run(args: argparse.Namespace, seed: int) -> tuple[Verdict, Observation, Hist
         history.record("started", workers=args.workers, sessions=args.sessions, seed=seed, plant=args.plant)
         assert system.web is not None
         stop_at = time.monotonic() + args.duration
-        drivers = [SessionDriver(i, system.web.url, seed, history, stop_at, max_prompts=args.prompts,
-                                 first_prompt="slow:s0.0" if i == 0 else None) for i in range(args.sessions)]
+        drivers = [Driver(i, system.web.url, seed, history, stop_at, prompts=args.prompts,
+                          first_prompt="slow" if i == 0 else None) for i in range(args.sessions)]
         tags: dict[str, str] = {}
         nemesis = None
         if not args.no_faults:
@@ -97,27 +97,32 @@ def run(args: argparse.Namespace, seed: int) -> tuple[Verdict, Observation, Hist
             d.start()
             time.sleep(0.1)
         while time.monotonic() < stop_at:
-            tags.update({f"s{d.index}": d.session_id for d in drivers if d.session_id})
+            tags.update({s.tag: s.session_id for s in _sessions(drivers) if s.session_id})
             time.sleep(0.2)
         for d in drivers:
             d.thread.join(60)
+        sessions = _sessions(drivers)
         if nemesis is not None:
             nemesis.stop()
         history.record("faults_stopped")
         assert system.pool is not None
         system.pool.fill()
-        drained = drain(system, drivers, args.drain)
+        drained = drain(system, sessions, args.drain)
         history.record("drained", complete=drained)
-        for d in drivers:
-            if d.reader is not None:
-                d.reader.finish()
-        for d in drivers:
-            if d.reader is not None:
-                d.reader.thread.join(30)
-        obs = observe(system, drivers, history, seed, script)
+        for s in sessions:
+            if s.reader is not None:
+                s.reader.finish()
+        for s in sessions:
+            if s.reader is not None:
+                s.reader.thread.join(30)
+        obs = observe(system, sessions, history, seed, script)
         return check(obs), obs, history
     finally:
         system.close()
+
+
+def _sessions(drivers: list[Driver]) -> list[SessionDriver]:
+    return [s for d in drivers for s in list(d.sessions)]
 
 
 def drain(system: System, drivers: list[SessionDriver], timeout_s: float) -> bool:

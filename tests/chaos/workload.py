@@ -1,7 +1,8 @@
 """The workload of a chaos run: session drivers, stream readers, and the model's script.
 
-Each `SessionDriver` owns one session: it sends a few prompts over HTTP (the first one
-creates the session), without waiting for turns to end, and a steer now and then; every
+Each `Driver` keeps one session going at a time: its `SessionDriver` sends a few prompts over
+HTTP (the first one creates the session), without waiting for turns to end, and a steer now
+and then, and then the driver starts a new session (so a long run keeps its load); every
 request carries a message id and is resent under it until the API acknowledges it (202)
 or refuses it (4xx). Each acknowledgement is recorded (`ack`), in the order the driver got
 them: one driver sends one request at a time, so that is the session's acceptance order.
@@ -19,7 +20,7 @@ checker can compare them with the stream the store holds (§11.7).
 - `chain:<tag>:<n>`: n probe calls in a row (long enough to yield at the soft stop);
 - `slow:<tag>`: a call that outlasts every delivery (cut off until the third cut-off);
 - `steer:<tag>` (a steer's text): text answering the steer.
-`<tag>` is `s<session>.<prompt>`; the script keeps, per session, the pid of the worker
+`<tag>` is `s<driver>g<session>.<prompt>`; the script keeps, per session, the pid of the worker
 process that made its last model request (from the `x-fx-pid` header), which is how the
 nemesis knows which sessions a worker it kills was running.
 """
@@ -118,43 +119,75 @@ def prompt_text(rng: random.Random, tag: str) -> str:
     return f"chain:{tag}:6" if kind == "chain" else f"{kind}:{tag}"
 
 
+class Driver:
+    """Keeps one session going until `stop_at`: a session of up to `prompts` prompts, then a new one."""
+
+    def __init__(self, index: int, base_url: str, seed: int, history: History, stop_at: float, *,
+                 prompts: int = 6, first_prompt: str | None = None) -> None:
+        self.index = index
+        self.base_url = base_url
+        self.seed = seed
+        self.history = history
+        self.stop_at = stop_at
+        self.prompts = prompts
+        self.first_prompt = first_prompt
+        self.sessions: list[SessionDriver] = []
+        self.thread = threading.Thread(target=self.run, name=f"chaos-driver-{index}", daemon=True)
+
+    def start(self) -> Driver:
+        self.thread.start()
+        return self
+
+    def run(self) -> None:
+        generation = 0
+        while time.monotonic() < self.stop_at:
+            session = SessionDriver(f"{self.index}g{generation}", self.base_url, self.seed, self.history,
+                                    self.stop_at, max_prompts=self.prompts, first_prompt=self.first_prompt)
+            self.sessions.append(session)
+            if not session.run():
+                return
+            generation += 1
+
+
 @dataclass
 class SessionDriver:
     """Sends one session's prompts and steers until `stop_at` (see the module doc)."""
 
-    index: int
+    name: str
     base_url: str
     seed: int
     history: History
     stop_at: float
-    max_prompts: int = 5
+    max_prompts: int = 6
     first_prompt: str | None = None
     session_id: str | None = None
     acked: list[dict[str, Any]] = field(default_factory=list)
     reader: Reader | None = None
 
     def __post_init__(self) -> None:
-        self.rng = random.Random(f"driver-{self.seed}-{self.index}")
-        self.thread = threading.Thread(target=self.run, name=f"chaos-driver-{self.index}", daemon=True)
+        self.rng = random.Random(f"driver-{self.seed}-{self.name}")
 
-    def start(self) -> SessionDriver:
-        self.thread.start()
-        return self
+    @property
+    def tag(self) -> str:
+        """The session's tag in prompt texts (`s<name>`), by which the model script knows it."""
+        return f"s{self.name}"
 
-    def run(self) -> None:
+    def run(self) -> bool:
+        """Sends the session's inputs; False when one was never acknowledged (the driver stops)."""
         with httpx.Client(base_url=self.base_url, timeout=10.0) as http:
             for n in range(self.max_prompts):
                 if time.monotonic() >= self.stop_at:
-                    return
-                tag = f"s{self.index}.{n}"
-                text_ = self.first_prompt if n == 0 and self.first_prompt else prompt_text(self.rng, tag)
+                    return True
+                tag = f"{self.tag}.{n}"
+                text_ = f"{self.first_prompt}:{tag}" if n == 0 and self.first_prompt else prompt_text(self.rng, tag)
                 if not self._send(http, "prompt", text_, f"m-{self.seed}-{tag}"):
-                    return  # never acknowledged: stop here, so what was sent stays in order
+                    return False  # never acknowledged: stop here, so what was sent stays in order
                 for k in range(self.rng.choice((0, 0, 1, 1, 2))):
                     time.sleep(self.rng.uniform(0.1, 1.5))
                     if not self._send(http, "steer", f"steer:{tag}.{k}", f"m-{self.seed}-{tag}-s{k}"):
-                        return
+                        return False
                 time.sleep(self.rng.uniform(0.5, 4.0))
+        return True
 
     def _path(self, kind: str) -> str:
         if self.session_id is None:
@@ -175,7 +208,7 @@ class SessionDriver:
             if response.status_code in (200, 202):
                 body = response.json()
                 self.session_id = self.session_id or body["sessionId"]
-                ack = self.history.record("ack", session=self.session_id, driver=self.index, input=kind,
+                ack = self.history.record("ack", session=self.session_id, driver=self.name, input=kind,
                                           messageId=message_id, text=text_, attempts=attempts,
                                           repeated=bool(body.get("repeated")))
                 self.acked.append(ack)
