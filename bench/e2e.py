@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import signal
@@ -154,6 +155,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="bursts of new sessions, one after another")
     parser.add_argument("--concurrency", type=int, default=100, help="the worker's -c")
     parser.add_argument("--monitor", action="store_true", help="list the Redis commands of one turn")
+    parser.add_argument("--scripts", action="store_true",
+                        help="count every Redis command (scripts by name) of the last round, per turn")
     parser.add_argument("--profile", metavar="PATH", help="py-spy the worker during the many-session run "
                         "(collapsed stacks to PATH; needs py-spy installed)")
     args = parser.parse_args()
@@ -231,12 +234,19 @@ def run(args: Any, server: RedisServer, model: ModelProcess, worker: CeleryWorke
     pids = {"worker": worker.pid, "model server": model.proc.pid, "redis": server.proc.pid if server.proc else None,
             "client": os.getpid()}
     rounds: list[dict[str, Any]] = []
-    for _ in range(args.rounds):
+    script_calls: collections.Counter[str] = collections.Counter()
+    for i in range(args.rounds):
         cpu_before = {name: cpu_s(pid) for name, pid in pids.items()}
         before = commandstats(stats)
         t0_wall_ms = time.time() * 1000
         t0 = time.monotonic()
-        results, accepted_s = _loop().run(many(), timeout_s=120)
+        if args.scripts and i == args.rounds - 1:
+            box: list[Any] = []
+            seen = monitor_one_turn(server.url, lambda: box.append(_loop().run(many(), timeout_s=120)))
+            results, accepted_s = box[0]
+            script_calls.update(command for _, command in seen)
+        else:
+            results, accepted_s = _loop().run(many(), timeout_s=120)
         many_s = time.monotonic() - t0
         after = commandstats(stats)
         assert [r.stop_reason for r in results] == ["end_turn"] * args.sessions, results[:3]
@@ -264,6 +274,9 @@ def run(args: Any, server: RedisServer, model: ModelProcess, worker: CeleryWorke
     per_turn = {k: v / n for k, v in rounds[-1]["commands"].items() if k != "info"}
     print("Redis commands per turn, client and worker (last round): "
           + ", ".join(f"{k} {v:.1f}" for k, v in sorted(per_turn.items(), key=lambda kv: -kv[1]) if v >= 0.05))
+    if script_calls:
+        print("Redis commands per turn by name, scripts by theirs (last round, MONITOR, client and worker): "
+              + ", ".join(f"{k} {v / n:.2f}" for k, v in script_calls.most_common() if v / n >= 0.05))
     times = sorted(r["s"] for r in rounds)
     median_s = times[len(times) // 2]
     print(f"RESULT one session {one_s * 1000:.0f} ms; {n} at once: first round {rounds[0]['s'] * 1000:.0f} ms "

@@ -1,18 +1,21 @@
 """The delivery handler shared by the Celery task and `POST /v1/wake` (§7).
 
 A wake `{sessionId, agent, reason}` is a hint: it carries no input, and the session's
-lease decides who runs. The handler reads the session's owning agent from the store (a
-forged `agent` field cannot reroute a session), runs the turn on this process's agent of
-that name, and after a yield requeues a wake at once.
+lease decides who runs. The handler claims the session with the agent the wake names (or
+this process's first), with no read before; the claim returns the owning agent from the
+store (a forged `agent` field cannot reroute a session): when it is another agent of
+this process on the same store the turn runs as that one, else the lease is let go at
+once and the owner's agent is tried. After a yield it requeues a wake at once.
 
-Outcomes: "done" (the session was run until nothing was left, or found nothing to do),
+Outcomes: "done" (the session was run until nothing was left),
 "yielded" (the deadline came first; a new wake is queued), "noop" (a live lease stands
-elsewhere — a duplicate or early wake — or this worker was fenced).
+elsewhere — a duplicate or early wake —, nothing was left to run, or this worker was
+fenced).
 
 Raises `FxNoAgentError` when this process has no agent of the session's name (Celery
 retries with a backoff, HTTP answers 503), `FxUnknownSessionError` for a session the
-store does not know (refused and dropped), and `FxStoreUnavailableError` when the store
-cannot be read to route the wake (the session stays in the ready set: the sweeper wakes
+store does not know (refused and dropped), and `FxStoreUnavailableError` when the claim
+met a store outage for 2 s (the session stays in the ready set: the sweeper wakes
 it again once the store is back). A store outage during the run itself is the runner's.
 """
 
@@ -35,15 +38,12 @@ log = logging.getLogger("fxworker.delivery")
 STATE_RETRY_MS = 2000  # how long routing a wake retries a store that does not answer
 
 
-def _store_for(hint: str | None) -> tuple[Any, Any]:
-    """A store to route with, and an agent whose `on_event` hears refusals."""
+def _agent_for(hint: Any) -> Any:
+    """The agent a wake is claimed with: the one it names, else this process's first."""
     agent = registry.get_agent(hint) if isinstance(hint, str) else None
     if agent is None:
-        known = registry.agents()
-        agent = next(iter(known.values()), None)
-    if agent is not None:
-        return TimedStore(agent.store), agent
-    return TimedStore(default_store(Settings.from_env())), None
+        agent = next(iter(registry.agents().values()), None)
+    return agent
 
 
 async def handle_wake(payload: dict[str, Any], *, deadline_ms: int | None = None, loop_thread: Any = None) -> str:
@@ -58,46 +58,48 @@ async def handle_wake(payload: dict[str, Any], *, deadline_ms: int | None = None
     session_id = payload.get("sessionId") if isinstance(payload, dict) else None
     reason = str(payload.get("reason") or "wake") if isinstance(payload, dict) else "wake"
     hint = payload.get("agent") if isinstance(payload, dict) else None
-    store, witness = _store_for(hint)
+    agent = _agent_for(hint)
     if not isinstance(session_id, str):
-        _refused(witness, None, "malformed wake")
+        _refused(agent, None, "malformed wake")
         raise FxUnknownSessionError("a wake names no session")
-    try:
-        # A read, safe to repeat: the first call on a connection a Redis restart closed fails.
-        started_ms = now_ms()
-        state = await retry_unavailable(
-            lambda: store.state(session_id), due_ms=lambda: started_ms + STATE_RETRY_MS, what=f"reading {session_id}"
-        )
-    except (FxUnknownSessionError, ValueError) as exc:
-        state = None
-        log.debug("state of %s: %s", session_id, exc)
-    if not state:
-        _refused(witness, session_id, "unknown session")
-        raise FxUnknownSessionError(f"no session {session_id}")
-    name = state.agent or registry.DEFAULT_AGENT_NAME
-    agent = registry.get_agent(name)
     if agent is None:
-        metrics.NO_AGENT_REFUSALS.inc()
-        raise FxNoAgentError(f"this process has no agent named {name!r} (session {session_id})")
+        return await _route_without_agents(session_id)
     if deadline_ms is None:
         deadline_ms = now_ms() + int(agent.settings.delivery_timeout_s * 1000)
-    if isinstance(hint, str) and hint != name:
-        log.info("wake of %s for agent %r routed to its owner %r", session_id, hint, name)
 
     from .runner import Runner
 
-    runner = Runner(
-        agent,
-        session_id,
-        deadline_ms=deadline_ms,
-        reason=reason,
-        http_client=loop_thread.http_client_for(session_id) if loop_thread is not None else None,
-        stopping=loop_thread.stopping if loop_thread is not None else None,
-    )
-    outcome = await runner.run()
+    def runner_for(chosen: Any) -> Runner:
+        return Runner(
+            chosen,
+            session_id,
+            deadline_ms=deadline_ms,
+            reason=reason,
+            http_client=loop_thread.http_client_for(session_id) if loop_thread is not None else None,
+            stopping=loop_thread.stopping if loop_thread is not None else None,
+        )
+
+    # Claimed first, with no read before: the claim names the session's owning agent.
+    runner = runner_for(agent)
+    try:
+        outcome = await runner.run()
+        if outcome == "misrouted":
+            # Owned by another agent on another store of this process, or by one this
+            # process does not run: the lease was let go at once.
+            owner = registry.get_agent(runner.owner) if runner.owner else None
+            if owner is None:
+                metrics.NO_AGENT_REFUSALS.inc()
+                raise FxNoAgentError(f"this process has no agent named {runner.owner!r} (session {session_id})")
+            runner = runner_for(owner)
+            outcome = await runner.run()
+            if outcome == "misrouted":
+                raise FxNoAgentError(f"session {session_id} is not {owner.name!r}'s in that agent's store")
+    except FxUnknownSessionError:
+        _refused(agent, session_id, "unknown session")
+        raise
     if outcome == "yielded":
         try:
-            await asyncio.to_thread(agent.wake, session_id, reason="yield")
+            await asyncio.to_thread(runner.agent.wake, session_id, reason="yield")
         except Exception as exc:  # noqa: BLE001 - the broker is away too: the sweeper re-wakes it
             log.warning("requeueing %s failed (%s); the sweeper will wake it", session_id, exc)
         return "yielded"
@@ -110,14 +112,33 @@ async def handle_wake(payload: dict[str, Any], *, deadline_ms: int | None = None
             if released is not None:
                 more = released.pending > 0
             else:
-                after = await store.state(session_id)
+                after = await runner.store.state(session_id)
                 more = after is not None and after.status == "waiting"
             if more:
-                await asyncio.to_thread(agent.wake, session_id, reason="pending")
+                await asyncio.to_thread(runner.agent.wake, session_id, reason="pending")
         except Exception as exc:  # noqa: BLE001 - the store or broker is away: the sweeper wakes it
             log.warning("looking for more work in %s failed (%s); the sweeper will wake it", session_id, exc)
         return "done"
     return "noop"
+
+
+async def _route_without_agents(session_id: str) -> str:
+    """A process with no agent at all: refuse an unknown session, else say no agent runs it."""
+    store = TimedStore(default_store(Settings.from_env()))
+    started_ms = now_ms()
+    try:
+        # A read, safe to repeat: the first call on a connection a Redis restart closed fails.
+        state = await retry_unavailable(
+            lambda: store.state(session_id), due_ms=lambda: started_ms + STATE_RETRY_MS, what=f"reading {session_id}"
+        )
+    except (FxUnknownSessionError, ValueError) as exc:
+        log.debug("state of %s: %s", session_id, exc)
+        state = None
+    if not state:
+        _refused(None, session_id, "unknown session")
+        raise FxUnknownSessionError(f"no session {session_id}")
+    metrics.NO_AGENT_REFUSALS.inc()
+    raise FxNoAgentError(f"this process has no agent named {state.agent!r} (session {session_id})")
 
 
 def _refused(agent: Any, session_id: str | None, reason: str) -> None:

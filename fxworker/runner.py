@@ -43,12 +43,12 @@ from fxengine.errors import FxError, FxInputError
 from fxengine.limits import prompt_text
 from fxengine.providers.credentials import mask_secret
 
-from . import metrics
+from . import metrics, registry
 from .errors import FxLeaseLostError, FxStoreUnavailableError
 from .ids import new_holder_id, now_ms
 from .leases import LeaseKeeper
 from .store.timed import TimedStore
-from .store.persistence import LineWriter, StorePersistence
+from .store.persistence import LineWriter, StorePersistence, retry_unavailable
 from .store.types import Idle
 from .watch import InboxWatcher
 
@@ -56,6 +56,7 @@ log = logging.getLogger("fxworker.runner")
 
 MAX_CUTOFFS = 3
 MAX_DEATHS = 3
+CLAIM_RETRY_MS = 2000  # how long a claim retries a store that does not answer
 
 
 class Unsettled(Exception):
@@ -67,7 +68,7 @@ _STOPS = (FxLeaseLostError, FxStoreUnavailableError)
 
 
 class Runner:
-    """Runs one session for one delivery. `run()` → "done" | "yielded" | "noop" | "fenced"."""
+    """Runs one session for one delivery. `run()` → "done" | "yielded" | "noop" | "fenced" | "misrouted"."""
 
     def __init__(
         self,
@@ -103,6 +104,7 @@ class Runner:
         self.persistence: StorePersistence | None = None
         self.released: Any = None  # the store's answer to this delivery's release
         self._requeue = False  # the rest goes to a new delivery (not a deadline yield)
+        self.owner: str | None = None  # the owning agent, when run() answers "misrouted"
 
     def __repr__(self) -> str:
         return (
@@ -126,23 +128,37 @@ class Runner:
     # ------------------------------------------------------------------ the delivery
 
     async def run(self) -> str:
-        try:
-            claim = await self.store.claim(
+        """Claims the session and runs it; "misrouted" when it belongs to another agent
+        (`self.owner` names it; the lease was let go at once).
+
+        Raises `FxUnknownSessionError` for a session the store does not know, and
+        `FxStoreUnavailableError` when the claim met an outage for `CLAIM_RETRY_MS`.
+        """
+        # A claim is retried under this runner's holder id: one that ran but lost its
+        # reply answers the same epoch again (claim.lua), so nothing is counted twice.
+        started_ms = now_ms()
+        claim = await retry_unavailable(
+            lambda: self.store.claim(
                 self.session_id, holder=self.holder, lease_ms=self.lease_ms, now_ms=now_ms(), only_work=True
-            )
-        except FxStoreUnavailableError as exc:
-            # Nothing is ours: if the claim ran and only its reply was lost, that lease
-            # expires unrenewed and the sweeper wakes the session again.
-            log.warning("claiming %s failed (%s); the sweeper wakes it again", self.session_id, exc)
-            return "noop"
+            ),
+            due_ms=lambda: started_ms + CLAIM_RETRY_MS,
+            what=f"claiming {self.session_id}",
+        )
         if claim is None:
             self.emit("session.redelivered", reason=self.reason)
             return "noop"
+        misrouted = bool(claim.agent) and claim.agent != self.agent.name and not self._run_as_owner(claim.agent)
         if isinstance(claim, Idle):
             # A second wake of work done already (the release's own wake and the sender's
             # both fire): nothing to run, and the session is left exactly as it is.
             log.debug("wake of %s (%s): nothing to run at epoch %s", self.session_id, self.reason, claim.epoch)
-            return "noop"
+            self.owner = claim.agent if misrouted else None
+            return "misrouted" if misrouted else "noop"
+        self.epoch = claim.epoch
+        if misrouted:
+            self.owner = claim.agent
+            await self._release(cutoff=False)
+            return "misrouted"
         self.claim = claim
         self.epoch = claim.epoch
         if claim.taken_over:
@@ -205,6 +221,18 @@ class Runner:
         if outcome == "yielded" and not (self.store_lost or self._requeue):
             metrics.YIELDS.inc()
         return outcome
+
+    def _run_as_owner(self, name: str) -> bool:
+        """Whether this process's agent `name`, on the store this claim was made in, can
+        run the session (a wake names an agent, but the store's owner decides)."""
+        owner = registry.get_agent(name)
+        if owner is None or owner.store is not self.agent.store:
+            return False
+        log.info("wake of %s for agent %r runs as its owner %r", self.session_id, self.agent.name, name)
+        self.agent = owner
+        self.lease_ms = int(owner.lease_s * 1000)
+        self.reserve_ms = int(owner.reserve_s * 1000)
+        return True
 
     async def _release(self, *, cutoff: bool) -> Any:
         try:

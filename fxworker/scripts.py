@@ -287,9 +287,17 @@ def renew(keys: SessionKeys, *, epoch: int, lease_ms: int, now_ms: int) -> Call:
     return Call(SCRIPTS["renew"], keys.names, [epoch, lease_ms, now_ms])
 
 
-def release(keys: SessionKeys, *, epoch: int, cutoff: bool, now_ms: int, ttl_ms: int) -> Call:
-    """release.lua: let the session go, counting a deadline cut-off when `cutoff`."""
-    return Call(SCRIPTS["release"], keys.names, [epoch, "1" if cutoff else "0", now_ms, ttl_ms])
+def release(
+    keys: SessionKeys, *, epoch: int, cutoff: bool, now_ms: int, ttl_ms: int,
+    ready: IndexKeys | None = None, session_id: str = "",
+) -> Call:
+    """release.lua: let the session go, counting a deadline cut-off when `cutoff`.
+
+    With `ready` (standalone Redis only), a release that leaves nothing to run also takes
+    `session_id` out of the ready set.
+    """
+    names = keys.names if ready is None else [*keys.names, ready.names[0]]
+    return Call(SCRIPTS["release"], names, [epoch, "1" if cutoff else "0", now_ms, ttl_ms, session_id])
 
 
 def save_checkpoint(

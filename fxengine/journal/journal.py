@@ -1,7 +1,8 @@
 """The journal writer: one append in flight, batching, barriers, fencing (docs/design.md §9).
 
 Events are queued with `add()`; a single pump task sends everything queued since the
-last append as one batch, naming the cursor it believes is last (`expected`). A batch
+last append as one batch (after one turn of the event loop, so records committed in the
+same burst by other tasks join it), naming the cursor it believes is last (`expected`). A batch
 is a barrier when any of its events is; the caller that needs durability (the first
 record of a turn, the intent of a tool with effects) awaits `wait(future)`. Any failed
 append (`FxFencedError` included) stops the journal for good: nothing more is written,
@@ -124,6 +125,10 @@ class Journal:
 
     async def _run(self) -> None:
         try:
+            # One turn of the loop first: what the other tasks commit in the same burst
+            # (a turn's last response and its `turn_end`, written by the turn's finisher
+            # task) goes in this batch instead of the next call.
+            await asyncio.sleep(0)
             while self._queue and self.enabled:
                 batch, self._queue = self._queue, []
                 seq = self._seq

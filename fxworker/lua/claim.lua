@@ -4,7 +4,7 @@
 --       6 msgs (HASH)  7 pending (ZSET)  8 keys (HASH)  9 ckpt (HASH)      -- one session, one slot
 -- ARGV  1 holder   2 lease_ms   3 now_ms   4 "1": only when there is work
 -- Returns {"held", holder, epoch, expires_ms} when a live lease stands, {"unknown"} for
--- no such session, {"idle", epoch} when ARGV[4] is "1", no lease is held, no turn is open
+-- no such session, {"idle", epoch, agent} when ARGV[4] is "1", no lease is held, no turn is open
 -- and no input waits (a second wake of work a delivery already ran: nothing changes), else
 --   {"ok", epoch, expires_ms, agent, has_ckpt(0|1), ckpt_data, ckpt_through,
 --    records {cursor, data, ...}, head, pending {{seq, field, value, ...}, ...},
@@ -15,7 +15,9 @@
 --
 -- Invariant: at most one live lease. A claim succeeds only when no lease is held or the
 -- held one expired by now_ms; it bumps the epoch (never reused, even after a release), so
--- every later write of the previous holder is refused. A takeover (the previous lease
+-- every later write of the previous holder is refused. A claim by the holder of the live
+-- lease (its first call ran but the reply was lost) answers the same epoch again and
+-- counts nothing, so a claim is safe to retry under one holder id. A takeover (the previous lease
 -- expired while held) with a turn open counts one more death of that turn; with no turn
 -- open but inputs pending, one more death of the first of them (its worker died, or failed
 -- past handling, before its turn opened): a `start`, `end` or `drop` restarts the count,
@@ -26,18 +28,23 @@ local holder, lease_ms, now_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
 local l = redis.call('HMGET', lease, 'holder', 'epoch', 'expires_ms', 'state')
 local epoch = tonumber(l[2] or 0)
-local taken = 0
+local taken, again = 0, 0
 if l[4] == 'held' then
-  if tonumber(l[3] or 0) > now_ms then return {'held', l[1], epoch, tonumber(l[3])} end
-  taken = 1
+  if tonumber(l[3] or 0) > now_ms then
+    if l[1] ~= holder then return {'held', l[1], epoch, tonumber(l[3])} end
+    again = 1  -- this holder's own claim, retried after a lost reply: the same epoch
+  else
+    taken = 1
+  end
 end
 if redis.call('EXISTS', meta) == 0 then return {'unknown'} end
-if ARGV[4] == '1' and taken == 0 and (redis.call('HGET', meta, 'turn') or '') == ''
-   and redis.call('ZCARD', pending) == 0 then
-  return {'idle', epoch}
+if again == 0 then
+  if ARGV[4] == '1' and taken == 0 and (redis.call('HGET', meta, 'turn') or '') == ''
+     and redis.call('ZCARD', pending) == 0 then
+    return {'idle', epoch, redis.call('HGET', meta, 'agent') or ''}
+  end
+  epoch = epoch + 1
 end
-
-epoch = epoch + 1
 local expires = now_ms + lease_ms
 redis.call('HSET', lease, 'holder', holder, 'epoch', epoch, 'expires_ms', string.format('%d', expires), 'state', 'held')
 

@@ -2,8 +2,9 @@
 --
 -- KEYS  1 meta (HASH)  2 lease (HASH)  3 inbox  4 log  5 ui  6 msgs  7 pending (ZSET)
 --       8 keys  9 ckpt                                                     -- one session, one slot
+--       10 ready (ZSET)             -- optional: standalone Redis only ({~index} slot)
 -- ARGV  1 epoch   2 cutoff ("1" the deadline cut off the open step)   3 now_ms
---       4 ttl_ms ("0" keeps finished sessions)
+--       4 ttl_ms ("0" keeps finished sessions)   5 session id (the ready set's member)
 -- Returns {"ok", released_now(0|1), cutoffs, pending} | {"fenced", lease_epoch, lease_state, lease_expires_ms}
 --   pending: inputs still waiting at the release (one accepted while the lease was held
 --   found it held, so its wake did nothing: the releaser wakes the session again).
@@ -11,7 +12,10 @@
 -- Invariant: only the epoch's own holder releases, once: a second release of the same
 -- epoch changes nothing (and counts no second cut-off). A holder whose lease expired but
 -- was not claimed again still heads the chain and may release it. The epoch stays, so the
--- next claim is epoch + 1.
+-- next claim is epoch + 1. Given KEYS[10], a release that leaves nothing to run (no turn
+-- open, no input waiting) takes the session out of the ready set: on one server an accept
+-- marks it in the same script that stores the input, so no mark of work still to come is
+-- lost, and the sweeper does not read finished sessions again.
 
 local meta, lease, pending = KEYS[1], KEYS[2], KEYS[7]
 local epoch, ttl_ms = tonumber(ARGV[1]), tonumber(ARGV[4])
@@ -26,8 +30,11 @@ if l[2] ~= 'held' then return {'ok', 0, cutoffs, waiting} end
 redis.call('HSET', lease, 'state', 'released', 'expires_ms', 0)
 local turn = m[1] or ''
 if ARGV[2] == '1' and turn ~= '' then cutoffs = redis.call('HINCRBY', meta, 'cutoffs', 1) end
-if ttl_ms > 0 and turn == '' and waiting == 0 then
-  for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ttl_ms) end
-  redis.call('HSET', meta, 'expiring', 1)  -- accept.lua persists them again
+if turn == '' and waiting == 0 then
+  if KEYS[10] then redis.call('ZREM', KEYS[10], ARGV[5]) end
+  if ttl_ms > 0 then
+    for k = 1, 9 do redis.call('PEXPIRE', KEYS[k], ttl_ms) end
+    redis.call('HSET', meta, 'expiring', 1)  -- accept.lua persists them again
+  end
 end
 return {'ok', 1, cutoffs, waiting}

@@ -44,9 +44,14 @@ from .types import (
 T = TypeVar("T")
 log = logging.getLogger("fxworker.store")
 
-# A ready mark younger than this is never cleared: it may belong to an accept still in
-# flight (the sender marks first, then accepts). Well above any accept's socket timeout.
+# A ready mark younger than this is never cleared: on a cluster it may belong to an accept
+# still in flight (the sender marks first, then accepts). Well above any accept's socket
+# timeout.
 READY_GRACE_MS = 30_000
+# On one server the accept script makes the mark itself, atomically, so no accept is in
+# flight behind a mark; what is left is clock skew between the sender (whose clock scores
+# the mark) and the sweeper (whose clock decides what is old).
+READY_SKEW_MS = 5_000
 
 # The most UI lines one read returns unless its caller asks for a count: a follower of a
 # long session pages through it (and a slow client holds one page, not the session).
@@ -98,6 +103,7 @@ class StoreCore:
         self.ttl_ms = int(session_ttl_s * 1000) if session_ttl_s else 0
         self.clock = clock or now_ms
         self.cluster = cluster
+        self.ready_grace_ms = READY_GRACE_MS if cluster else READY_SKEW_MS
         self.ack_timeout_ms = ack_timeout_ms
         self.max_block_ms = max_block_ms
         self.index = index_keys(self.prefix)
@@ -107,6 +113,10 @@ class StoreCore:
 
     def now(self, now_ms: int | None) -> int:
         return self.clock() if now_ms is None else int(now_ms)
+
+    def grace(self, grace_ms: int | None) -> int:
+        """How old a ready mark must be before it may be cleared (None: this store's own)."""
+        return self.ready_grace_ms if grace_ms is None else int(grace_ms)
 
     def keys(self, session_id: str) -> SessionKeys:
         """The keys of a valid session id (`FxInvalidSessionIdError` otherwise), cached."""
@@ -277,7 +287,8 @@ class StoreCore:
 
     def op_release(self, session_id: str, epoch: int, *, cutoff: bool, now_ms: int | None) -> Op[Released]:
         call = scripts.release(
-            self.keys(session_id), epoch=int(epoch), cutoff=cutoff, now_ms=self.now(now_ms), ttl_ms=self.ttl_ms
+            self.keys(session_id), epoch=int(epoch), cutoff=cutoff, now_ms=self.now(now_ms), ttl_ms=self.ttl_ms,
+            ready=None if self.cluster else self.index, session_id=session_id,
         )
         return Op([call], lambda replies: r.parse_release(replies[0], session_id=session_id, epoch=int(epoch)))
 

@@ -131,7 +131,7 @@ def parse_claim(reply: list[Any], *, session_id: str, holder: str) -> Claim | Id
     if word == b"held":
         return None
     if word == b"idle":
-        return Idle(int(reply[1]))
+        return Idle(int(reply[1]), _text(reply[2]))
     if word == b"unknown":
         raise FxUnknownSessionError(f"no session {session_id}")
     (_, epoch, expires, agent, has_ckpt, ckpt_data, through, flat_records, head, waiting, turn, yielded,

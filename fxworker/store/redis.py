@@ -27,7 +27,7 @@ from fxengine.persistence import Loaded
 from ..errors import FxStoreUnavailableError
 from ..scripts import AsyncRunner
 from ._boundary import ServerCheck, client_factories, map_redis_errors, retry_read
-from ._core import READY_GRACE_MS, UNCHECKED, Op, RecordLike, StoreCore
+from ._core import UNCHECKED, Op, RecordLike, StoreCore
 from .persistence import LineWriter, StorePersistence
 from .sync import SyncRedisStore
 from .types import Accepted, Appended, Claim, Idle, Input, InputKind, Mark, ReadySession, Released, SessionState
@@ -313,20 +313,23 @@ class RedisStore:
         return [sid for sid, st in zip(ids, states) if st is not None]
 
     async def clear_ready(
-        self, session_id: str, *, now_ms: int | None = None, grace_ms: int = READY_GRACE_MS
+        self, session_id: str, *, now_ms: int | None = None, grace_ms: int | None = None
     ) -> bool:
         """Removes the session from the ready set when nothing is pending or open and its
-        mark is older than `grace_ms` (an accept may still be landing). True if removed."""
+        mark is older than `grace_ms` (an accept may still be landing; default: 5 s on one
+        server, where the accept makes the mark itself, 30 s on a cluster). True if removed."""
         core = self._core
         now = core.now(now_ms)
         op = core.op_states([session_id], now_ms=now)
         state = (await retry_read(lambda: self._exec(op)))[0]
         if state is not None and state.has_work:
             return False
-        return (await self._exec(core.op_clear([session_id], older_than_ms=now - grace_ms, forget=[state is None])))[0]
+        return (await self._exec(core.op_clear(
+            [session_id], older_than_ms=now - core.grace(grace_ms), forget=[state is None]
+        )))[0]
 
     async def ready_sessions(
-        self, *, now_ms: int | None = None, limit: int = 1000, grace_ms: int = READY_GRACE_MS,
+        self, *, now_ms: int | None = None, limit: int = 1000, grace_ms: int | None = None,
         include_held: bool = False,
     ) -> list[ReadySession]:
         """Sessions to wake: in the ready set, work pending or open, and no live lease
@@ -343,9 +346,9 @@ class RedisStore:
         states = await retry_read(lambda: self._exec(found)) if ids else []
         idle = [(sid, st is None) for sid, st in zip(ids, states) if st is None or not st.has_work]
         if idle:
-            await self._exec(
-                core.op_clear([s for s, _ in idle], older_than_ms=now - grace_ms, forget=[f for _, f in idle])
-            )
+            await self._exec(core.op_clear(
+                [s for s, _ in idle], older_than_ms=now - core.grace(grace_ms), forget=[f for _, f in idle]
+            ))
         return core.ready_from(marked, states, include_held=include_held)
 
     async def states(self, session_ids: Sequence[str], *, now_ms: int | None = None) -> list[SessionState | None]:

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from ..scripts import SyncRunner
 from ._boundary import ServerCheck, map_redis_errors, policy_or_none, retry_read_sync
-from ._core import READY_GRACE_MS, UNCHECKED, Op, RecordLike, StoreCore
+from ._core import UNCHECKED, Op, RecordLike, StoreCore
 from .types import Accepted, Appended, Claim, Idle, Input, InputKind, Mark, ReadySession, Released, SessionState
 
 T = TypeVar("T")
@@ -139,7 +139,7 @@ class SyncRedisStore:
         """See `RedisStore.mark_ready`."""
         self._exec(self._core.op_mark_ready(session_id, now_ms=now_ms))
 
-    def clear_ready(self, session_id: str, *, now_ms: int | None = None, grace_ms: int = READY_GRACE_MS) -> bool:
+    def clear_ready(self, session_id: str, *, now_ms: int | None = None, grace_ms: int | None = None) -> bool:
         """See `RedisStore.clear_ready`."""
         core = self._core
         now = core.now(now_ms)
@@ -147,10 +147,12 @@ class SyncRedisStore:
         state = retry_read_sync(lambda: self._exec(op))[0]
         if state is not None and state.has_work:
             return False
-        return self._exec(core.op_clear([session_id], older_than_ms=now - grace_ms, forget=[state is None]))[0]
+        return self._exec(core.op_clear(
+            [session_id], older_than_ms=now - core.grace(grace_ms), forget=[state is None]
+        ))[0]
 
     def ready_sessions(
-        self, *, now_ms: int | None = None, limit: int = 1000, grace_ms: int = READY_GRACE_MS,
+        self, *, now_ms: int | None = None, limit: int = 1000, grace_ms: int | None = None,
         include_held: bool = False,
     ) -> list[ReadySession]:
         """See `RedisStore.ready_sessions`."""
@@ -163,7 +165,9 @@ class SyncRedisStore:
         states = retry_read_sync(lambda: self._exec(found)) if ids else []
         idle = [(sid, st is None) for sid, st in zip(ids, states) if st is None or not st.has_work]
         if idle:
-            self._exec(core.op_clear([s for s, _ in idle], older_than_ms=now - grace_ms, forget=[f for _, f in idle]))
+            self._exec(core.op_clear(
+                [s for s, _ in idle], older_than_ms=now - core.grace(grace_ms), forget=[f for _, f in idle]
+            ))
         return core.ready_from(marked, states, include_held=include_held)
 
     def close(self) -> None:

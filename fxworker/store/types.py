@@ -113,9 +113,10 @@ class Claim:
 @dataclass(frozen=True, slots=True)
 class Idle:
     """`claim(only_work=True)` found nothing to run (no turn open, no input waiting, no
-    lease held) and took no lease: the epoch is unchanged."""
+    lease held) and took no lease: the epoch is unchanged. `agent` owns the session."""
 
     epoch: int
+    agent: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,8 @@ def test_one_hundred_sessions_on_one_worker_run_at_once(workers: Any, client: An
     agent.blocking_session().prompt("slow:200").result()  # warm the worker up
 
     t0 = time.monotonic()
-    assert agent.blocking_session().prompt("slow:200").result().stop_reason == "end_turn"
+    one = agent.blocking_session().prompt("slow:200").result()
+    assert one.stop_reason == "end_turn", one
     one_s = time.monotonic() - t0
 
     async def all_at_once() -> list[Any]:

@@ -145,7 +145,8 @@ async def test_a_crash_right_after_the_intent_barrier(model: ScriptedModel, make
     assert asked == [{"executionId": "t2:1:s", "name": "send", "input": {"to": "x"}}]
     ends = {e["id"]: e for e in events if e["type"] == "tool_end"}
     assert ends["s"]["isError"] and "may have partly run" in ends["s"]["content"]
-    assert not ends["r"]["isError"]
+    # The read's result may have been stored in the intent's batch (then it is not run again).
+    assert "r" not in ends or not ends["r"]["isError"]
     assert effects.runs.count(("send", "t2:1:s")) == 0
 
 

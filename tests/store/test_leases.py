@@ -137,7 +137,7 @@ async def test_a_claim_for_work_leaves_a_session_with_nothing_to_run_as_it_is(st
     await store.append(sid, first.epoch, marks=[{"drop": "m1"}])
     await store.release(sid, first.epoch)
     before = await store.state(sid)
-    assert await store.claim(sid, holder="w2", lease_ms=60_000, only_work=True) == Idle(1)
+    assert await store.claim(sid, holder="w2", lease_ms=60_000, only_work=True) == Idle(1, "default")
     assert await store.state(sid) == before
     assert await store.claim(sid, holder="w3", lease_ms=60_000, only_work=False) is not None  # the plain claim still takes it
     assert (await store.state(sid)).epoch == 2
@@ -151,3 +151,20 @@ async def test_a_claim_for_work_still_takes_over_an_expired_lease(store: RedisSt
     clock.advance(1000)  # died holding it, with nothing left to run: the next claim ends the chain
     second = await store.claim(sid, holder="w2", lease_ms=1000, only_work=True)
     assert isinstance(second, Claim) and (second.epoch, second.taken_over) == (2, True)
+
+
+async def test_a_claim_retried_by_its_holder_answers_the_same_epoch(store: RedisStore, sid: str, clock: FakeClock) -> None:
+    """A claim whose reply was lost is retried under the same holder id: it must not bump
+    the epoch (which would fence the retrying worker itself) nor count a death."""
+    await _session(store, sid)
+    first = await store.claim(sid, holder="w1", lease_ms=1000)
+    assert first is not None
+    clock.advance(1000)  # w1 died holding it: w2's claim is a takeover and counts a death
+    taken = await store.claim(sid, holder="w2", lease_ms=1000, only_work=True)
+    assert isinstance(taken, Claim) and (taken.epoch, taken.deaths, taken.taken_over) == (2, 1, True)
+    clock.advance(300)
+    again = await store.claim(sid, holder="w2", lease_ms=1000, only_work=True)
+    assert isinstance(again, Claim) and (again.epoch, again.deaths, again.taken_over) == (2, 1, False)
+    assert again.lease_expires_ms == clock.ms + 1000 and again.pending == taken.pending
+    assert await store.claim(sid, holder="w3", lease_ms=1000) is None  # still exclusive
+    await store.renew(sid, 2, lease_ms=1000)  # the retrying holder's writes still go through

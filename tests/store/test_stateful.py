@@ -62,6 +62,12 @@ class LeaseMachine(RuleBasedStateMachine):
     @rule(name=WORKERS)
     def claim(self, name: str) -> None:
         claim = self.store.claim(self.sid, holder=name, lease_ms=LEASE_MS)
+        if self.live() and self.holder == name:
+            # The live lease's own holder claiming again (a retry after a lost reply):
+            # the same epoch, the lease extended, nothing else changes.
+            assert claim is not None and claim.epoch == self.epoch
+            self.expires_ms = self.clock.ms + LEASE_MS
+            return
         if self.live():
             assert claim is None
             return
