@@ -35,7 +35,15 @@ from typing import Any
 
 from fxengine.engine import check_max_model_turns
 from fxengine.errors import FxInputError
-from fxengine.limits import check_context, check_instructions, check_prompt_input, check_steer_text
+from fxengine.limits import (
+    ResizeImage,
+    check_context,
+    check_instructions,
+    check_steer_text,
+    has_images,
+    prepare_prompt_input,
+    prompt_text,
+)
 from fxengine.providers import PROVIDER_NAMES, CatalogCache, Provider, resolve_provider
 from fxengine.tools import check_tools
 
@@ -83,6 +91,9 @@ class Agent:
         reserve_s / lease_s: deadline reserve and lease length (default `FX_RESERVE_S`,
             `FX_LEASE_S`).
         on_event: diagnostics callback (`session.*`, `tool.rerun`, `checkpoint.mismatch`...).
+        resize_image: ``hook({"bytes", "mime_type"}) -> {"bytes", "mime_type"}`` (sync or
+            async), run by `Session.prompt` / `steer` on every image before the limits and
+            before the prompt is stored (to downscale or convert it).
         provider: None / ``"gateway"`` (AI Gateway), ``"codex"`` (ChatGPT plans),
             ``"grok"`` (Grok plans), a custom provider dict, or a `Provider`.
         credentials / on_credentials / refresh_lock: the credential callbacks of a plan
@@ -123,6 +134,7 @@ class Agent:
         on_event: OnEvent | None = None,
         max_model_turns: int = 50,
         settings: Settings | None = None,
+        resize_image: ResizeImage | None = None,
         credentials: Callable[..., Any] | None = None,
         on_credentials: Callable[..., Any] | None = None,
         refresh_lock: Callable[..., Any] | None = None,
@@ -135,7 +147,9 @@ class Agent:
                                code="FX_PROVIDER_INVALID")
         if api_key is not None and not isinstance(api_key, str):
             raise FxInputError("api_key must be a string")
-        if isinstance(provider, str) and provider != "gateway" or credentials is not None:
+        if provider == "gateway":
+            provider = None
+        if isinstance(provider, str) or credentials is not None:
             # Callbacks travel inside the resolved provider: the worker's engine gets them
             # with the provider and binds them to each session.
             provider = resolve_provider(provider, api_key=api_key, model_catalog=model_catalog, credentials=credentials,
@@ -144,6 +158,8 @@ class Agent:
         self._catalog.check(model)
         check_instructions(instructions)
         check_max_model_turns(max_model_turns)
+        if resize_image is not None and not callable(resize_image):
+            raise FxInputError("resize_image must be a function")
         self.name = name
         self.model = model
         self.instructions = instructions
@@ -152,6 +168,7 @@ class Agent:
         self.api_key = api_key
         self.on_event = on_event
         self.max_model_turns = max_model_turns
+        self.resize_image = resize_image
         self._settings = settings
         self._store = store
         self._waker = waker
@@ -301,6 +318,18 @@ class Session:
             out["instructions"] = instructions if isinstance(instructions, str) else list(instructions)
         return context, out or None
 
+    async def prepare_input(self, input: str | list[Any]) -> list[dict[str, Any]]:
+        """The prompt's blocks as they will be stored: the agent's `resize_image` applied,
+        then every limit (`fxengine.limits.prepare_prompt_input`; image data as base64
+        strings only, since the store keeps JSON), and images refused for a model whose
+        catalog entry takes none (`FX_MODEL_NO_IMAGES`)."""
+        blocks = await prepare_prompt_input(input, resize_image=self.agent.resize_image, json_only=True)
+        if has_images(blocks):
+            spec = self.agent.check_model(self.model if self.model is not None else self.agent.model)
+            if spec.entry is not None and not spec.entry.supports_images:
+                raise FxInputError(f"model {spec.id} does not take images", code="FX_MODEL_NO_IMAGES")
+        return blocks
+
     async def _wake(self, owner: str, reason: str) -> None:
         await asyncio.to_thread(self.agent.wake, self.id, agent=owner, reason=reason)
 
@@ -318,7 +347,7 @@ class Session:
         A repeated `message_id` runs nothing new: the returned turn follows the original
         (or answers at once with `repeated=True` when it ended).
         """
-        blocks = check_prompt_input(input)
+        blocks = await self.prepare_input(input)
         message_id = validate_message_id(message_id) if message_id is not None else new_message_id()
         context, settings = self._checked()
         accepted = await self.store.accept(
@@ -337,12 +366,25 @@ class Session:
             await self._wake(owner, "prompt")
         return Turn(self, message_id=accepted.message_id, repeated=accepted.repeated, cursor=accepted.cursor)
 
-    async def steer(self, input: str, *, message_id: str | None = None) -> Any:
+    async def steer(self, input: str | list[Any], *, message_id: str | None = None) -> Any:
         """Stores a steer for the running turn (or the next one) and wakes a worker.
 
+        `input` is text, or blocks as a prompt takes them. A steer with images cannot join
+        a turn: it ends the running turn at its next safe point and runs next (§6).
         Returns the store's acknowledgement (`message_id`, `repeated`, ...).
         """
-        text = check_steer_text(input)
+        text: str | list[dict[str, Any]]
+        if isinstance(input, str):
+            text = check_steer_text(input)
+        else:
+            blocks = await self.prepare_input(input)
+            words = prompt_text(blocks)
+            if has_images(blocks):
+                if words.strip():
+                    check_steer_text(words)
+                text = blocks
+            else:
+                text = check_steer_text(words)
         message_id = validate_message_id(message_id) if message_id is not None else new_steer_id()
         context, settings = self._checked()
         accepted = await self.store.accept(
@@ -559,7 +601,7 @@ class BlockingSession:
     def prompt(self, input: str | list[Any], *, message_id: str | None = None) -> BlockingTurn:
         return BlockingTurn(_loop().run(self._session.prompt(input, message_id=message_id)))
 
-    def steer(self, input: str, *, message_id: str | None = None) -> Any:
+    def steer(self, input: str | list[Any], *, message_id: str | None = None) -> Any:
         return _loop().run(self._session.steer(input, message_id=message_id))
 
     def cancel(self) -> None:

@@ -130,3 +130,44 @@ async def test_codex_turn_speaks_the_responses_shape(plan: FakePlan, chatgpt_con
     assert {"type": "function_call", "call_id": "call_1", "name": "lookup", "arguments": '{"q": "x"}'} in items
     assert {"type": "function_call_output", "call_id": "call_1", "output": "found x"} in items
     assert engine.messages[-1]["content"] == "hello from codex"
+
+
+async def test_a_custom_provider_takes_its_key_from_credentials_and_does_not_refresh() -> None:
+    from fxengine.testing import Reply, ScriptedModel, text
+
+    calls: list[dict] = []
+
+    def load(ctx: dict) -> dict:
+        calls.append(ctx)
+        return {"api_key": "sk-custom-0123456789abcdef"}
+
+    with ScriptedModel() as model:
+        model.script(Reply(text("ok")))
+        engine = await create_engine("scripted", provider=model.provider, credentials=load, session_id="s-6")
+        result = await engine.prompt("hi").result()
+        await engine.close()
+        request = model.requests[0]
+
+    assert result.stop_reason == "end_turn", result.error
+    assert request.headers["authorization"] == "Bearer sk-custom-0123456789abcdef"
+    assert calls == [{"provider": "scripted", "session_id": "s-6"}]
+
+
+def test_plan_providers_at_the_door() -> None:
+    import pytest
+
+    from fxengine.errors import FxInputError, FxProviderError
+    from fxworker import Agent
+
+    with pytest.raises(FxProviderError) as info:
+        Agent("plan-door-a", model="gpt-5-codex", provider="codex")
+    assert info.value.code == "FX_PROVIDER_NO_CREDENTIALS"
+    with pytest.raises(FxInputError) as refused:
+        Agent("plan-door-b", model="gpt-5-codex", provider="openai-plan")
+    assert refused.value.code == "FX_PROVIDER_INVALID"
+    agent = Agent("plan-door-c", model="gpt-5-codex", provider="codex", credentials=lambda ctx: None)
+    try:
+        assert agent.provider.name == "codex" and agent.provider.auth is not None
+        assert "credentials" not in repr(agent.provider)
+    finally:
+        agent.close()
