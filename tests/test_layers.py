@@ -33,7 +33,7 @@ LAYERS: list[list[str]] = [
     ["fxengine.errors", "fxengine._build", "fxengine.usage"],
     ["fxengine.limits", "fxengine.persistence"],
     ["fxengine.events", "fxengine.tools", "fxengine.providers", "fxengine.journal"],
-    ["fxengine.models"],
+    ["fxengine.models", "fxengine.mcp", "fxengine.skills"],
     ["fxengine.conversation"],
     ["fxengine.core"],
     ["fxengine.turn"],

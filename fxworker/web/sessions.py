@@ -18,7 +18,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from fxengine.limits import check_prompt_input
 from fxworker.errors import FxInvalidCursorError, FxInvalidRequestError, FxUnknownAgentError, FxUnknownSessionError
 from fxworker.store._core import MAX_CURSOR
 
@@ -110,7 +109,7 @@ async def _first_session(request: Request, agent: Any, body: CreateSessionBody) 
     session = agent.session(None, context=body.context)  # checks the settings before anything is stored
     if body.message_id is None:
         return session
-    check_prompt_input(body.input)  # a refused input claims no message id
+    await session.prepare_input(body.input)  # a refused input claims no message id
     claim = getattr(agent.store, "session_for_message", None)
     if claim is None:
         return session  # a store of the embedder's own without the index
