@@ -12,7 +12,7 @@ from pathlib import Path
 
 import redis
 
-from fxworker import redis_refresh_lock  # noqa: F401 - the export the child uses
+from fxworker import redis_refresh_lock
 from tests.providers.fakes import FakePlan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,3 +59,36 @@ def test_two_processes_refresh_one_account_once(plan: FakePlan, redis_url: str, 
     assert saved["access_token"] == plan.issued[-1]["access_token"] != creds["access_token"]
     assert {c["token"] for c in plan.api_calls} == {saved["access_token"]}
     assert client.keys(f"{key_prefix}:lock:*") == []  # released
+
+
+async def test_the_lock_gives_up_after_wait_s_and_names_no_account(redis_url: str, key_prefix: str) -> None:
+    import pytest
+    import redis.asyncio
+
+    from fxengine.errors import FxProviderError
+    from fxworker.refresh_lock import lock_key
+
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        lock = redis_refresh_lock(client, prefix=f"{key_prefix}:lock:", wait_s=0.2)
+        ctx = {"provider": "grok", "session_id": "s-1", "account_id": "acct-secret-name"}
+        key = lock_key(ctx, f"{key_prefix}:lock:")
+        assert "acct-secret-name" not in key
+        ran: list[str] = []
+
+        async def refresh() -> str:
+            ran.append("refresh")
+            assert await client.get(key) is not None  # held while it runs
+            return "fresh"
+
+        assert await lock(ctx, refresh) == "fresh"
+        assert await client.get(key) is None  # released
+
+        await client.set(key, "another-holder", px=60_000)
+        with pytest.raises(FxProviderError) as info:
+            await lock(ctx, refresh)
+        assert info.value.code == "FX_PROVIDER_REFRESH_LOCK"
+        assert ran == ["refresh"]
+        assert await client.get(key) == b"another-holder"  # not released by the one that waited
+    finally:
+        await client.aclose()
