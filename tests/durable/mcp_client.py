@@ -62,6 +62,6 @@ class McpConnection:
             await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
 
 
-def test_env() -> dict[str, str]:
+def server_env() -> dict[str, str]:
     """The environment the servers of a worker get: its Redis and prefix."""
     return {"REDIS_URL": os.environ.get("REDIS_URL", ""), "FX_PREFIX": os.environ.get("FX_PREFIX", "fx")}
