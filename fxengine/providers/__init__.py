@@ -1,4 +1,15 @@
-"""Providers: where requests go and with which credentials (the wire format is in `models/`)."""
+"""Providers: where requests go and with which credentials (the wire format is in `models/`).
+
+    base.py         Provider, ModelEntry, ModelSpec
+    gateway.py      AI Gateway (the default)         custom.py    custom provider dicts
+    chatgpt.py      ChatGPT plans (provider="codex") grok.py      Grok plans (provider="grok")
+    oauth.py        PKCE, device code and refresh under both plans' sign-in helpers
+    auth.py         CredentialSource: credentials(ctx) / on_credentials / refresh_lock
+    responses.py    the Codex backend's Responses request and stream
+    catalog.py      the Gateway's model catalog, list_models()
+    check.py        check_model and the per-agent CatalogCache
+    credentials.py  the Gateway key order, masking
+"""
 
 from __future__ import annotations
 
@@ -25,29 +36,30 @@ from .credentials import mask_secret, mask_secrets
 from .custom import custom_provider
 from .gateway import GATEWAY_BASE_URL, gateway_provider
 
-
 __all__ = [
-    "GATEWAY_BASE_URL",
-    "CatalogCache",
-    "CredentialSource",
-    "chatgpt",
-    "fetch_catalog",
-    "grok",
-    "list_models",
-    "mask_secrets",
-    "parse_catalog",
+    # resolved providers and models
     "ModelEntry",
     "ModelSpec",
     "Provider",
+    "resolve_provider",
     "custom_provider",
     "gateway_provider",
+    "GATEWAY_BASE_URL",
+    # plans
+    "chatgpt",
+    "grok",
+    "CredentialSource",
+    # the catalog
+    "CatalogCache",
     "check_model",
-    "mask_secret",
+    "fetch_catalog",
+    "list_models",
+    "parse_catalog",
     "resolve_model",
-    "resolve_provider",
+    # masking
+    "mask_secret",
+    "mask_secrets",
 ]
-
-
 
 
 def resolve_provider(

@@ -27,7 +27,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -38,6 +38,24 @@ REFRESH_MARGIN_S = 120.0
 Credentials = dict[str, Any]
 Refresher = Callable[[httpx.AsyncClient, Credentials], Awaitable[Credentials]]
 HeaderFn = Callable[[Credentials], dict[str, str]]
+
+
+class CredentialsFn(Protocol):
+    """`credentials(ctx)`: the session's credentials (a dict, or an awaitable of one)."""
+
+    def __call__(self, ctx: dict[str, Any], /) -> Any: ...
+
+
+class OnCredentialsFn(Protocol):
+    """`on_credentials(creds, ctx)`: saves refreshed credentials (may be async)."""
+
+    def __call__(self, creds: Credentials, ctx: dict[str, Any], /) -> Any: ...
+
+
+class RefreshLockFn(Protocol):
+    """`refresh_lock(ctx, fn)`: awaits `fn()` while holding a lock on `ctx`'s account."""
+
+    def __call__(self, ctx: dict[str, Any], fn: Callable[[], Awaitable[Credentials]], /) -> Awaitable[Any]: ...
 
 # One refresh at a time per (loop, provider, refresh token): the sessions of a process
 # that hold the same credentials wait for the same token request.
@@ -91,9 +109,9 @@ class CredentialSource:
         self,
         provider: str,
         *,
-        credentials: Callable[..., Any],
-        on_credentials: Callable[..., Any] | None = None,
-        refresh_lock: Callable[..., Awaitable[Any]] | None = None,
+        credentials: CredentialsFn,
+        on_credentials: OnCredentialsFn | None = None,
+        refresh_lock: RefreshLockFn | None = None,
         refresh: Refresher | None = None,
         headers: HeaderFn = bearer_headers,
         session_id: str | None = None,
