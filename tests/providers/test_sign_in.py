@@ -96,3 +96,13 @@ async def test_refresh_rotates_and_grok_refuses_another_account(plan: FakePlan, 
     with pytest.raises(FxProviderError) as info:
         await grok.refresh_credentials(fresh, oauth_config=grok_config)
     assert info.value.code == "FX_PROVIDER_ACCOUNT_MISMATCH"
+
+
+async def test_a_device_code_not_entered_in_time_expires(plan: FakePlan, grok_config: OAuthConfig) -> None:
+    device = await grok.start_device_sign_in(oauth_config=grok_config)
+    with pytest.raises(FxProviderError) as info:
+        await grok.complete_device_sign_in(device, oauth_config=grok_config, timeout_s=0.5)  # under one interval
+    assert info.value.code == "FX_SIGN_IN_EXPIRED"
+    with pytest.raises(FxProviderError) as info:
+        await grok.poll_device_sign_in({**device, "expires_at": 0}, oauth_config=grok_config)
+    assert info.value.code == "FX_SIGN_IN_EXPIRED"
