@@ -77,8 +77,10 @@ async def _list_tools(session: Any) -> list[dict[str, Any]]:
         cursor = page.get("nextCursor")
         if not cursor:
             return listed
-        from mcp.types import PaginatedRequestParams
-
+        try:
+            from mcp.types import PaginatedRequestParams
+        except ImportError as exc:
+            raise ImportError("fxengine.mcp needs the mcp SDK: pip install 'fxworker[mcp]'") from exc
         page = _dump(await session.list_tools(params=PaginatedRequestParams(cursor=cursor)))
     raise FxToolDefinitionError(f"the MCP server's tool listing runs past {LIST_PAGES_MAX} pages")
 
