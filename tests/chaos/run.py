@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gap", type=float, nargs=2, default=(2.5, 5.0), metavar=("MIN", "MAX"),
                    help="seconds between two faults (default 2.5 5)")
     p.add_argument("--no-faults", action="store_true", help="run the workload without the nemesis")
+    p.add_argument("--no-slow", action="store_true",
+                   help="no session opens with the call every delivery cuts off (shorter, but §11.6 goes unexercised)")
     p.add_argument("--plant", choices=sorted(PLANTS), default=None, help="plant a fault the checker must catch")
     p.add_argument("--out", type=Path, default=RESULTS, help=f"where the JSON goes (default {RESULTS})")
     return p.parse_args(argv)
@@ -87,7 +89,7 @@ def run(args: argparse.Namespace, seed: int) -> tuple[Verdict, Observation, Hist
         assert system.web is not None
         stop_at = time.monotonic() + args.duration
         drivers = [Driver(i, system.web.url, seed, history, stop_at, prompts=args.prompts,
-                          first_prompt="slow" if i == 0 else None) for i in range(args.sessions)]
+                          first_prompt="slow" if i == 0 and not args.no_slow else None) for i in range(args.sessions)]
         tags: dict[str, str] = {}
         nemesis = None
         if not args.no_faults:
@@ -262,7 +264,7 @@ def write_results(args: argparse.Namespace, seed: int, verdict: Verdict, history
         "passed": verdict.passed,
         "elapsed_s": round(elapsed_s, 1),
         "settings": {"duration_s": args.duration, "sessions": args.sessions, "prompts": args.prompts,
-                     "workers": args.workers, "gap_s": list(args.gap), "faults": not args.no_faults,
+                     "workers": args.workers, "gap_s": list(args.gap), "faults": not args.no_faults, "slow": not args.no_slow,
                      "plant": args.plant},
         "figures": verdict.figures,
         "violations": verdict.violations,

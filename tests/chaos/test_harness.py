@@ -34,7 +34,8 @@ def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], 
 @pytest.mark.redis
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 def test_a_short_seeded_schedule_applies_every_fault_and_passes(tmp_path: Path) -> None:
-    proc, result = _run(tmp_path, "--duration", "30", "--seed", "11", "--sessions", "5", "--workers", "2")
+    proc, result = _run(tmp_path, "--duration", "25", "--seed", "11", "--sessions", "5", "--workers", "2", "--gap", "1.5", "3",
+                        "--no-slow")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert result["passed"] and result["violations"] == []
     figures = result["figures"]
@@ -50,7 +51,7 @@ def test_a_short_seeded_schedule_applies_every_fault_and_passes(tmp_path: Path) 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 def test_a_planted_duplicate_effect_fails_the_check_and_prints_the_seed(tmp_path: Path) -> None:
     proc, result = _run(tmp_path, "--duration", "12", "--seed", "5", "--sessions", "3", "--workers", "1",
-                        "--no-faults", "--plant", "duplicate-effects")
+                        "--no-faults", "--no-slow", "--plant", "duplicate-effects")
     assert proc.returncode == 1
     assert not result["passed"]
     assert result["figures"]["duplicated_effects"] >= 1
