@@ -6,8 +6,9 @@ Starts the system (`tests.chaos.system`), runs the session drivers and the nemes
 `--duration` seconds, stops the faults, lets every acknowledged input run to its end (at
 most `--drain` seconds), has every reader read to the end of its stream, then reads the
 store and checks the history (`tests.chaos.checker`). Prints a table of figures, writes
-`<--out>/chaos-<seed>.json` (figures, violations, settings) and the history as JSON lines
-beside it, and exits 1 on any violation, printing the seed that replays the schedule.
+`<--out>/chaos-<seed>.json` (figures, violations, settings), the history as JSON lines and
+what the store held (`.store.json`: streams, tool starts, worker diagnostics) beside it,
+and exits 1 on any violation, printing the seed that replays the schedule.
 The seed fixes every choice (the workload's prompts and pauses, the nemesis's faults,
 victims and gaps, the model's delays); the machine's timing does not repeat exactly.
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     verdict, obs, history = run(args, seed)
     elapsed = time.monotonic() - started
     print(table(verdict, seed, elapsed))
-    path = write_results(args, seed, verdict, history, elapsed)
+    path = write_results(args, seed, verdict, obs, history, elapsed)
     print(f"results: {path}")
     if verdict.passed:
         print(f"chaos: passed (seed {seed})")
@@ -256,7 +257,8 @@ def table(verdict: Verdict, seed: int, elapsed_s: float) -> str:
     return "\n".join(f"{str(k).ljust(width)}  {v}" for k, v in rows)
 
 
-def write_results(args: argparse.Namespace, seed: int, verdict: Verdict, history: History, elapsed_s: float) -> Path:
+def write_results(args: argparse.Namespace, seed: int, verdict: Verdict, obs: Observation, history: History,
+                  elapsed_s: float) -> Path:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"chaos-{seed}{'-' + args.plant if args.plant else ''}.json"
     body = {
@@ -271,6 +273,8 @@ def write_results(args: argparse.Namespace, seed: int, verdict: Verdict, history
     }
     path.write_text(json.dumps(body, indent=2, default=str) + "\n")
     history.write_jsonl(path.with_suffix(".history.jsonl"))
+    store = {"streams": obs.streams, "runs": obs.runs, "events": obs.events}
+    path.with_suffix(".store.json").write_text(json.dumps(store, default=str) + "\n")
     return path
 
 
