@@ -27,10 +27,14 @@ import httpx
 T = TypeVar("T")
 log = logging.getLogger("fxworker.runtime")
 
-# The loop's shared HTTP clients, and the connection limits of each: together the same
-# 1000 connections (200 kept alive) one client had.
-HTTP_CLIENTS = 8
-HTTP_LIMITS = httpx.Limits(max_connections=1000 // HTTP_CLIENTS, max_keepalive_connections=200 // HTTP_CLIENTS)
+# The loop's shared HTTP clients, and the connection limits of each. Sessions are spread
+# over many clients because httpcore's pool does work in proportion to the requests it
+# holds on every request and response: with 100 streamed requests at once, one client
+# costs about 6 ms of CPU per request, 8 clients 1.6 ms, 64 clients under 1 ms (measured
+# against the scripted model server on loopback). Each is built on first use, all on one
+# TLS context.
+HTTP_CLIENTS = 64
+HTTP_LIMITS = httpx.Limits(max_connections=64, max_keepalive_connections=16)
 HTTP_TIMEOUT = httpx.Timeout(connect=10.0, read=600.0, write=30.0, pool=600.0)
 
 
@@ -41,7 +45,8 @@ class LoopThread:
         self.name = name
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
-        self._clients: list[httpx.AsyncClient] = []
+        self._clients: list[httpx.AsyncClient | None] = [None] * HTTP_CLIENTS
+        self._tls: Any = None  # one TLS context for every client (building one is slow)
         self.stopping = threading.Event()  # warm shutdown: running turns yield and requeue
         self.killed = False
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
@@ -63,17 +68,19 @@ class LoopThread:
     @property
     def http_client(self) -> httpx.AsyncClient:
         """The first of this loop's shared HTTP clients (see `http_client_for`)."""
-        return self._http_clients()[0]
+        return self._http_client(0)
 
     def http_client_for(self, session_id: str) -> httpx.AsyncClient:
         """The shared HTTP client of `session_id`'s engines on this loop (always the same one)."""
-        clients = self._http_clients()
-        return clients[zlib.crc32(session_id.encode()) % len(clients)]
+        return self._http_client(zlib.crc32(session_id.encode()) % HTTP_CLIENTS)
 
-    def _http_clients(self) -> list[httpx.AsyncClient]:
-        if not self._clients:  # created on first use, on the loop
-            self._clients = [httpx.AsyncClient(timeout=HTTP_TIMEOUT, limits=HTTP_LIMITS) for _ in range(HTTP_CLIENTS)]
-        return self._clients
+    def _http_client(self, shard: int) -> httpx.AsyncClient:
+        client = self._clients[shard]
+        if client is None:  # built on first use, on the loop
+            if self._tls is None:
+                self._tls = httpx.create_ssl_context()
+            client = self._clients[shard] = httpx.AsyncClient(timeout=HTTP_TIMEOUT, limits=HTTP_LIMITS, verify=self._tls)
+        return client
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Schedules `coro` on the loop from any thread."""
@@ -96,9 +103,10 @@ class LoopThread:
             for task in others:
                 task.cancel()
             await asyncio.gather(*others, return_exceptions=True)
-            clients, self._clients = self._clients, []
+            clients, self._clients = self._clients, [None] * HTTP_CLIENTS
             for client in clients:
-                await client.aclose()
+                if client is not None:
+                    await client.aclose()
 
         try:
             self.submit(_aclose()).result(timeout_s)
