@@ -78,6 +78,16 @@ class Op(NamedTuple, Generic[T]):
     parse: Callable[[list[Any]], T]
 
 
+def _steer_text_bytes(input: Any, json_bytes: int) -> int:
+    """The bytes a steer counts against its limits: its text (a steer given as blocks
+    counts its text blocks; its images have their own limits, checked before the store)."""
+    if isinstance(input, str):
+        return len(input.encode("utf-8", "surrogatepass"))
+    if isinstance(input, list) and all(isinstance(b, dict) for b in input):
+        return sum(len(str(b.get("text", "")).encode("utf-8", "surrogatepass")) for b in input if b.get("type") == "text")
+    return json_bytes
+
+
 class StoreCore:
     """Validation, keys and operation plans shared by the sync and async Redis store."""
 
@@ -174,7 +184,7 @@ class StoreCore:
         # §6 limits a steer's text, not its JSON: quotes and escapes do not count.
         steer_bytes = None
         if code == "s":
-            steer_bytes = len(input.encode("utf-8", "surrogatepass")) if isinstance(input, str) else json_bytes
+            steer_bytes = _steer_text_bytes(input, json_bytes)
         now = self.clock() if now_ms is None else int(now_ms)
         cluster = self.cluster
         accept = scripts.accept(

@@ -154,3 +154,14 @@ async def test_a_steer_with_images_is_stored_as_blocks_and_a_text_one_as_text(ma
         ("str_a", [{"type": "text", "text": "and this?"}, {"type": "image", "mimeType": "image/png", "data": b64(PNG)}]),
         ("str_b", "just text"),
     ]
+
+
+async def test_a_steer_counts_its_text_not_its_image_against_the_steer_size(make_agent: Any) -> None:
+    """A steer's 64 KiB is its text; an image of 1 MiB (within the image limits) is stored."""
+    session = make_agent("img-steer-size").session()
+    big = PNG + b"\x00" * MIB
+    accepted = await session.steer(["look", image(big)], message_id="str_big")
+    assert not accepted.repeated
+    with pytest.raises(FxLimitError) as refused:
+        await session.steer(["x" * (64 * 1024 + 1), image(PNG)], message_id="str_long")
+    assert refused.value.code == "FX_LIMIT_STEER_SIZE"
