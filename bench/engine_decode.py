@@ -5,11 +5,12 @@ reasoning, a few streamed tool calls, usage at the end) and decodes the same byt
 fxengine's compiled build, its pure build, the `openai` SDK's own stream decoding (its
 `Stream` over an `httpx.MockTransport`, building `ChatCompletionChunk` objects), and a bare
 ``split(b"\\n\\n")`` + `orjson.loads` loop (the floor for turning JSON chunks into Python
-objects). Run: ``.venv/bin/python bench/engine_decode.py``.
+objects). Run: ``.venv/bin/python bench/engine_decode.py [--json PATH]``.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import random
@@ -22,7 +23,10 @@ import httpx
 import openai
 import orjson
 
-from fxengine.models import _sse_py, sse  # importing `sse` sets up the compiled build's JSON parser
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+
+from bench._harness import add_json_arg, ratio_row, write_json  # noqa: E402
+from fxengine.models import _sse_py, sse  # noqa: E402 - importing `sse` sets up the compiled build's JSON parser
 
 try:
     from fxengine.models import _sse_c
@@ -160,6 +164,9 @@ def with_orjson(fn: Callable[[], int]) -> Callable[[], int]:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_json_arg(parser)
+    args = parser.parse_args()
     body, text_len = record_stream()
     pieces = pieces_of(body)
     print(f"fxengine default build: {sse.BUILD}")
@@ -173,6 +180,7 @@ def main() -> int:
     contenders["openai SDK"] = (lambda: openai_sdk(pieces), 3)
     contenders["bare split+orjson"] = (lambda: bare_floor(body), 9)
     rows = us_per_chunk(contenders, text_len)
+    us_rows = dict(rows)  # the figures, for --json
     for name, us in rows.items():
         print(f"  {name:<20} {us:8.2f} µs/chunk")
     if _sse_c is None:
@@ -189,6 +197,16 @@ def main() -> int:
         met = ratio >= target if op == ">=" else ratio <= target
         ok &= met
         print(f"  {label:<20} {ratio:8.2f}x  (target {op} {target}x: {'met' if met else 'MISSED'})")
+    item = "3 engine decode"
+    summary = [
+        ratio_row(item, "compiled decode", c, "µs/chunk", "pure build", rows["fxengine pure"], invert=True, target=3.0,
+                  note="ratio = pure / compiled"),
+        ratio_row(item, "compiled decode", c, "µs/chunk", "openai SDK decoding", rows["openai SDK"], invert=True,
+                  target=1.0, note="ratio = SDK / compiled"),
+        ratio_row(item, "compiled decode", c, "µs/chunk", "bare split+orjson", rows["bare split+orjson"],
+                  target=1.5, at_most=True),
+    ]
+    write_json(args.json, "engine_decode", summary, {"us_per_chunk": us_rows, "chunks": CHUNKS, "build": sse.BUILD})
     return 0 if ok else 1
 
 
