@@ -18,38 +18,23 @@ import json
 import os
 import threading
 import time
-from typing import Any
 
 import redis
-import redis.asyncio.connection
-import redis.connection
 
+from bench._harness import count_round_trips
 from fxworker.celery_app import app
 from tests.durable.agents import AGENTS  # noqa: F401 - the agents this module exports
 
-SENDS = {"async": 0, "sync": 0}
 
-
-def _count_round_trips(path: str) -> None:
-    sync_send = redis.connection.AbstractConnection.send_packed_command
-    async_send = redis.asyncio.connection.AbstractConnection.send_packed_command
-
-    def counted_sync(self: Any, command: Any, check_health: bool = True) -> None:
-        SENDS["sync"] += 1
-        sync_send(self, command, check_health)
-
-    async def counted_async(self: Any, command: Any, check_health: bool = True) -> None:
-        SENDS["async"] += 1
-        await async_send(self, command, check_health)
-
-    redis.connection.AbstractConnection.send_packed_command = counted_sync  # type: ignore[method-assign]
-    redis.asyncio.connection.AbstractConnection.send_packed_command = counted_async  # type: ignore[method-assign]
+def _write_counts(path: str) -> None:
+    """Writes this process's round-trip counts to `path` every 50 ms, for the bench to read."""
+    sends = count_round_trips()
 
     def write() -> None:
         while True:
             tmp = f"{path}.tmp"
             with open(tmp, "w") as f:
-                json.dump(SENDS, f)
+                json.dump(sends, f)
             os.replace(tmp, path)
             time.sleep(0.05)
 
@@ -57,7 +42,7 @@ def _count_round_trips(path: str) -> None:
 
 
 if os.environ.get("FX_BENCH_COUNT_FILE"):
-    _count_round_trips(os.environ["FX_BENCH_COUNT_FILE"])
+    _write_counts(os.environ["FX_BENCH_COUNT_FILE"])
 
 _noop_client: redis.Redis | None = None
 

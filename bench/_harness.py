@@ -137,10 +137,11 @@ class ModelProcess:
         if not self.base_url.startswith("http"):
             raise RuntimeError("the model server did not start")
 
-    def served(self) -> list[tuple[float, str]]:
-        """Stops the server; (arrival epoch ms, prompt) of every chat request it served."""
+    def served(self) -> list[tuple[float, str, int]]:
+        """Stops the server; (arrival epoch ms, prompt, bytes of the messages) of every chat
+        request it served."""
         out, _ = self.proc.communicate(timeout=30)
-        return [(float(at), str(p)) for at, p in json.loads(out.strip().splitlines()[-1])]
+        return [(float(at), str(p), int(n)) for at, p, n in json.loads(out.strip().splitlines()[-1])]
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -158,12 +159,14 @@ def start_worker(server: RedisServer, prefix: str, model_url: str, *, concurrenc
     worker = CeleryWorker(
         redis_url=server.url, prefix=prefix, queues=("default",), agents=("default",), concurrency=concurrency,
         env={"FX_AGENTS": "bench._agents", "FX_TEST_MODEL_URL": model_url, "FX_LOG_LEVEL": "WARNING",
-             "FX_SWEEP_S": "1", **(env or {})},
+             # The defaults a deployment runs with (the test workers' are shorter).
+             "FX_LEASE_S": "15", "FX_SWEEP_S": "5", "FX_RESERVE_S": "30", "FX_DELIVERY_TIMEOUT_S": "300",
+             **(env or {})},
     )
     return worker.start(timeout_s=60)
 
 
-def client_agent(redis_url: str, prefix: str, model_url: str, *, lease_s: float = 3.0) -> Any:
+def client_agent(redis_url: str, prefix: str, model_url: str, *, lease_s: float = 15.0) -> Any:
     """This process's agent `default`: it prompts and reads; the workers run the turns."""
     from fxworker import Agent, Settings
     from fxworker.celery_app import make_celery_app
@@ -171,7 +174,7 @@ def client_agent(redis_url: str, prefix: str, model_url: str, *, lease_s: float 
     from fxworker.wakers import CeleryWaker
     from tests.durable.tooling import provider, tools
 
-    settings = Settings(redis_url=redis_url, prefix=prefix, lease_s=lease_s, reserve_s=4.0)
+    settings = Settings(redis_url=redis_url, prefix=prefix, lease_s=lease_s)
     return Agent(
         "default", model="scripted", provider=provider(model_url), tools=tools(), api_key="test-key",
         store=redis_store(redis_url, prefix=prefix), waker=CeleryWaker(make_celery_app(settings)), settings=settings,
@@ -201,6 +204,71 @@ class CeleryNoop:
 
     def close(self) -> None:
         self.client.close()
+
+
+SENDS = {"async": 0, "sync": 0}
+
+
+def count_round_trips() -> dict[str, int]:
+    """Counts this process's Redis round trips from now on (socket writes: one per command,
+    one per pipeline), asyncio clients apart from blocking ones; returns the live counts."""
+    import redis.asyncio.connection
+    import redis.connection
+
+    sync_send = redis.connection.AbstractConnection.send_packed_command
+    async_send = redis.asyncio.connection.AbstractConnection.send_packed_command
+    if getattr(sync_send, "fxbench", False):
+        return SENDS
+
+    def counted_sync(self: Any, command: Any, check_health: bool = True) -> None:
+        SENDS["sync"] += 1
+        sync_send(self, command, check_health)
+
+    async def counted_async(self: Any, command: Any, check_health: bool = True) -> None:
+        SENDS["async"] += 1
+        await async_send(self, command, check_health)
+
+    counted_sync.fxbench = True  # type: ignore[attr-defined]
+    redis.connection.AbstractConnection.send_packed_command = counted_sync  # type: ignore[method-assign]
+    redis.asyncio.connection.AbstractConnection.send_packed_command = counted_async  # type: ignore[method-assign]
+    return SENDS
+
+
+def monitor(redis_url: str, run: Any) -> list[tuple[str, str]]:
+    """(client address, command) of every Redis command sent while `run()` runs, scripts
+    named by their `fxworker.scripts` name (``EVALSHA append``)."""
+    import threading
+
+    import redis
+
+    from fxworker.scripts import SCRIPTS
+
+    names = {s.sha: s.name for s in SCRIPTS.values()}
+    seen: list[tuple[str, str]] = []
+    stop = threading.Event()
+    started = threading.Event()
+
+    def watch() -> None:
+        client = redis.Redis.from_url(redis_url)
+        with client.monitor() as m:
+            started.set()
+            for event in m.listen():
+                if stop.is_set():
+                    return
+                parts = event["command"].split(" ")
+                if parts[0] == "EVALSHA" and len(parts) > 1:
+                    parts[0] = f"EVALSHA {names.get(parts[1], parts[1][:8])}"
+                seen.append((f"{event['client_address']}:{event['client_port']}", parts[0]))
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    started.wait(5)
+    run()
+    time.sleep(0.3)  # the worker's release and the monitor's last lines arrive
+    stop.set()
+    redis.Redis.from_url(redis_url).ping()  # one more event so the listener returns
+    thread.join(5)
+    return seen
 
 
 def commandstats(client: Any) -> dict[str, dict[str, float]]:

@@ -1,6 +1,7 @@
 """The benches' scripted model server, run in its own process (so its threads do not share
 the client's GIL): prints its base URL, serves until stdin closes, then prints every chat
-request it served as one JSON line of ``[arrival epoch ms, last user text]``.
+request it served as one JSON line of ``[arrival epoch ms, last user text, bytes of its
+messages as compact JSON]``.
 
 What it answers is read from the prompt (the last user message), ``<kind>:<delay ms>:<tag>``:
 
@@ -67,7 +68,8 @@ def main() -> None:
         print(model.base_url, flush=True)
         sys.stdin.read()
         served = [
-            [r.at_ms, last_user_text(r.body.get("messages") or [])]
+            [r.at_ms, last_user_text(r.body.get("messages") or []),
+             len(json.dumps(r.body.get("messages") or [], separators=(",", ":")))]
             for r in model.requests if r.path.endswith("/chat/completions")
         ]
         print(json.dumps(served), flush=True)

@@ -95,7 +95,7 @@ def main() -> int:
         server.close()
 
     first_request: dict[str, float] = {}
-    for at_ms, prompt in served:
+    for at_ms, prompt, _ in served:
         tag = prompt.rpartition(":")[2]
         if tag in turns and tag not in first_request:
             first_request[tag] = at_ms / 1000
