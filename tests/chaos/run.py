@@ -119,7 +119,9 @@ def run(args: argparse.Namespace, seed: int) -> tuple[Verdict, Observation, Hist
             if s.reader is not None:
                 s.reader.thread.join(30)
         obs = observe(system, sessions, history, seed, script)
-        return check(obs), obs, history
+        verdict = check(obs)
+        verdict.figures["faults_not_applied"] = len(history.of("fault_failed"))
+        return verdict, obs, history
     finally:
         system.close()
 
@@ -234,6 +236,7 @@ def table(verdict: Verdict, seed: int, elapsed_s: float) -> str:
         ("stop reasons", ", ".join(f"{k} {v}" for k, v in sorted(f["stop_reasons"].items(), key=str))),
         ("lines stored", f["lines"]),
         *((f"faults: {kind}", faults[kind]) for kind in FAULT_KINDS),
+        ("faults not applied", f["faults_not_applied"]),
         ("takeovers", f["takeovers"]),
         ("fenced writers", f["fenced"]),
         ("yields", f["yields"]),

@@ -34,8 +34,8 @@ def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], 
 @pytest.mark.redis
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 def test_a_short_seeded_schedule_applies_every_fault_and_passes(tmp_path: Path) -> None:
-    proc, result = _run(tmp_path, "--duration", "25", "--seed", "11", "--sessions", "5", "--workers", "2", "--gap", "1.5", "3",
-                        "--no-slow")
+    proc, result = _run(tmp_path, "--duration", "25", "--seed", "11", "--sessions", "5", "--workers", "2",
+                        "--gap", "1.5", "3", "--no-slow")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert result["passed"] and result["violations"] == []
     figures = result["figures"]

@@ -9,8 +9,10 @@ them: one driver sends one request at a time, so that is the session's acceptanc
 
 Each `Reader` follows one session's stream from cursor 0 and drops its connection at random
 (after a few lines, or when no line came within a random read timeout), then resumes from
-the last cursor it saw, as `fx tail` does. It keeps every stored line it was sent, so the
-checker can compare them with the stream the store holds (§11.7).
+the last cursor it saw, as `fx tail` does. Once its session's driver sent its last input
+and the reader saw every acknowledged prompt end, it stops following until the run's last
+read to the end (`follow=0`). It keeps every stored line it was sent, so the checker can
+compare them with the stream the store holds (§11.7).
 
 `ModelScript` is the scripted model's responder. The prompt text says what the turn does:
 
@@ -174,6 +176,13 @@ class SessionDriver:
 
     def run(self) -> bool:
         """Sends the session's inputs; False when one was never acknowledged (the driver stops)."""
+        try:
+            return self._run()
+        finally:
+            if self.reader is not None:
+                self.reader.retire({a["messageId"] for a in self.acked if a["input"] == "prompt"})
+
+    def _run(self) -> bool:
         with httpx.Client(base_url=self.base_url, timeout=10.0) as http:
             for n in range(self.max_prompts):
                 if time.monotonic() >= self.stop_at:
@@ -241,6 +250,8 @@ class Reader:
         self.drops = 0
         self.unstored = 0
         self._finish = threading.Event()
+        self._expected: set[str] | None = None
+        self._ended: set[str] = set()
         self.caught_up = threading.Event()
         self.thread = threading.Thread(target=self.run, name=f"chaos-reader-{session_id}", daemon=True)
 
@@ -252,9 +263,19 @@ class Reader:
         """Asks for a last read to the end of what is stored (`follow=0`), then stops."""
         self._finish.set()
 
+    def retire(self, prompts: set[str]) -> None:
+        """No more input comes: stop following once these prompts' `turn_end` lines came
+        (then only the last read of `finish()` remains)."""
+        self._expected = set(prompts)
+
+    def _idle(self) -> bool:
+        return self._expected is not None and self._expected <= self._ended
+
     def run(self) -> None:
         with httpx.Client(base_url=self.base_url) as http:
             while not self.caught_up.is_set():
+                if self._idle():
+                    self._finish.wait()
                 finishing = self._finish.is_set()
                 if self._read_once(http, follow=not finishing) and finishing:
                     self.caught_up.set()
@@ -280,9 +301,11 @@ class Reader:
                         self.unstored += 1
                         return False
                     self.seen.append(line)
+                    if line["type"] == "turn_end":
+                        self._ended.add(line.get("messageId"))
                     self.cursor = max(self.cursor, int(line["cursor"]))
                     budget -= 1
-                    if budget == 0:
+                    if budget == 0 or self._idle():
                         return False  # a deliberate disconnect
             return True
         except httpx.HTTPError:
