@@ -8,8 +8,8 @@ What it answers is read from the prompt (the last user message), ``<kind>:<delay
 - ``tool:MS:TAG`` - the scripted two-step tool turn: asks for ``lookup`` (q=TAG), and once
   the tool's result is in the request, answers ``"done"``; each request waits MS first;
 - ``text:MS:TAG`` - one step: waits MS, then streams ``"hello"``, ``" world"``;
-- ``hold:NAME`` - the second step holds until the test releases it (never, here: the
-  peers' kill -9 run kills its client while held);
+- ``hold:NAME`` - the first time, the second step holds until the server stops (the peers'
+  kill -9 run kills its client while held); after that it answers ``"done"``;
 - anything else (``slow:MS`` too, as bench/e2e.py sends) - waits MS if given, answers ``"ok"``.
 
 Run by the benches through `ModelProcess` (bench/_harness.py); ``python bench/_model.py``.
@@ -41,6 +41,9 @@ def has_tool_result(messages: list[dict[str, Any]]) -> bool:
     return bool(messages) and messages[-1].get("role") == "tool"
 
 
+HELD: set[str] = set()
+
+
 def respond(request: Any) -> Reply:
     messages = request.body.get("messages") or []
     prompt = last_user_text(messages)
@@ -56,6 +59,9 @@ def respond(request: Any) -> Reply:
         return Reply(delay(ms), tool_call("call_1", "lookup", {"q": tag or "x"}))
     if kind == "hold":
         if has_tool_result(messages):
+            if rest in HELD:
+                return Reply(text("done"))
+            HELD.add(rest)
             return Reply(hold(rest), text("done"))
         return Reply(tool_call("call_1", "lookup", {"q": rest}))
     if kind == "text":
