@@ -12,7 +12,8 @@ commands per turn (`INFO commandstats` deltas over the many-session run, client 
 
 Run: ``.venv/bin/python bench/e2e.py`` (about 20 s); ``--sessions N``, ``--delay-ms MS``;
 ``--monitor`` also lists every Redis command of one turn, by the process that sent it;
-``--profile PATH`` samples the worker with py-spy during the many-session run.
+``--profile PATH`` samples the worker with py-spy during the many-session run; ``--json
+PATH`` also writes the summary rows (bench/run_all.py).
 """
 
 from __future__ import annotations
@@ -159,6 +160,7 @@ def main() -> None:
                         help="count every Redis command (scripts by name) of the last round, per turn")
     parser.add_argument("--profile", metavar="PATH", help="py-spy the worker during the many-session run "
                         "(collapsed stacks to PATH; needs py-spy installed)")
+    parser.add_argument("--json", metavar="PATH", help="also write the summary rows to PATH")
     args = parser.parse_args()
     if args.serve_model:
         serve_model()
@@ -281,7 +283,27 @@ def run(args: Any, server: RedisServer, model: ModelProcess, worker: CeleryWorke
     median_s = times[len(times) // 2]
     print(f"RESULT one session {one_s * 1000:.0f} ms; {n} at once: first round {rounds[0]['s'] * 1000:.0f} ms "
           f"({rounds[0]['s'] / one_s:.1f}x), median of {len(rounds)} {median_s * 1000:.0f} ms ({median_s / one_s:.1f}x)")
+    cpu_ms = sorted(r["cpu"]["worker"] * 1000 / n for r in rounds)[len(rounds) // 2]
+    print(f"RESULT worker CPU per turn {cpu_ms:.1f} ms (median of {len(rounds)} rounds)")
     agent.close()
+    write_rows(args.json, n, one_s, median_s, cpu_ms, args.delay_ms, rounds)
+
+
+def write_rows(path: str | None, n: int, one_s: float, median_s: float, cpu_ms: float, delay_ms: int,
+               rounds: list[dict[str, Any]]) -> None:
+    """The issue-11 figures as summary rows (bench/_harness.py), when --json is given."""
+    if not path:
+        return
+    from bench._harness import Row, ratio_row, write_json
+
+    item = "11 e2e burst"
+    rows: list[Row] = [
+        ratio_row(item, f"{n} sessions at once on 1 worker ({delay_ms} ms model)", median_s * 1000, "ms",
+                  "one session alone", one_s * 1000, target=2.0, at_most=True, note="bench/e2e.py, median of rounds"),
+        ratio_row(item, "worker CPU per turn (e2e burst)", cpu_ms, "ms", "5 ms target", 5.0, target=1.0, at_most=True),
+    ]
+    write_json(path, "e2e", rows, {"one_s": one_s, "median_s": median_s, "cpu_ms_per_turn": cpu_ms,
+                                   "rounds": [{k: v for k, v in r.items() if k != "commands"} for r in rounds]})
 
 
 if __name__ == "__main__":
