@@ -278,11 +278,22 @@ def counts(obs: Observation) -> dict[str, Any]:
         "tool_reruns": events["tool.rerun"],
         "faults": {kind: faults[kind] for kind in FAULT_KINDS},
     }
+    taken = [(e.get("sessionId"), int(e.get("epoch") or 0)) for e in obs.events if e.get("type") == "session.takeover"]
     for fault in ("kill", "stop"):
-        times = [r["seconds"] for r in obs.recoveries if r["fault"] == fault and r["seconds"] is not None]
+        times = [r["seconds"] for r in obs.recoveries if r["fault"] == fault and _took_over(r, taken)]
         figures[f"recover_{fault}_n"] = len(times)
         figures[f"recover_{fault}_p50_s"] = percentile(times, 50)
         figures[f"recover_{fault}_p99_s"] = percentile(times, 99)
+        figures[f"recover_{fault}_max_s"] = max(times, default=None)
         figures[f"recover_{fault}_unresolved"] = sum(1 for r in obs.recoveries
                                                      if r["fault"] == fault and r["seconds"] is None)
     return figures
+
+
+def _took_over(recovery: dict[str, Any], taken: list[tuple[Any, int]]) -> bool:
+    """True when the recovery's newer epoch came from a takeover of the session's dead lease
+    (not from a live holder's release and a new claim)."""
+    if recovery["seconds"] is None:
+        return False
+    low, high = recovery["epoch"], recovery.get("new_epoch") or 0
+    return any(s == recovery["session"] and low < e <= high for s, e in taken)

@@ -10,9 +10,10 @@ Every few seconds (a gap drawn from the seed) it does one of:
 - `clients`: `CLIENT KILL TYPE normal` (every client connection but the nemesis's own).
 
 The first round does each kind once, in a seeded order, so every run has each; after that
-the kinds are drawn at random. For a `kill` or `stop`, the sessions the worker had a turn
-open for (the ones whose last model request it made, holding a lease) are watched until a
-line of a newer epoch is stored: that is the time to recover (`recovery` operations).
+the kinds are drawn at random. For a `kill` or `stop`, every session whose lease is held
+(a delivery runs) is watched: one whose lease is renewed or released has a live holder; for the
+others, the time until a line of a newer epoch is stored is the time to recover
+(`recovery` operations; the checker keeps those whose new epoch was a takeover).
 """
 
 from __future__ import annotations
@@ -89,17 +90,9 @@ class Nemesis:
         preferred = [w for w in live if w.pid in busy] or live
         return self.rng.choice(preferred)
 
-    def _open_turns_of(self, pid: int | None) -> dict[str, int]:
-        """Session id -> lease epoch, of the sessions with a turn open whose last request `pid` made."""
-        held: dict[str, int] = {}
-        for tag, last in list(self.script.last_pid.items()):
-            session_id = self.sessions.get(tag)
-            if last != pid or session_id is None:
-                continue
-            epoch = self.system.open_turn_epoch(session_id)
-            if epoch is not None:
-                held[session_id] = epoch
-        return held
+    def _held(self) -> dict[str, tuple[int, int]]:
+        """Session id -> (epoch, expires_ms) of every session whose lease is held."""
+        return self.system.held_leases([sid for sid in list(self.sessions.values()) if sid])
 
     def _replace(self, why: str) -> None:
         assert self.system.pool is not None
@@ -108,19 +101,19 @@ class Nemesis:
 
     def fault_kill(self) -> None:
         worker = self._victim()
-        held = self._open_turns_of(worker.pid)
+        held = self._held()
         t0 = time.monotonic()
         worker.kill()
-        self.history.record("fault", fault="kill", pid=worker.pid, sessions=len(held))
+        self.history.record("fault", fault="kill", pid=worker.pid)
         self._watch("kill", held, t0)
         self._replace("kill")
 
     def fault_stop(self) -> None:
         worker = self._victim()
-        held = self._open_turns_of(worker.pid)
+        held = self._held()
         t0 = time.monotonic()
         worker.signal(signal.SIGSTOP)
-        self.history.record("fault", fault="stop", pid=worker.pid, sessions=len(held))
+        self.history.record("fault", fault="stop", pid=worker.pid)
         self._watch("stop", held, t0)
         try:
             time.sleep(STOP_PAST_LEASE_S)
@@ -163,24 +156,35 @@ class Nemesis:
 
     # ------------------------------------------------------------------ recovery
 
-    def _watch(self, fault: str, held: dict[str, int], t0: float) -> None:
-        for session_id, epoch in held.items():
-            t = threading.Thread(target=self._recovery, args=(fault, session_id, epoch, t0),
+    def _watch(self, fault: str, held: dict[str, tuple[int, int]], t0: float) -> None:
+        for session_id, lease in held.items():
+            t = threading.Thread(target=self._recovery, args=(fault, session_id, lease, t0),
                                  name=f"chaos-watch-{session_id}", daemon=True)
             t.start()
             self._watchers.append(t)
 
-    def _recovery(self, fault: str, session_id: str, epoch: int, t0: float) -> None:
-        """Records when the session first stores a line of an epoch after `epoch`."""
+    def _recovery(self, fault: str, session_id: str, lease: tuple[int, int], t0: float) -> None:
+        """Follows a session whose lease was held when a worker went away.
+
+        A lease renewed (expiry moved) or released under its epoch has a live holder: not
+        this worker's session, nothing is recorded. Otherwise, once a line of a newer epoch
+        is stored, a `recovery` candidate is recorded with the seconds since the fault; the
+        checker counts it when the worker diagnostics show that epoch took the lease over.
+        """
+        epoch, expires = lease
         deadline = t0 + RECOVERY_WATCH_S
         while time.monotonic() < deadline:
             try:
+                now = self.system.lease(session_id)
                 last = self.system.last_epoch(session_id)
             except redis.RedisError:
-                last = None
+                time.sleep(0.05)
+                continue
+            if now is not None and now[0] == epoch and (now[1] > expires or now[2] != "held"):
+                return  # its holder is alive
             if last is not None and last > epoch:
-                self.history.record("recovery", fault=fault, session=session_id, epoch=epoch,
+                self.history.record("recovery", fault=fault, session=session_id, epoch=epoch, new_epoch=last,
                                     seconds=round(time.monotonic() - t0, 3))
                 return
             time.sleep(0.05)
-        self.history.record("recovery", fault=fault, session=session_id, epoch=epoch, seconds=None)
+        self.history.record("recovery", fault=fault, session=session_id, epoch=epoch, new_epoch=None, seconds=None)

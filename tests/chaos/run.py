@@ -250,10 +250,9 @@ def table(verdict: Verdict, seed: int, elapsed_s: float) -> str:
         ("starts without intent", f["starts_without_intent"]),
         ("stale lines", f["stale_lines"]),
         ("API key found in Redis", f["key_found"]),
-        ("recover after kill -9: p50 / p99 (n)",
-         f"{_s(f['recover_kill_p50_s'])} / {_s(f['recover_kill_p99_s'])} ({f['recover_kill_n']})"),
-        ("recover after SIGSTOP: p50 / p99 (n)",
-         f"{_s(f['recover_stop_p50_s'])} / {_s(f['recover_stop_p99_s'])} ({f['recover_stop_n']})"),
+        *((f"recover after {name}: p50 / p99 / max (n)",
+           f"{_s(f[f'recover_{k}_p50_s'])} / {_s(f[f'recover_{k}_p99_s'])} / {_s(f[f'recover_{k}_max_s'])} "
+           f"({f[f'recover_{k}_n']})") for k, name in (("kill", "kill -9"), ("stop", "SIGSTOP"))),
         ("violations", len(verdict.violations)),
     ]
     width = max(len(str(k)) for k, _ in rows)

@@ -176,12 +176,26 @@ class System:
         entries = self.retrying(lambda r: r.xrevrange(key, count=1), timeout_s=5.0)
         return int(json.loads(entries[0][1][b"l"])["epoch"]) if entries else None
 
-    def open_turn_epoch(self, session_id: str) -> int | None:
-        """The lease epoch when the session has a turn open under a held lease, else None."""
+    def held_leases(self, session_ids: list[str]) -> dict[str, tuple[int, int]]:
+        """Session id -> (lease epoch, expires_ms) of those whose lease is held (a delivery runs)."""
+        def read(r: redis.Redis) -> list[Any]:
+            pipe = r.pipeline(transaction=False)
+            for session_id in session_ids:
+                pipe.hmget(session_keys(self.prefix, session_id).lease, "state", "epoch", "expires_ms")
+            return list(pipe.execute())
+
+        replies = self.retrying(read, timeout_s=5.0)
+        held: dict[str, tuple[int, int]] = {}
+        for session_id, (state, epoch, expires) in zip(session_ids, replies):
+            if state == b"held" and epoch is not None and expires is not None:
+                held[session_id] = (int(epoch), int(expires))
+        return held
+
+    def lease(self, session_id: str) -> tuple[int, int, str] | None:
+        """(epoch, expires_ms, state) of the session's lease, None when it has none."""
         keys = session_keys(self.prefix, session_id)
-
-        def read(r: redis.Redis) -> tuple[Any, Any]:
-            return r.hget(keys.meta, "turn"), r.hmget(keys.lease, "state", "epoch")
-
-        turn, (state, epoch) = self.retrying(read, timeout_s=5.0)
-        return int(epoch) if turn and state == b"held" and epoch is not None else None
+        state, epoch, expires = self.retrying(lambda r: r.hmget(keys.lease, "state", "epoch", "expires_ms"),
+                                              timeout_s=5.0)
+        if epoch is None:
+            return None
+        return int(epoch), int(expires or 0), (state or b"").decode()
