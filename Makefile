@@ -37,9 +37,13 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	FXENGINE_NO_EXTENSIONS=1 $(BIN)/python -m pytest -m "not slow and not celery and not browser and not cluster" tests/engine $(PYTEST_ARGS)
 
+# Every bench once (bench/run_all.py, under 10 minutes): one table of figures beside their
+# same-run baselines; bench/results/summary.json and the PNG plots. Needs the bench extra.
 bench: $(STAMP)
+	@$(BIN)/python -c "import matplotlib, agents, langgraph, langchain_openai" 2>/dev/null || \
+	  $(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python setup.py --quiet build_ext --inplace
-	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	$(BIN)/python bench/run_all.py
 
 # The fault-injection run (tests/chaos/run.py): its own Redis (AOF), the web process, 3
 # Celery workers, a seeded workload and nemesis, then the §11 checker. Fails printing the
