@@ -15,7 +15,9 @@ that counts its own round trips. Then, in the same run:
 - `MEMORY USAGE` of every key of a session at rest: after its 10 turns (compacted: the
   log is checkpointed once 24 records follow the last checkpoint), per turn; and of a
   short conversation (one two-step turn), against the 2 KiB target and against the bytes
-  of its messages as plain compact JSON (what a chat-history store would hold).
+  of its messages as plain compact JSON (what a chat-history store would hold); and what
+  the same keys take rewritten (DUMP/RESTORE), without the 4 KiB first-node preallocation
+  each Redis 7 stream makes (`stream-node-max-bytes`).
 
 Run: ``.venv/bin/python bench/cost.py [--sessions 100] [--turns-per-session 10] [--json PATH]``
 (about 40 s).
@@ -75,6 +77,24 @@ def session_bytes(client: redis.Redis, prefix: str, session_id: str) -> int:
     for key in session_keys(prefix, session_id).all():
         used = client.memory_usage(key, samples=0)
         total += int(used or 0)
+    return total
+
+
+def rewritten_bytes(client: redis.Redis, prefix: str, session_id: str) -> int:
+    """What the session's keys would take rewritten (each DUMP-ed and RESTORE-d to a
+    scratch key, then measured and deleted): a Redis 7 stream preallocates
+    `stream-node-max-bytes` (4 KiB) for its first node, which a rewrite gives back."""
+    from fxworker.keys import session_keys
+
+    total = 0
+    for key in session_keys(prefix, session_id).all():
+        dumped = client.dump(key)
+        if dumped is None:
+            continue
+        scratch = f"fxbench:rewrite:{session_id}"
+        client.restore(scratch, 0, dumped, replace=True)
+        total += int(client.memory_usage(scratch, samples=0) or 0)
+        client.delete(scratch)
     return total
 
 
@@ -167,6 +187,8 @@ def main() -> int:
             "bytes_per_long_session": sum(long_bytes) / len(long_bytes),
             "bytes_per_turn": sum(long_bytes) / len(long_bytes) / args.turns_per_session,
             "bytes_per_short_session": sum(short_bytes) / len(short_bytes),
+            "bytes_per_short_session_rewritten": sum(rewritten_bytes(stats, prefix, sid) for sid in short_ids)
+            / len(short_ids),
             "keys_of_a_short_session": {
                 k.decode().rpartition(":")[2]: int(stats.memory_usage(k, samples=0) or 0)
                 for k in stats.scan_iter(match=f"{prefix}:{{{short_ids[0]}}}:*")
@@ -207,7 +229,8 @@ def main() -> int:
     print(f"memory at rest: {mem['bytes_per_short_session']:.0f} B per short session (1 turn; plain JSON "
           f"{mem['plain_json_short_session']:.0f} B), {mem['bytes_per_turn']:.0f} B per turn of a "
           f"{args.turns_per_session}-turn session (plain JSON {mem['plain_json_per_turn']:.0f} B)")
-    print(f"  keys of a short session: {mem['keys_of_a_short_session']}")
+    print(f"  keys of a short session: {mem['keys_of_a_short_session']}; rewritten "
+          f"{mem['bytes_per_short_session_rewritten']:.0f} B")
 
     item = "2 cost per step"
     rows: list[Row] = [
@@ -222,6 +245,9 @@ def main() -> int:
                   "2 KiB target", TARGET_IDLE_BYTES, target=1.0, at_most=True),
         ratio_row(item, "bytes per idle short session (1 turn)", mem["bytes_per_short_session"], "B",
                   "its messages as plain JSON", mem["plain_json_short_session"]),
+        ratio_row(item, "bytes per idle short session, keys rewritten", mem["bytes_per_short_session_rewritten"], "B",
+                  "2 KiB target", TARGET_IDLE_BYTES, target=1.0, at_most=True,
+                  note="DUMP/RESTORE: no 4 KiB stream preallocation"),
         ratio_row(item, f"bytes per turn, {args.turns_per_session}-turn session compacted", mem["bytes_per_turn"], "B",
                   "its messages as plain JSON", mem["plain_json_per_turn"]),
     ]
