@@ -53,6 +53,11 @@ def serve_model() -> None:
     """The model server process: prints its base URL, serves until stdin closes, then
     prints the arrival times (epoch ms) of the chat requests as one JSON line."""
     from fxengine.testing import Reply, ScriptedModel, delay, text
+    from fxengine.testing import server as _server
+
+    # TCP_NODELAY, as providers' servers set it (see bench/_model.py): without it a reply
+    # written in pieces on a kept-alive connection can wait ~40 ms for a delayed ACK.
+    _server._Handler.disable_nagle_algorithm = True
 
     def responder(request: Any) -> Reply:
         messages = request.body.get("messages") or []
@@ -296,7 +301,7 @@ def write_rows(path: str | None, n: int, one_s: float, median_s: float, cpu_ms: 
         return
     from bench._harness import Row, ratio_row, write_json
 
-    item = "11 e2e burst"
+    item = "5 burst (issue 11)"
     rows: list[Row] = [
         ratio_row(item, f"{n} sessions at once on 1 worker ({delay_ms} ms model)", median_s * 1000, "ms",
                   "one session alone", one_s * 1000, target=2.0, at_most=True, note="bench/e2e.py, median of rounds"),

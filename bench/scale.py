@@ -51,7 +51,7 @@ from bench._harness import (  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 
 # Sessions at once -> (turns each, no-op round trips each).
-LOADS = {1: (15, 100), 10: (6, 30), 100: (2, 10)}
+LOADS = {1: (40, 100), 10: (10, 30), 100: (2, 10)}
 BURST = 100
 BURST_DELAY_MS = 200
 SWEEPS = 10
