@@ -13,8 +13,8 @@ session the moment its lease would expire, not at its next sweep), with a sweep 
 below lease_s so the sweeper has seen the session running before its lease can expire.
 
 Run: ``.venv/bin/python bench/failover.py [--runs 10] [--lease-s 6] [--sweep-s 5] [--json PATH]``
-(about lease_s + 2 s a run). `make bench` runs 30 kills with a 2 s lease and FX_SWEEP_S 1
-(bench/run_all.py), to fit its 10 minutes; the bound scales with the lease.
+(about lease_s + 1.5 s a run). `make bench` runs 30 kills with the 6 s lease and the default
+FX_SWEEP_S (bench/run_all.py), to fit its 10 minutes.
 """
 
 from __future__ import annotations
