@@ -22,7 +22,7 @@ import random
 import signal
 import threading
 import time
-from typing import Any
+from collections.abc import Iterator
 
 import redis
 
@@ -65,7 +65,8 @@ class Nemesis:
         for t in self._watchers + self._terminating:
             t.join(timeout_s)
 
-    def schedule(self) -> Any:
+    def schedule(self) -> Iterator[str]:
+        """Each kind once in a seeded order, then kinds drawn by `WEIGHTS`."""
         first = list(KINDS)
         self.rng.shuffle(first)
         yield from first

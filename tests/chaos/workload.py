@@ -146,8 +146,7 @@ class Driver:
             session = SessionDriver(f"{self.index}g{generation}", self.base_url, self.seed, self.history,
                                     self.stop_at, max_prompts=self.prompts, first_prompt=self.first_prompt)
             self.sessions.append(session)
-            if not session.run():
-                return
+            session.run()  # an input never acknowledged ends its session: order holds per session
             generation += 1
 
 
@@ -175,7 +174,8 @@ class SessionDriver:
         return f"s{self.name}"
 
     def run(self) -> bool:
-        """Sends the session's inputs; False when one was never acknowledged (the driver stops)."""
+        """Sends the session's inputs; False when one was refused or never acknowledged (the
+        session gets no more: what was sent stays in acceptance order)."""
         try:
             return self._run()
         finally:
@@ -190,7 +190,7 @@ class SessionDriver:
                 tag = f"{self.tag}.{n}"
                 text_ = f"{self.first_prompt}:{tag}" if n == 0 and self.first_prompt else prompt_text(self.rng, tag)
                 if not self._send(http, "prompt", text_, f"m-{self.seed}-{tag}"):
-                    return False  # never acknowledged: stop here, so what was sent stays in order
+                    return False
                 for k in range(self.rng.choice((0, 0, 1, 1, 2))):
                     time.sleep(self.rng.uniform(0.1, 1.5))
                     if not self._send(http, "steer", f"steer:{tag}.{k}", f"m-{self.seed}-{tag}-s{k}"):
