@@ -27,6 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from fxworker.keys import session_keys
 from tests.chaos.checker import FAULT_KINDS, Observation, Verdict, check
 from tests.chaos.history import History
 from tests.chaos.nemesis import Nemesis
@@ -145,13 +146,11 @@ def _finished(system: System, driver: SessionDriver) -> bool:
         return True
     want = {a["messageId"] for a in driver.acked if a["input"] == "prompt"}
     ended = {ln.get("messageId") for ln in system.lines(driver.session_id) if ln["type"] == "turn_end"}
-    state = system.retrying(lambda r: r.zcard(_pending_key(system, driver.session_id)))
-    return want <= ended and state == 0
+    waiting = system.retrying(lambda r: r.zcard(_pending_key(system, driver.session_id)))
+    return want <= ended and waiting == 0
 
 
 def _pending_key(system: System, session_id: str | None) -> str:
-    from fxworker.keys import session_keys
-
     assert session_id is not None
     return session_keys(system.prefix, session_id).pending
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -162,16 +163,12 @@ class System:
 
     def lines(self, session_id: str) -> list[dict[str, Any]]:
         """Every line the store holds for the session, in cursor order."""
-        import json
-
         key = session_keys(self.prefix, session_id).ui
         entries = self.retrying(lambda r: r.xrange(key))
         return [json.loads(fields[b"l"]) for _, fields in entries]
 
     def last_epoch(self, session_id: str) -> int | None:
         """The epoch of the session's newest stored line (None: no line yet)."""
-        import json
-
         key = session_keys(self.prefix, session_id).ui
         entries = self.retrying(lambda r: r.xrevrange(key, count=1), timeout_s=5.0)
         return int(json.loads(entries[0][1][b"l"])["epoch"]) if entries else None
