@@ -73,6 +73,16 @@ def run_bench(name: str) -> dict[str, Any]:
     return result
 
 
+def ratio_text(r: dict[str, Any]) -> str:
+    """The ratio to 2 decimals, or 3 where 2 would print a missed target as its own value."""
+    if r.get("ratio") is None:
+        return "-"
+    shown = f"{r['ratio']:.2f}x"
+    if r.get("met") is False and r.get("target", "").endswith(shown):
+        return f"{r['ratio']:.3f}x"
+    return shown
+
+
 def table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
     head = ["item", "figure", "value", "baseline (same run)", "ratio", "target", "note"]
     body = []
@@ -82,7 +92,7 @@ def table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
             bv = r.get("baseline_value")
             base = f"{r['baseline']}: {fmt(bv)} {r.get('baseline_unit', '')}".strip() if bv is not None else r["baseline"]
         met = "" if r.get("met") is None else (" met" if r["met"] else " MISSED")
-        ratio = f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "-"
+        ratio = ratio_text(r)
         body.append([r["item"], r["figure"], f"{fmt(r['value'])} {r['unit']}".strip(), base, ratio,
                      (r.get("target") or "") + met, r.get("note") or ""])
     if markdown:
