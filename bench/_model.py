@@ -25,12 +25,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fxengine.testing import Reply, ScriptedModel, delay, hold, text, tool_call  # noqa: E402
-from fxengine.testing import server as _server  # noqa: E402
-
-# TCP_NODELAY on the server's connections, as providers' servers set it. Without it a
-# response written in pieces on a kept-alive connection waits for the client's delayed
-# ACK: about 40 ms on Linux loopback for every model request after a connection's first.
-_server._Handler.disable_nagle_algorithm = True
 
 
 def last_user_text(messages: list[dict[str, Any]]) -> str:

@@ -53,11 +53,6 @@ def serve_model() -> None:
     """The model server process: prints its base URL, serves until stdin closes, then
     prints the arrival times (epoch ms) of the chat requests as one JSON line."""
     from fxengine.testing import Reply, ScriptedModel, delay, text
-    from fxengine.testing import server as _server
-
-    # TCP_NODELAY, as providers' servers set it (see bench/_model.py): without it a reply
-    # written in pieces on a kept-alive connection can wait ~40 ms for a delayed ACK.
-    _server._Handler.disable_nagle_algorithm = True
 
     def responder(request: Any) -> Reply:
         messages = request.body.get("messages") or []

@@ -240,6 +240,9 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Each streamed chunk goes out at once: without TCP_NODELAY a kept-alive connection
+    # waits for the client's delayed ACK (~40 ms) before the next small write.
+    disable_nagle_algorithm = True
     server: _Server
     # An idle keep-alive connection is closed after this; clients reconnect transparently.
     timeout = 30
