@@ -9,11 +9,12 @@ Every few seconds (a gap drawn from the seed) it does one of:
 - `redis`: restart the Redis server (SIGTERM, start again on its port; the AOF keeps the data);
 - `clients`: `CLIENT KILL TYPE normal` (every client connection but the nemesis's own).
 
-The first round does each kind once, in a seeded order, so every run has each; after that
-the kinds are drawn at random. For a `kill` or `stop`, every session whose lease is held
-(a delivery runs) is watched: one whose lease is renewed or released has a live holder; for the
-others, the time until a line of a newer epoch is stored is the time to recover
-(`recovery` operations; the checker keeps those whose new epoch was a takeover).
+The first round does each kind once, in a seeded order, and always completes (even past
+`stop_at`), so every run has each; after that the kinds are drawn at random until
+`stop_at`. For a `kill` or `stop`, every session whose lease is held (a delivery runs) is
+watched: one whose lease is renewed or released has a live holder; for the others, the
+time until a line of a newer epoch is stored is the time to recover (`recovery`
+operations; the checker keeps those whose new epoch was a takeover).
 """
 
 from __future__ import annotations
@@ -74,8 +75,11 @@ class Nemesis:
             yield self.rng.choices(KINDS, WEIGHTS)[0]
 
     def run(self) -> None:
-        for kind in self.schedule():
-            if self._done.wait(self.rng.uniform(*self.gap_s)) or time.monotonic() >= self.stop_at:
+        for i, kind in enumerate(self.schedule()):
+            gap = self.rng.uniform(*self.gap_s)
+            if i < len(KINDS):
+                time.sleep(gap)  # the first round always completes: every run has each kind
+            elif self._done.wait(gap) or time.monotonic() >= self.stop_at:
                 return
             try:
                 getattr(self, f"fault_{kind}")()
