@@ -47,7 +47,8 @@ bench: $(STAMP)
 
 # The fault-injection run (tests/chaos/run.py): its own Redis (AOF), the web process, 3
 # Celery workers, a seeded workload and nemesis, then the §11 checker. Fails printing the
-# seed; results go to tests/chaos/results/. Soak: make chaos DURATION=600 SEED=7.
+# seed; results go to tests/chaos/results/. Soak: make chaos DURATION=600 SEED=7. More
+# options through CHAOS_ARGS (python -m tests.chaos.run --help).
 DURATION ?= 90
 SEED ?=
 chaos: $(STAMP)
