@@ -11,6 +11,7 @@ from .errors import (
     FxJournalError,
     FxJournalVersionError,
     FxLimitError,
+    FxModelUnsupportedError,
     FxProviderError,
     FxSteerDeferredError,
     FxToolDefinitionError,
@@ -18,6 +19,7 @@ from .errors import (
 from .limits import check_prompt_input
 from .models.sse import BUILD
 from .persistence import JournalRecord, Loaded, MemoryPersistence, Persistence, StoredCheckpoint
+from .providers import list_models
 from .tools import Signal, Tool, ToolContext, provider_tool, tool
 from .turn import Turn, TurnResult
 
@@ -31,6 +33,8 @@ __all__ = [
     "Turn",
     "TurnResult",
     "create_engine",
+    # models
+    "list_models",
     # tools
     "Signal",
     "Tool",
@@ -47,6 +51,7 @@ __all__ = [
     "FxJournalError",
     "FxJournalVersionError",
     "FxLimitError",
+    "FxModelUnsupportedError",
     "FxProviderError",
     "FxSteerDeferredError",
     "FxToolDefinitionError",
