@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import select
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -236,6 +237,11 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 512
     model: ScriptedModel
     exchange: _Exchange
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-reply (a killed worker) is not the server's error."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):

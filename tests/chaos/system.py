@@ -80,18 +80,6 @@ class WebProcess:
         self.log_path.unlink(missing_ok=True)
 
 
-def _quiet_resets(model: ScriptedModel) -> None:
-    """Keeps the model server from printing a traceback for each connection a killed worker reset."""
-    server: Any = model._server
-    report = server.handle_error
-
-    def handle_error(request: Any, client_address: Any) -> None:
-        if not isinstance(sys.exc_info()[1], ConnectionError):
-            report(request, client_address)
-
-    server.handle_error = handle_error
-
-
 class System:
     """Starts and stops the parts; answers the store questions the nemesis and the run ask."""
 
@@ -112,7 +100,6 @@ class System:
     def start(self) -> System:
         self.redis = RedisServer(appendonly=True)
         self.model = ScriptedModel(responder=self.responder).start()
-        _quiet_resets(self.model)
         env = fault_env(self.model, FX_LEASE_S=str(LEASE_S), FX_SWEEP_S=str(SWEEP_S), FX_RESERVE_S=str(RESERVE_S),
                         FX_DELIVERY_TIMEOUT_S=str(DELIVERY_TIMEOUT_S), FX_TEST_API_KEY=self.api_key,
                         FX_LOG_LEVEL="WARNING", **self.worker_env)
