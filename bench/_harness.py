@@ -209,6 +209,20 @@ class CeleryNoop:
 SENDS = {"async": 0, "sync": 0}
 
 
+def stop_parts(*, noop: Any, agent: Any, worker: Any, model: ModelProcess, server: RedisServer) -> list[Any]:
+    """Stops a bench's parts (the client's first, the server last; a part never started is
+    None); returns what the model server served, when it was still up."""
+    if noop is not None:
+        noop.close()
+    if agent is not None:
+        agent.close()
+    worker.close()
+    served = model.served() if model.proc.poll() is None else []
+    model.close()
+    server.close()
+    return served
+
+
 def count_round_trips() -> dict[str, int]:
     """Counts this process's Redis round trips from now on (socket writes: one per command,
     one per pipeline), asyncio clients apart from blocking ones; returns the live counts."""

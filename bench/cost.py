@@ -53,6 +53,7 @@ from bench._harness import (  # noqa: E402
     print_rows,
     ratio_row,
     start_worker,
+    stop_parts,
     write_json,
 )
 from tests.support.redis_server import RedisServer  # noqa: E402
@@ -195,15 +196,8 @@ def main() -> int:
             },
         }
     finally:
-        if noop is not None:
-            noop.close()
-        if agent is not None:
-            agent.close()
-        worker.close()
-        served = model.served() if model.proc.poll() is None else []
-        model.close()
         stats.close()
-        server.close()
+        served = stop_parts(noop=noop, agent=agent, worker=worker, model=model, server=server)
 
     # The plain-JSON size of a conversation: the messages of its last model request.
     last_size: dict[str, int] = {}

@@ -26,7 +26,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -37,6 +36,7 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._harness import monitor  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 from tests.support.workers import CeleryWorker  # noqa: E402
 
@@ -105,38 +105,6 @@ def cpu_s(pid: int | None) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def monitor_one_turn(redis_url: str, run: Any) -> list[tuple[str, str]]:
-    """(client address, command) of every Redis command sent while `run()` runs."""
-    from fxworker.scripts import SCRIPTS
-
-    names = {s.sha: s.name for s in SCRIPTS.values()}
-    seen: list[tuple[str, str]] = []
-    stop = threading.Event()
-    started = threading.Event()
-
-    def watch() -> None:
-        client = redis.Redis.from_url(redis_url)
-        with client.monitor() as m:
-            started.set()
-            for event in m.listen():
-                if stop.is_set():
-                    return
-                parts = event["command"].split(" ")
-                if parts[0] == "EVALSHA" and len(parts) > 1:
-                    parts[0] = f"EVALSHA {names.get(parts[1], parts[1][:8])}"
-                seen.append((event["client_address"] + ":" + str(event["client_port"]), parts[0]))
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    started.wait(5)
-    run()
-    time.sleep(0.3)  # let the worker's release and the monitor's last lines arrive
-    stop.set()
-    redis.Redis.from_url(redis_url).ping()  # one more event so the listener returns
-    thread.join(5)
-    return seen
 
 
 def extra_env() -> dict[str, str]:
@@ -212,7 +180,7 @@ def run(args: Any, server: RedisServer, model: ModelProcess, worker: CeleryWorke
     one_s = min(one() for _ in range(ONE_RUNS))
 
     if args.monitor:
-        seen = monitor_one_turn(server.url, one)
+        seen = monitor(server.url, one)
         by_client: dict[str, list[str]] = {}
         for addr, command in seen:
             by_client.setdefault(addr, []).append(command)
@@ -244,7 +212,7 @@ def run(args: Any, server: RedisServer, model: ModelProcess, worker: CeleryWorke
         t0 = time.monotonic()
         if args.scripts and i == args.rounds - 1:
             box: list[Any] = []
-            seen = monitor_one_turn(server.url, lambda: box.append(_loop().run(many(), timeout_s=120)))
+            seen = monitor(server.url, lambda: box.append(_loop().run(many(), timeout_s=120)))
             results, accepted_s = box[0]
             script_calls.update(command for _, command in seen)
         else:

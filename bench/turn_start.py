@@ -38,6 +38,7 @@ from bench._harness import (  # noqa: E402
     print_rows,
     ratio_row,
     start_worker,
+    stop_parts,
     write_json,
 )
 from tests.support.redis_server import RedisServer  # noqa: E402
@@ -85,14 +86,7 @@ def main() -> int:
             floor_rt.append(rt)
             floor_start.append(start)
     finally:
-        if noop is not None:
-            noop.close()
-        if agent is not None:
-            agent.close()
-        worker.close()
-        served = model.served() if model.proc.poll() is None else []
-        model.close()
-        server.close()
+        served = stop_parts(noop=noop, agent=agent, worker=worker, model=model, server=server)
 
     first_request: dict[str, float] = {}
     for at_ms, prompt, _ in served:

@@ -3,7 +3,7 @@
 - a `redis-server` with `appendonly yes` on a free port (restarted by the nemesis; its
   data survives through the AOF);
 - the scripted model server (in this process), answering with random delays;
-- one web process (`python -m fxworker web`), which the workload talks HTTP to;
+- one web process (`fx web`, `tests.web._server.WebProcess`), which the workload talks HTTP to;
 - a pool of N Celery worker processes (`tests.chaos.faults.Pool`, agents of
   `tests.chaos.agents`), which the nemesis kills, freezes and stops and refills.
 """
@@ -12,22 +12,18 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
 import redis
 
 from fxengine.testing import ScriptedModel
 from fxworker.keys import session_keys
 from tests.chaos.faults import Pool, fault_env
-from tests.support.redis_server import RedisServer, free_port
-from tests.support.workers import ROOT, Workers, wait_until
+from tests.support.redis_server import RedisServer
+from tests.support.workers import ROOT, Workers
+from tests.web._server import WebProcess
 
 T = TypeVar("T")
 
@@ -37,47 +33,6 @@ LEASE_S = 2.0
 SWEEP_S = 0.5
 RESERVE_S = 4.0
 DELIVERY_TIMEOUT_S = 12.0
-
-
-class WebProcess:
-    """`python -m fxworker web` on a free loopback port, for the workload's HTTP calls."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.port = free_port()
-        self.env = env
-        self.log_path = Path(tempfile.mkstemp(prefix="fx-chaos-web-", suffix=".log")[1])
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout_s: float = 30.0) -> WebProcess:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "fxworker", "web", "--port", str(self.port)],
-                                     env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-
-        def healthy() -> bool:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"the web process exited: {self.log_path.read_text()[-3000:]}")
-            try:
-                return httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(healthy, timeout_s, interval_s=0.1, what="the web process healthy")
-        return self
-
-    def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.log_path.unlink(missing_ok=True)
 
 
 class System:
@@ -106,7 +61,7 @@ class System:
         self._workers = Workers(redis_url=self.redis.url, prefix=self.prefix)
         self.pool = Pool(self._workers, env, size=self.size, concurrency=8)
         self.pool.fill()
-        self.web = WebProcess(self._web_env(env)).start()
+        self.web = WebProcess(env=self._web_env(env)).wait_ready()
         return self
 
     def _web_env(self, worker_env: dict[str, str]) -> dict[str, str]:
