@@ -71,9 +71,12 @@ async def test_an_export_of_a_running_turn_holds_it_open_and_does_not_stop_it(ag
     session = agent.session()
     assert (await (await session.prompt("lookup:bob")).result()).stop_reason == "end_turn"
     assert (await (await session.prompt("hello")).result()).stop_reason == "end_turn"
-    turn = await session.prompt("hold:export-open")
+    # A hold of its own: the module's model outlives each store's run, and a released hold
+    # stays released.
+    hold = f"export-open-{uuid.uuid4().hex[:8]}"
+    turn = await session.prompt(f"hold:{hold}")
     try:
-        model.wait_held("export-open", timeout_s=10)
+        model.wait_held(hold, timeout_s=10)
         await opened(agent, session.id, turn.message_id)
         running = await session.state()
         data = await session.checkpoint()  # the open turn's start record is in the log, past the checkpoint
@@ -86,12 +89,12 @@ async def test_an_export_of_a_running_turn_holds_it_open_and_does_not_stop_it(ag
             await engine.close()
         assert (await session.state())["epoch"] == running["epoch"]  # the worker still holds it
     finally:
-        model.release("export-open")
+        model.release(hold)
     assert (await turn.result()).stop_reason == "end_turn"
     # Exported after the turn ended: it is closed, with its answer.
     data = await session.checkpoint()
     assert (await next_request_after(data, model, "last"))[-3:] == [
-        ("user", "hold:export-open"), ("assistant", "partial rest"), ("user", "last")]
+        ("user", f"hold:{hold}"), ("assistant", "partial rest"), ("user", "last")]
 
 
 async def opened(agent: Agent, session_id: str, message_id: str | None, timeout_s: float = 10.0) -> None:
