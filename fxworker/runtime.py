@@ -74,6 +74,17 @@ class LoopThread:
         """The shared HTTP client of `session_id`'s engines on this loop (always the same one)."""
         return self._http_client(zlib.crc32(session_id.encode()) % HTTP_CLIENTS)
 
+    def build_http_clients(self) -> concurrent.futures.Future[None]:
+        """Builds every shared HTTP client ahead of the first turns (a worker calls it
+        when it is ready), one per loop turn so running work is not held up."""
+
+        async def build() -> None:
+            for shard in range(HTTP_CLIENTS):
+                self._http_client(shard)
+                await asyncio.sleep(0)
+
+        return self.submit(build())
+
     def _http_client(self, shard: int) -> httpx.AsyncClient:
         client = self._clients[shard]
         if client is None:  # built on first use, on the loop

@@ -10,8 +10,9 @@ handlers, before `worker_init`:
   every running task at each broker connection loss). Under the threads pool a turn whose
   broker connection dropped simply runs on; its message is delivered again and that
   duplicate finds the lease held or the work done.
-- `worker_ready`: starts the process loop and the sweeper, serves the Prometheus metrics
-  on `FX_METRICS_PORT` when set, and marks the worker ready in Redis.
+- `worker_ready`: starts the process loop (and builds its HTTP clients) and the sweeper,
+  serves the Prometheus metrics on `FX_METRICS_PORT` when set, and marks the worker ready
+  in Redis.
 - `worker_shutting_down` (SIGTERM): warm shutdown, running turns yield and requeue.
 - `worker_shutdown`: stops the sweeper.
 """
@@ -103,7 +104,7 @@ def _import_agents(sender: Any = None, **_: Any) -> None:
 def _on_ready(sender: Any = None, **_: Any) -> None:
     """Starts the process loop and the sweeper, then marks this worker ready in Redis."""
     settings: Settings = app.fx_settings  # type: ignore[attr-defined]
-    process_loop()
+    process_loop().build_http_clients()  # off the first turns' path (each takes a few ms)
     start_worker_sweeper(settings)
     if settings.metrics_port is not None:
         metrics.serve(settings.metrics_port, host=settings.metrics_host)
