@@ -96,6 +96,11 @@ def _import_agents(sender: Any = None, **_: Any) -> None:
     """Imports `FX_AGENTS` once per worker process, before it takes any task."""
     settings: Settings = app.fx_settings  # type: ignore[attr-defined]
     logging.getLogger("fxworker").setLevel(settings.log_level)
+    for name in ("httpx", "httpcore"):
+        # At the worker's INFO they would log a line per model request; a level set by
+        # the application stands.
+        if logging.getLogger(name).level == logging.NOTSET:
+            logging.getLogger(name).setLevel(logging.WARNING)
     names = import_agents_module(settings.agents_module)
     celery_log.info("worker agents: %s (module %s)", ", ".join(names) or "none", settings.agents_module)
 
