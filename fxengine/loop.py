@@ -292,6 +292,7 @@ class TurnRunner:
         core = self.core
         conv = core.conversation
         first_barrier: asyncio.Future[str | None] | None = None
+        requested: int | None = None  # the step whose model_request rode with turn_start
         if not self._resume:
             if self._prepare is not None and not await self._prepared():
                 assert self._refused is not None
@@ -304,6 +305,12 @@ class TurnRunner:
             assert self._blocks is not None
             first_barrier = core.commit("turn_start", {"turn": self.turn_id, "input": self._blocks, "atMs": now_ms()},
                                          marks=[{"start": self.turn_id}], barrier=True)
+            if not self._steers and not self._yield_requested and self._next_step is None:
+                # The first request goes in the start's append (one store call fewer): a steer
+                # placed after it still reaches that request, as its messages are built later.
+                requested = conv.open.step + 1 if conv.open is not None else None
+                if requested is not None:
+                    core.commit("model_request", {"step": requested})
         else:
             turn = conv.open
             assert turn is not None
@@ -327,9 +334,12 @@ class TurnRunner:
             if turn.responses >= core.max_model_turns:
                 return ("max_model_turns", None)
             first = False
-            step = max(turn.step + 1, self._next_step or 0)
-            self._next_step = None
-            core.commit("model_request", {"step": step})
+            if requested is not None:
+                step, requested = requested, None  # its model_request is in the start's append
+            else:
+                step = max(turn.step + 1, self._next_step or 0)
+                self._next_step = None
+                core.commit("model_request", {"step": step})
             out, cut = await self._model_step(step)
             finish = out.finish_reason
             calls = out.tool_calls if not cut and finish not in ("length", "content_filter") else []
