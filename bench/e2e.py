@@ -36,7 +36,7 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._harness import monitor  # noqa: E402
+from bench._harness import cpu_s, monitor  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 from tests.support.workers import CeleryWorker  # noqa: E402
 
@@ -94,17 +94,6 @@ class ModelProcess:
 
 def commandstats(client: redis.Redis) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(s["calls"]) for name, s in client.info("commandstats").items()}
-
-
-def cpu_s(pid: int | None) -> float:
-    """CPU seconds (user + system) a process used so far, its threads included."""
-    if pid is None:
-        return 0.0
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def extra_env() -> dict[str, str]:
