@@ -20,7 +20,7 @@ import httpx
 from ..errors import FxInputError, FxProviderError
 from ..providers.base import WIRE_RESPONSES, ModelSpec, Provider
 from ..providers.credentials import mask_secrets
-from ..providers.responses import ResponsesDecoder, responses_body
+from .responses import ResponsesDecoder, responses_body
 from ..tools.definition import Tool
 from ..usage import clean_usage
 from .sse import ChatStreamDecoder

@@ -5,7 +5,6 @@
     chatgpt.py      ChatGPT plans (provider="codex") grok.py      Grok plans (provider="grok")
     oauth.py        PKCE, device code and refresh under both plans' sign-in helpers
     auth.py         CredentialSource: credentials(ctx) / on_credentials / refresh_lock
-    responses.py    the Codex backend's Responses request and stream
     catalog.py      the Gateway's model catalog, list_models()
     check.py        check_model and the per-agent CatalogCache
     credentials.py  the Gateway key order, masking

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 GATEWAY_BASE_URL = "https://ai-gateway.vercel.sh/v1"
 
 # The two request shapes: OpenAI Chat Completions, and the Responses API the Codex
-# backend speaks (`providers/responses.py` converts the request and decodes the stream).
+# backend speaks (`models/responses.py` converts the request and decodes the stream).
 WIRE_CHAT = "chat"
 WIRE_RESPONSES = "responses"
 

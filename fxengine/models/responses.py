@@ -3,8 +3,8 @@
 The engine builds every model request as a Chat Completions body
 (`models/openai_chat.build_request`); for a provider with `wire="responses"` it is
 turned into a Responses body here, and the stream is read by `ResponsesDecoder`, which
-gives the same events and outcome as the Chat Completions decoder, so the turn loop does
-not know which shape went over the wire.
+gives the same events and outcome (`StreamOutcome`, `ToolCallOut`) as the Chat Completions
+decoder, so the turn loop does not know which shape went over the wire.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from .sse import StreamOutcome, ToolCallOut
 
 # A reply's end: the Responses `incomplete_details.reason` -> a Chat Completions finish_reason.
 _INCOMPLETE = {"max_output_tokens": "length", "content_filter": "content_filter"}
@@ -72,30 +74,6 @@ def responses_body(chat: Mapping[str, Any]) -> dict[str, Any]:
     return body
 
 
-class ToolCall:
-    """One function call of a reply: its call id, name and arguments JSON text."""
-
-    __slots__ = ("id", "name", "arguments")
-
-    def __init__(self, id: str, name: str, arguments: str) -> None:
-        self.id = id
-        self.name = name
-        self.arguments = arguments
-
-
-class Outcome:
-    """The end of a Responses stream, with the attributes of the Chat Completions outcome."""
-
-    def __init__(self, finish_reason: str | None, tool_calls: list[ToolCall], usage: dict[str, int],
-                 done: bool, error: Any, model: str | None) -> None:
-        self.finish_reason = finish_reason
-        self.tool_calls = tool_calls
-        self.usage = usage
-        self.done = done
-        self.error = error
-        self.model = model
-
-
 def _usage(raw: Any) -> dict[str, int]:
     if not isinstance(raw, Mapping):
         return {}
@@ -115,7 +93,7 @@ class ResponsesDecoder:
 
     def __init__(self) -> None:
         self._buf = b""
-        self._calls: list[ToolCall] = []
+        self._calls: list[ToolCallOut] = []
         self._finish: str | None = None
         self._usage: dict[str, int] = {}
         self._done = False
@@ -150,7 +128,7 @@ class ResponsesDecoder:
         elif kind == "response.output_item.done":
             item = event.get("item") or {}
             if item.get("type") == "function_call":
-                self._calls.append(ToolCall(str(item.get("call_id") or item.get("id")), str(item.get("name")),
+                self._calls.append(ToolCallOut(str(item.get("call_id") or item.get("id")), str(item.get("name")),
                                             str(item.get("arguments") or "{}")))
         elif kind in ("response.completed", "response.incomplete"):
             self._end(event.get("response") or {})
@@ -170,5 +148,6 @@ class ResponsesDecoder:
         else:
             self._finish = "tool_calls" if self._calls else "stop"
 
-    def finish(self) -> Outcome:
-        return Outcome(self._finish, list(self._calls), self._usage, self._done, self._error, self._model)
+    def finish(self) -> StreamOutcome:
+        """The outcome, in the Chat Completions decoder's own type (its events were given by `feed`)."""
+        return StreamOutcome(self._finish, list(self._calls), self._usage, self._done, self._error, self._model, [], 0)
