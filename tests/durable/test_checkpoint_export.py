@@ -85,9 +85,15 @@ async def test_an_export_of_a_running_turn_holds_it_open_and_does_not_stop_it(ag
         try:
             assert engine.open_turn is not None and engine.open_turn["turnId"] == turn.message_id
             assert [m["role"] for m in engine.messages][:6] == [r for r, _ in EXPECTED]
+            assert (await session.state())["epoch"] == running["epoch"]  # the worker still holds it
+            # The restored engine resumes the open turn on its own: it asks the model again.
+            resumed = engine.resume()
+            assert resumed is not None
+            model.release(hold)
+            result = await asyncio.wait_for(resumed.result(), 20)
+            assert result.stop_reason == "end_turn", result
         finally:
             await engine.close()
-        assert (await session.state())["epoch"] == running["epoch"]  # the worker still holds it
     finally:
         model.release(hold)
     assert (await turn.result()).stop_reason == "end_turn"

@@ -148,8 +148,9 @@ async def test_a_bad_session_model_is_refused_and_nothing_is_stored(store: Any, 
         with pytest.raises(FxInputError) as refused:
             await session.prompt("hi")
         assert refused.value.code == code
-        with pytest.raises(FxInputError):
+        with pytest.raises(FxInputError) as refused:
             await session.steer("hi")
+        assert refused.value.code == code
         with pytest.raises(FxUnknownSessionError):
             await session.state()
         assert agent.waker.wakes == []  # type: ignore[attr-defined]
