@@ -28,8 +28,10 @@ the open turn, or the input whose turn could not open (a model setting the engin
 refuses, a checkpoint it cannot read), ends `error` with the exception's `FX_` code
 (`FX_TURN_FAILED` for one without), a `turn_end` and a `session_error` line, and
 `session.error`. When even that cannot be written the lease is left to expire: the next
-claim counts a death of the turn, or of the first pending input, so 3 such deliveries end
-it as poison.
+claim counts a death of the turn, or of the first pending input, and the delivery after
+the third such death ends it as poison. An input whose stored fields do not decode ends
+`FX_INVALID_INPUT` the same way. A turn whose poison ending itself died (its journal
+kills the process that loads it) is ended at the next death without loading the journal.
 """
 
 from __future__ import annotations
@@ -239,8 +241,8 @@ class Runner:
             return await self.store.release(self.session_id, self.epoch, cutoff=cutoff)
         except FxLeaseLostError:
             self.emit("session.fenced", epoch=self.epoch)
-        except FxStoreUnavailableError as exc:
-            # The lease expires on its own; the sweeper re-wakes the session.
+        except Exception as exc:  # noqa: BLE001 - the work is stored; the lease expires on its own
+            # The sweeper re-wakes the session once the lease expired.
             log.warning("releasing %s failed: %s", self.session_id, exc)
         return None
 
@@ -347,11 +349,11 @@ class Runner:
                 return "yielded"
             if first and claim.open_turn is None and claim.deaths >= MAX_DEATHS:
                 # Its workers died (or failed past recording it) before its turn opened.
-                outcome = await self._end_unstarted(entry, {
+                outcome = await self._settled(self._end_unstarted(entry, {
                     "code": "FX_POISON_TURN",
                     "message": f"the worker taking this prompt died {claim.deaths} times before its turn "
                     "started; the prompt was dropped so the session can go on",
-                })
+                }))
             else:
                 outcome = await self._guarded(self._start_turn(entry), entry)
             first = False
@@ -367,6 +369,15 @@ class Runner:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure ends in a defined state
             return await self._end_failed(exc, entry)
+
+    async def _settled(self, ending: Any) -> str:
+        """Awaits the write that ends a turn or input; `Unsettled` when it cannot be stored."""
+        try:
+            return await ending
+        except _STOPS:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise Unsettled(f"ending {self.turn_id} of {self.session_id} failed: {exc!r}") from exc
 
     def _error_of(self, exc: BaseException) -> dict[str, Any]:
         """`{code, message}` of a failure, with the agent's credentials masked."""
@@ -395,11 +406,7 @@ class Runner:
             self.turn = None
         self.turn_id = turn_id
         try:
-            return await self._settle_failed(entry, error)
-        except _STOPS:
-            raise
-        except Exception as again:  # noqa: BLE001
-            raise Unsettled(f"ending turn {turn_id} of {self.session_id} failed: {again!r}") from again
+            return await self._settled(self._settle_failed(entry, error))
         finally:
             if self.engine is not None:
                 # Its state is suspect, and another engine of this claim would load a
@@ -433,10 +440,12 @@ class Runner:
         self._session_error(error)
         return await self._end_without_engine(error, [{"drop": entry.message_id}])
 
-    async def _end_without_engine(self, error: dict[str, Any], marks: list[dict[str, Any]]) -> str:
+    async def _end_without_engine(
+        self, error: dict[str, Any], marks: list[dict[str, Any]], *, stop_reason: str = "error"
+    ) -> str:
         """Writes the turn's `turn_end` with store `marks` (`end`, `drop`) in one fenced call."""
         assert self.writer is not None
-        self._line("turn_end", stopReason="error", usage={}, error=error)
+        self._line("turn_end", stopReason=stop_reason, usage={}, error=error)
         await self.writer.flush(marks=marks)
         self.turn = None
         self.turn_id = None
@@ -525,6 +534,7 @@ class Runner:
         if self._requeue:
             self.pending.appendleft(entry)
             return "yielded"
+        _check_readable(entry)
         engine = await self._open_engine(entry.context, entry.settings)
         if engine is None:
             self.pending.appendleft(entry)
@@ -548,6 +558,19 @@ class Runner:
         claim = self.claim
         open_turn = claim.open_turn
         turn_input = open_turn.input
+        if claim.deaths > MAX_DEATHS:
+            # The delivery that was to end it as poison died too, loading or resuming its
+            # journal: end it in the store, without an engine.
+            self.turn_id = open_turn.message_id
+            error = {
+                "code": "FX_POISON_TURN",
+                "message": f"the worker running this turn died {claim.deaths} times with no progress "
+                "between, the last one while loading it; the turn was cancelled so the session can go on",
+            }
+            self._session_error(error)
+            return await self._settled(self._end_without_engine(error, [{"end": True}], stop_reason="cancelled"))
+        if turn_input is not None:
+            _check_readable(turn_input)
         engine = await self._open_engine(
             getattr(turn_input, "context", None), getattr(turn_input, "settings", None)
         )
@@ -675,6 +698,12 @@ class Runner:
                 cursor = int(line["cursor"])
                 if line.get("messageId") == turn_id and isinstance(line.get("step"), int):
                     steps.add(line["step"])
+
+
+def _check_readable(entry: Any) -> None:
+    """Raises `FxInputError` (`FX_INVALID_INPUT`) for an input the store could not decode."""
+    if entry.unreadable:
+        raise FxInputError(f"input {entry.message_id} cannot run: {entry.unreadable}")
 
 
 def _poison_cause(in_flight: dict[str, Any] | None) -> str:

@@ -89,18 +89,27 @@ def fenced(session_id: str, epoch: int, reply: list[Any]) -> FxLeaseLostError:
 
 
 def parse_input(fields: list[Any], *, cancel_target: str = "") -> Input:
+    """One inbox entry. A field that does not decode leaves the entry `unreadable` (the
+    runner ends it with an error) instead of failing the claim that already took the lease."""
     seq = int(fields[0])
     values = {fields[i]: fields[i + 1] for i in range(1, len(fields) - 1, 2)}
     message_id = _text(values.get(b"id", b""))
+    decoded: dict[str, Any] = {}
+    unreadable = None
+    for name, field in (("input", b"in"), ("context", b"cx"), ("settings", b"st")):
+        try:
+            decoded[name] = _json_or_none(values.get(field, b""))
+        except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError both are
+            decoded[name] = None
+            unreadable = f"its stored {name} is not valid JSON ({exc})"
     return Input(
         seq=seq,
         kind=_KIND_NAME.get(values.get(b"k", b""), "prompt"),
         message_id=message_id,
-        input=_json_or_none(values.get(b"in", b"")),
-        context=_json_or_none(values.get(b"cx", b"")),
-        settings=_json_or_none(values.get(b"st", b"")),
         accepted_ms=int(values.get(b"at", 0) or 0),
         cancelled=bool(cancel_target) and message_id == cancel_target,
+        unreadable=unreadable,
+        **decoded,
     )
 
 

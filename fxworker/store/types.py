@@ -56,6 +56,7 @@ class Input:
     settings: Any = None
     accepted_ms: int = 0
     cancelled: bool = False
+    unreadable: str | None = None  # why a stored field could not be decoded (the input cannot run)
 
 
 @dataclass(frozen=True, slots=True)
