@@ -28,6 +28,8 @@ from typing import Any
 from . import metrics, registry
 from .errors import FxNoAgentError, FxUnknownSessionError
 from .ids import now_ms
+from .runner import Runner
+from .runtime import LoopThread
 from .settings import Settings
 from .store import default_store
 from .store.persistence import retry_unavailable
@@ -46,7 +48,13 @@ def _agent_for(hint: Any) -> Any:
     return agent
 
 
-async def handle_wake(payload: dict[str, Any], *, deadline_ms: int | None = None, loop_thread: Any = None) -> str:
+async def handle_wake(
+    payload: dict[str, Any],
+    *,
+    deadline_ms: int | None = None,
+    loop_thread: LoopThread | None = None,
+    settings: Settings | None = None,
+) -> str:
     """Runs the session a wake names; see the module docstring for outcomes and errors.
 
     Args:
@@ -54,6 +62,8 @@ async def handle_wake(payload: dict[str, Any], *, deadline_ms: int | None = None
         deadline_ms: when this delivery must be over (default `FX_DELIVERY_TIMEOUT_S` from now).
         loop_thread: the `fxworker.runtime.LoopThread` this runs on (shared HTTP client,
             warm-shutdown flag), when there is one.
+        settings: the process's settings, for the store read of a process with no agent
+            (from the environment when None).
     """
     session_id = payload.get("sessionId") if isinstance(payload, dict) else None
     reason = str(payload.get("reason") or "wake") if isinstance(payload, dict) else "wake"
@@ -63,11 +73,9 @@ async def handle_wake(payload: dict[str, Any], *, deadline_ms: int | None = None
         _refused(agent, None, "malformed wake")
         raise FxUnknownSessionError("a wake names no session")
     if agent is None:
-        return await _route_without_agents(session_id)
+        return await _route_without_agents(session_id, settings or Settings.from_env())
     if deadline_ms is None:
         deadline_ms = now_ms() + int(agent.settings.delivery_timeout_s * 1000)
-
-    from .runner import Runner
 
     def runner_for(chosen: Any) -> Runner:
         return Runner(
@@ -122,9 +130,9 @@ async def handle_wake(payload: dict[str, Any], *, deadline_ms: int | None = None
     return "noop"
 
 
-async def _route_without_agents(session_id: str) -> str:
+async def _route_without_agents(session_id: str, settings: Settings) -> str:
     """A process with no agent at all: refuse an unknown session, else say no agent runs it."""
-    store = TimedStore(default_store(Settings.from_env()))
+    store = TimedStore(default_store(settings))
     started_ms = now_ms()
     try:
         # A read, safe to repeat: the first call on a connection a Redis restart closed fails.
@@ -147,11 +155,11 @@ def _refused(agent: Any, session_id: str | None, reason: str) -> None:
         agent.emit({"type": "session.refused", "sessionId": session_id, "reason": reason})
 
 
-def handle_wake_blocking(payload: dict[str, Any], *, deadline_ms: int | None = None) -> str:
-    """`handle_wake` on this process's loop, from a worker thread (the Celery task)."""
-    from .runtime import process_loop
-
-    lp = process_loop()
+def handle_wake_blocking(
+    payload: dict[str, Any], *, loop_thread: LoopThread, settings: Settings, deadline_ms: int | None = None
+) -> str:
+    """`handle_wake` on `loop_thread`, from a worker thread (the Celery task, on its process's
+    loop); `deadline_ms` defaults to `settings.delivery_timeout_s` from now."""
     if deadline_ms is None:
-        deadline_ms = now_ms() + int(Settings.from_env().delivery_timeout_s * 1000)
-    return lp.run(handle_wake(payload, deadline_ms=deadline_ms, loop_thread=lp))
+        deadline_ms = now_ms() + int(settings.delivery_timeout_s * 1000)
+    return loop_thread.run(handle_wake(payload, deadline_ms=deadline_ms, loop_thread=loop_thread, settings=settings))

@@ -14,7 +14,7 @@ import logging
 import threading
 from typing import Any
 
-from . import registry, runtime
+from . import registry
 from .delivery import handle_wake
 from .runtime import LoopThread
 from .settings import Settings
@@ -86,11 +86,13 @@ def next_embedded_worker() -> LoopThread | None:
 
 
 def begin_warm_shutdown() -> None:
-    """Asks every running turn of this process — the process loop's and the embedded
-    workers' — to yield within its reserve and requeue."""
+    """Asks every running turn of the embedded workers to yield within its reserve and
+    requeue (a Celery worker's own loop too: `fxworker.tasks.begin_warm_shutdown`)."""
     with _lock:
         workers = list(_workers)
-    runtime.begin_warm_shutdown(workers)
+    for worker in workers:
+        worker.stopping.set()
+    log.info("warm shutdown: running turns yield and requeue")
 
 
 # ---------------------------------------------------------------------------- waker

@@ -1,11 +1,12 @@
-"""The per-process runtime: one asyncio loop in a thread that carries many turns (§7).
+"""`LoopThread`: an asyncio loop in a thread that carries many turns (§7).
 
-A Celery `threads` pool hands each delivery to this loop (`run_coroutine_threadsafe`)
-and waits on it, so one process runs 100+ turns at once while each waits on its model.
-The engines of the process share `HTTP_CLIENTS` `httpx.AsyncClient`s, a session always
-on the same one: httpcore's pool walks every connection it holds (and asks each idle
-one's socket whether it is readable) on every request start and end, so one pool of
-100+ connections costs a turn more CPU than the rest of its HTTP work.
+A Celery worker process has one (`fxworker.tasks.process_loop`): its `threads` pool
+hands each delivery to the loop (`run_coroutine_threadsafe`) and waits on it, so one
+process runs 100+ turns at once while each waits on its model. The engines of a loop
+share `HTTP_CLIENTS` `httpx.AsyncClient`s, a session always on the same one: httpcore's
+pool walks every connection it holds (and asks each idle one's socket whether it is
+readable) on every request start and end, so one pool of 100+ connections costs a turn
+more CPU than the rest of its HTTP work.
 
 The embedded dev mode (no `REDIS_URL`) runs loops of this class as its in-process
 workers: see `fxworker.embedded`.
@@ -18,7 +19,7 @@ import concurrent.futures
 import logging
 import threading
 import zlib
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import httpx
@@ -139,33 +140,3 @@ class LoopThread:
 
 
 _graveyard: list[LoopThread] = []
-_lock = threading.Lock()
-_process_loop: LoopThread | None = None
-
-
-def process_loop() -> LoopThread:
-    """The one loop of this process (started on first use)."""
-    global _process_loop
-    with _lock:
-        if _process_loop is None or not _process_loop.loop.is_running():
-            _process_loop = LoopThread("fx-loop")
-        return _process_loop
-
-
-def begin_warm_shutdown(others: Iterable[LoopThread] = ()) -> None:
-    """Asks every running turn of the process loop and of the loops `others` (the embedded
-    workers, `fxworker.embedded.begin_warm_shutdown`) to yield within its reserve and requeue."""
-    with _lock:
-        loops = [lp for lp in [_process_loop, *others] if lp is not None]
-    for lp in loops:
-        lp.stopping.set()
-    log.info("warm shutdown: running turns yield and requeue")
-
-
-def shutdown_process_loop() -> None:
-    """Closes the process loop (tests; a worker exits without it)."""
-    global _process_loop
-    with _lock:
-        lp, _process_loop = _process_loop, None
-    if lp is not None:
-        lp.close()

@@ -12,23 +12,28 @@ lost between accept and the broker only delays the turn until the next sweep.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import threading
 from typing import Any
 
+import redis
+import redis.asyncio as aioredis
+
 from .ids import now_ms
 from .keys import sweeper_guard_key, worker_ready_key
+from .runtime import LoopThread
 from .settings import Settings
+from .store import default_store
 from .store.timed import TimedStore
+from .wakers import Waker
 
 log = logging.getLogger("fxworker.sweeper")
 
 
 def mark_worker_ready(settings: Settings, *, hostname: str, pid: int) -> None:
     """Records that this worker is consuming (the event tests wait for instead of a sleep)."""
-    import redis
-
     client = redis.Redis.from_url(settings.redis_url or "")
     try:
         client.set(worker_ready_key(settings.prefix, hostname), str(pid), ex=3600)
@@ -139,12 +144,8 @@ class Sweeper:
 
 # ---------------------------------------------------------------- worker wiring (the embedded mode's: fxworker.embedded)
 
-_worker: tuple[Sweeper, Any] | None = None
-
 
 def _redis_guard(settings: Settings) -> Any:
-    import redis.asyncio as aioredis
-
     client: Any = None
     token = f"{os.getpid()}:{id(settings)}"
 
@@ -163,29 +164,21 @@ def _redis_guard(settings: Settings) -> Any:
     return guard
 
 
-def start_worker_sweeper(settings: Settings) -> Sweeper | None:
-    """Starts this worker process's sweeper on the process loop (Celery `worker_ready`)."""
-    global _worker
-    if _worker is not None or not settings.redis_url:
-        return None
-    from .runtime import process_loop
-    from .store import default_store
-    from .wakers import CeleryWaker
+def start_worker_sweeper(
+    settings: Settings, *, loop: LoopThread, waker: Waker
+) -> tuple[Sweeper, concurrent.futures.Future[None]] | None:
+    """Starts a worker process's sweeper on `loop`, waking through `waker` (Celery
+    `worker_ready`, in `fxworker.tasks`); None without Redis.
 
-    waker = CeleryWaker()
+    Returns the sweeper and the future of its run, for the caller to keep: asyncio holds
+    a running task only weakly.
+    """
+    if not settings.redis_url:
+        return None
     sweeper = Sweeper(
         default_store(settings),
         interval_s=settings.sweep_s,
         guard=_redis_guard(settings),
         wake=lambda sid, agent: waker.wake(sid, agent=agent, reason="sweep"),
     )
-    future = process_loop().submit(sweeper.run())
-    _worker = (sweeper, future)
-    return sweeper
-
-
-def stop_worker_sweeper() -> None:
-    global _worker
-    if _worker is not None:
-        _worker[0].stop()
-        _worker = None
+    return sweeper, loop.submit(sweeper.run())

@@ -15,6 +15,9 @@ handlers, before `worker_init`:
   in Redis.
 - `worker_shutting_down` (SIGTERM): warm shutdown, running turns yield and requeue.
 - `worker_shutdown`: stops the sweeper.
+
+The worker process's own state lives here and is passed down: its loop
+(`process_loop()`, where every delivery of the process runs) and its sweeper.
 """
 
 from __future__ import annotations
@@ -22,23 +25,54 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import warnings
+from concurrent.futures import Future
 from typing import Any
 
 from celery import signals
+from celery.exceptions import CPendingDeprecationWarning
 
-from . import metrics
+from . import embedded, metrics
 from .celery_app import app, pool_can_cancel
 from .delivery import handle_wake_blocking
-from .embedded import begin_warm_shutdown
 from .errors import FxNoAgentError, FxStoreUnavailableError, FxUnknownSessionError
 from .registry import import_agents_module
-from .runtime import process_loop
+from .runtime import LoopThread
 from .settings import Settings
-from .sweeper import mark_worker_ready, start_worker_sweeper, stop_worker_sweeper
+from .sweeper import Sweeper, mark_worker_ready, start_worker_sweeper
+from .wakers import CeleryWaker
 
 log = logging.getLogger("fxworker.tasks")
 celery_log = logging.getLogger("fxworker.celery")
+
+# ---------------------------------------------------------------------------- the worker process
+
+_lock = threading.Lock()  # task threads may ask for the loop at once
+_process_loop: LoopThread | None = None
+_sweeper: tuple[Sweeper, Future[None]] | None = None  # set on worker_ready, stopped on worker_shutdown
+
+
+def process_loop() -> LoopThread:
+    """The one loop of this process (started on first use)."""
+    global _process_loop
+    with _lock:
+        if _process_loop is None or not _process_loop.loop.is_running():
+            _process_loop = LoopThread("fx-loop")
+        return _process_loop
+
+
+def begin_warm_shutdown() -> None:
+    """Asks every running turn of this process — the process loop's and the embedded
+    workers', if any — to yield within its reserve and requeue."""
+    with _lock:
+        loop = _process_loop
+    if loop is not None:
+        loop.stopping.set()
+    embedded.begin_warm_shutdown()
+
+
+# ---------------------------------------------------------------------------- the task
 
 
 @app.task(name="fxworker.wake", bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
@@ -52,7 +86,7 @@ def wake(self: Any, payload: dict[str, Any]) -> str:
     backoff so another worker of the queue takes it: the one Celery delay in the design.
     """
     try:
-        outcome = handle_wake_blocking(payload)
+        outcome = handle_wake_blocking(payload, loop_thread=process_loop(), settings=app.fx_settings)
     except FxNoAgentError as exc:
         metrics.WAKES.labels(outcome="no_agent").inc()
         settings = app.fx_settings
@@ -75,6 +109,9 @@ def wake(self: Any, payload: dict[str, Any]) -> str:
     return outcome
 
 
+# ---------------------------------------------------------------------------- signal handlers
+
+
 @signals.worker_init.connect
 def _cancel_on_connection_loss_where_supported(sender: Any = None, **_: Any) -> None:
     """Cancels late-acked tasks on a broker connection loss only where the pool can (§7)."""
@@ -84,8 +121,6 @@ def _cancel_on_connection_loss_where_supported(sender: Any = None, **_: Any) -> 
     if not can_cancel:
         # Celery warns at each connection loss that the setting is off; with this pool
         # it cannot be on, and the lease makes the redelivered duplicate harmless.
-        from celery.exceptions import CPendingDeprecationWarning
-
         warnings.filterwarnings(
             "ignore", message=".*worker_cancel_long_running_tasks_on_connection_loss", category=CPendingDeprecationWarning
         )
@@ -108,9 +143,12 @@ def _import_agents(sender: Any = None, **_: Any) -> None:
 @signals.worker_ready.connect
 def _on_ready(sender: Any = None, **_: Any) -> None:
     """Starts the process loop and the sweeper, then marks this worker ready in Redis."""
+    global _sweeper
     settings: Settings = app.fx_settings  # type: ignore[attr-defined]
-    process_loop().build_http_clients()  # off the first turns' path (each takes a few ms)
-    start_worker_sweeper(settings)
+    loop = process_loop()
+    loop.build_http_clients()  # off the first turns' path (each takes a few ms)
+    if _sweeper is None:
+        _sweeper = start_worker_sweeper(settings, loop=loop, waker=CeleryWaker(app))
     if settings.metrics_port is not None:
         metrics.serve(settings.metrics_port, host=settings.metrics_host)
         celery_log.info("metrics on http://%s:%s/metrics", settings.metrics_host, settings.metrics_port)
@@ -128,4 +166,8 @@ def _on_shutting_down(**_: Any) -> None:
 
 @signals.worker_shutdown.connect
 def _on_shutdown(**_: Any) -> None:
-    stop_worker_sweeper()
+    """Stops the sweeper."""
+    global _sweeper
+    if _sweeper is not None:
+        _sweeper[0].stop()
+        _sweeper = None

@@ -13,7 +13,7 @@ from typing import Any
 
 from fxengine.mcp import McpAdapter, create_mcp_adapter
 from fxworker import Agent
-from fxworker.runtime import process_loop
+from fxworker.tasks import process_loop
 from tests.durable.mcp_client import McpConnection, server_env
 from tests.durable.tooling import provider
 
