@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import FxJournalError
 from .models.openai_chat import RESUME_NOTICE
 from .usage import add_usage, clean_usage
 
@@ -206,7 +207,5 @@ class Conversation:
 
     def _require_open(self) -> OpenTurn:
         if self.open is None:
-            from .errors import FxJournalError
-
             raise FxJournalError("journal event outside a turn")
         return self.open

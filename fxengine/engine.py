@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from .core import EngineCore, EventSink, OnEvent
-from .errors import FxError, FxInputError
+from .errors import FxError, FxInputError, FxJournalAppendError
 from .limits import (
     INSTRUCTIONS_MAX_BYTES,
     ResizeImage,
@@ -143,8 +143,6 @@ class Engine:
         return TurnRunner(self.core, turn_id, on_finish=self._turn_finished, on_detach=self._on_detach, **options)
 
     def _on_journal_failure(self, exc: BaseException) -> None:
-        from .errors import FxJournalAppendError
-
         error = FxJournalAppendError(f"the journal append failed: {exc}")
         error.__cause__ = exc
         self._broken = error

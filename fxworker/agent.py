@@ -46,9 +46,12 @@ from fxengine.limits import (
 )
 from fxengine.providers import PROVIDER_NAMES, CatalogCache, Provider, resolve_provider
 from fxengine.tools import check_tools
+from fxengine.turn import TurnResult
 
 from . import metrics, registry
+from .embedded import InProcessWaker
 from .errors import FxConfigError, FxInvalidCursorError, FxUnknownSessionError
+from .export import export_checkpoint
 from .ids import (
     new_message_id,
     new_request_id,
@@ -58,8 +61,10 @@ from .ids import (
     validate_message_id,
     validate_session_id,
 )
-from fxengine.turn import TurnResult
+from .runtime import LoopThread
 from .settings import Settings
+from .store import default_store
+from .store.timed import TimedStore
 from .wakers import CeleryWaker, Waker
 
 log = logging.getLogger("fxworker.agent")
@@ -201,8 +206,6 @@ class Agent:
     def store(self) -> Any:
         """The session store (resolved on first use, so creating an agent does no I/O)."""
         if self._store is None:
-            from .store import default_store
-
             self._store = default_store(self.settings)
         return self._store
 
@@ -212,8 +215,6 @@ class Agent:
             if self.settings.redis_url:
                 self._waker = CeleryWaker()
             else:
-                from .embedded import InProcessWaker
-
                 self._waker = InProcessWaker()
         return self._waker
 
@@ -300,8 +301,6 @@ class Session:
     @property
     def store(self) -> Any:
         """The agent's store, each call timed in `fxworker.metrics.STORE_LATENCY`."""
-        from .store.timed import TimedStore
-
         return TimedStore(self.agent.store)
 
     def _checked(self) -> tuple[Any, dict[str, Any] | None]:
@@ -447,8 +446,6 @@ class Session:
         """A read-only export of the conversation: `Engine.checkpoint()` bytes that
         `fxengine.create_engine(..., checkpoint=data)` continues from. Takes no lease and
         writes nothing (a running turn goes on); `FxUnknownSessionError` for no session."""
-        from .export import export_checkpoint
-
         return await export_checkpoint(self.agent, self.id, store=self.store, model=self.model)
 
 
@@ -548,8 +545,6 @@ _blocking_loop: Any = None
 def _loop() -> Any:
     """The private loop the blocking twins run their coroutines on."""
     global _blocking_loop
-    from .runtime import LoopThread
-
     with _blocking_loop_lock:
         if _blocking_loop is None or not _blocking_loop.loop.is_running():
             _blocking_loop = LoopThread("fx-blocking")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fxengine.engine import create_engine
 from fxengine.errors import FxError
 from fxengine.persistence import Loaded, Mark
 from fxengine.providers import GATEWAY_BASE_URL, Provider
@@ -55,8 +56,6 @@ async def export_checkpoint(agent: Any, session_id: str, *, store: Any = None, m
         FxJournalError / FxJournalVersionError: a stored record or checkpoint does not
             parse, or comes from a newer fxengine.
     """
-    from fxengine import create_engine
-
     loaded = await (store if store is not None else agent.store).load(session_id)
     engine = await create_engine(
         model=model if model is not None else agent.model,

@@ -40,6 +40,9 @@ class CeleryWaker:
     @property
     def app(self) -> Any:
         if self._app is None:
+            # Imported on first use: `import fxworker` reaches this module, and must not
+            # build the Celery app (settings read from the environment at that moment)
+            # nor import Celery, which the embedded mode never uses.
             from .celery_app import app
 
             self._app = app

@@ -17,7 +17,13 @@ from fxengine.errors import FxLimitError
 from fxengine.persistence import JournalRecord, Loaded, StoredCheckpoint
 
 from .. import scripts
-from ..errors import FxConfigError, FxInvalidCursorError, FxStoreUnavailableError, FxUnknownSessionError
+from ..errors import (
+    FxAckUnsupportedError,
+    FxConfigError,
+    FxInvalidCursorError,
+    FxStoreUnavailableError,
+    FxUnknownSessionError,
+)
 from ..ids import now_ms, validate_message_id, validate_session_id
 from ..keys import SessionKeys, check_prefix, created_session_key, index_keys, session_keys
 from ..scripts import Command, Step
@@ -449,8 +455,6 @@ class StoreCore:
         if self.ack == "aof" and info is not None:
             version = tuple(int(p) for p in str(info.get("redis_version", "0")).split(".")[:2])
             if version < (7, 2):
-                from ..errors import FxAckUnsupportedError
-
                 raise FxAckUnsupportedError(
                     f"ack='aof' needs WAITAOF (Redis 7.2 or newer); this server is {info.get('redis_version')}"
                 )
