@@ -4,7 +4,9 @@ One `InboxHub` per event loop and store reads the inbox of every session the loo
 running, all in one round trip (`store.watch_inboxes`: a pipeline of one XREAD each),
 every `WATCH_INTERVAL_S`, and hands each new entry to that session's `InboxWatcher`, in
 acceptance order; so a cancel reaches the running turn well within a second of being
-stored. A process carrying 100 turns makes 4 such calls a second, not 400.
+stored. A process carrying 100 turns makes 4 such calls a second, not 400. Each read
+returns at most a page of a session's inbox (`INBOX_PAGE_ENTRIES`); the watcher's
+`after_seq` moves to the last entry handed over, so the next read goes on from there.
 
 It polls rather than blocking: a blocking read pins a Redis connection and cannot take in
 a session that starts while it waits. A watcher that stops while a read is in flight is

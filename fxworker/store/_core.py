@@ -62,6 +62,9 @@ READY_SKEW_MS = 5_000
 # The most UI lines one read returns unless its caller asks for a count: a follower of a
 # long session pages through it (and a slow client holds one page, not the session).
 READ_PAGE_LINES = 128
+# The most inbox entries one `watch_inboxes` read returns per session: a session with a
+# longer queue is read a page a poll, each poll continuing after the last entry handed on.
+INBOX_PAGE_ENTRIES = 256
 # Stream ids are `<uint64>-<uint64>`: a cursor past this is no id Redis can read after.
 MAX_CURSOR = 2**64 - 1
 
@@ -326,9 +329,12 @@ class StoreCore:
         return Op([step], lambda replies: _inputs(replies[0]))
 
     def op_watch_inboxes(self, after: Mapping[str, int]) -> Op[dict[str, list[Input]]]:
-        """One XREAD per session, pipelined: a worker process's one look at every inbox it follows."""
+        """One XREAD per session, pipelined: a worker process's one look at every inbox it
+        follows; each session's read returns at most `INBOX_PAGE_ENTRIES` entries."""
         sids = list(after)
-        steps: list[Step] = [self._xread(self.keys(sid).inbox, int(after[sid]), block_ms=None, count=None) for sid in sids]
+        steps: list[Step] = [
+            self._xread(self.keys(sid).inbox, int(after[sid]), block_ms=None, count=INBOX_PAGE_ENTRIES) for sid in sids
+        ]
 
         def parse(replies: list[Any]) -> dict[str, list[Input]]:
             return {sid: found for sid, reply in zip(sids, replies) if (found := _inputs(reply))}
