@@ -7,11 +7,13 @@ test Redis: each is answered with an `FX_` error and nothing is stored.
 - input Python reads but no store keeps (a lone surrogate, NaN, 3000-deep nesting) and
   numbers no stream id holds (5000-digit cursors and limits, a cursor of 2^64) are 400;
 - a 405 says what is allowed, a trailing slash is 404 (no redirect built from `Host`),
-  the listing is capped, the open streams of a process are bounded.
+  the listing is capped, shows only what the `authorize` hook allows and reads at most
+  `LIST_STATE_CALLS` states at once, the open streams of a process are bounded.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ from fxworker.agent import Agent
 from fxworker.settings import Settings
 from fxworker.store import redis_store
 from fxworker.web import create_app
+from fxworker.web.sessions import LIST_STATE_CALLS
 from tests.support.redis_server import free_port
 from tests.web._inprocess import ThreadServer
 
@@ -263,6 +266,73 @@ def test_the_listing_is_capped(served: Served) -> None:
     listed = served.client.get("/v1/sessions", params={"limit": "1000"})
     assert listed.status_code == 200 and len(listed.json()["sessions"]) == 100
     assert len(served.client.get("/v1/sessions", params={"limit": "7"}).json()["sessions"]) == 7
+
+
+def test_the_listing_shows_only_the_sessions_the_authorize_hook_allows(redis_url: str, key_prefix: str) -> None:
+    allowed: set[str] = set()
+    asked: list[tuple[str | None, str]] = []
+
+    def authorize(request: Any, session_id: str | None, action: str) -> bool:
+        asked.append((session_id, action))
+        return session_id is None or session_id in allowed
+
+    for served in serve(redis_url, key_prefix, authorize=authorize):
+        ids = [served.agent.new_session_id() for _ in range(12)]
+        for i, sid in enumerate(ids):
+            served.store.sync.accept(sid, agent=served.agent.name, message_id=f"m{i}", input="x")
+        allowed.update(ids[::3])
+        listed = served.client.get("/v1/sessions", params={"limit": "50"})
+        assert listed.status_code == 200, listed.text
+        assert {s["sessionId"] for s in listed.json()["sessions"]} == allowed
+        assert (None, "list") in asked and {(sid, "state") for sid in ids} <= set(asked)
+
+
+class StateCalls:
+    """A real store that counts its `state` calls in flight; each waits until
+    `LIST_STATE_CALLS` are in flight (or a bound passes), so the most ever seen together is
+    what the listing lets run, not how fast Redis answered."""
+
+    def __init__(self, store: Any) -> None:
+        self.wrapped = store
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.calls = 0
+        self.full = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+    async def state(self, session_id: str, **kwargs: Any) -> Any:
+        self.calls += 1
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            if self.in_flight >= LIST_STATE_CALLS:
+                self.full.set()
+            try:
+                await asyncio.wait_for(self.full.wait(), 5.0)
+            except TimeoutError:
+                pass  # fewer than LIST_STATE_CALLS came: the count still says how many did
+            return await self.wrapped.state(session_id, **kwargs)
+        finally:
+            self.in_flight -= 1
+
+
+def test_the_listing_reads_at_most_list_state_calls_states_at_once(redis_url: str, key_prefix: str) -> None:
+    store = StateCalls(redis_store(redis_url, prefix=key_prefix))
+    agent = Agent(f"list-{uuid.uuid4().hex[:6]}", model="scripted", provider=PROVIDER, store=store, waker=NoWake())
+    try:
+        for i in range(LIST_STATE_CALLS * 5):
+            store.sync.accept(agent.new_session_id(), agent=agent.name, message_id=f"m{i}", input="x")
+        app = create_app(agents=[agent], settings=Settings(redis_url=redis_url, prefix=key_prefix))
+        with ThreadServer(app) as url, httpx.Client(base_url=url, timeout=20.0) as client:
+            listed = client.get("/v1/sessions", params={"limit": "100"})
+            assert listed.status_code == 200, listed.text
+            assert len(listed.json()["sessions"]) == LIST_STATE_CALLS * 5
+    finally:
+        agent.close()
+    assert store.calls == LIST_STATE_CALLS * 5
+    assert store.most_in_flight == LIST_STATE_CALLS
 
 
 # -- item 5: open streams are bounded -------------------------------------------------------
