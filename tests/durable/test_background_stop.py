@@ -3,8 +3,9 @@
 On Python 3.11 redis-py writes to its socket inside `asyncio.wait_for`, which drops a
 cancellation that lands as the write completes; a watcher or lease keeper that lost its
 cancel that way ran for ever and its runner waited at `stop()` (fxworker/background.py).
-The lease keeper's `SessionLoop.stop()` now ends it within a bound; an `InboxWatcher`
-leaves its loop's `InboxHub` at once and is handed nothing after that.
+The lease keeper's `SessionLoop.stop()` now ends it within a bound (a task that holds out
+past `timeout_s` is left to its `stopping` flag, which ends it once its call returns); an
+`InboxWatcher` leaves its loop's `InboxHub` at once and is handed nothing after that.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from fxworker.background import STOP_TIMEOUT_S
+from fxworker.background import STOP_TIMEOUT_S, SessionLoop
 from fxworker.ids import new_session_id
 from fxworker.leases import LeaseKeeper
 from fxworker.store import redis_store
@@ -104,6 +105,56 @@ def test_stop_ends_a_lease_keeper_whose_cancel_was_swallowed(redis_url: str, key
         calls = store.calls_after_swallow
         await asyncio.sleep(0.5)
         assert store.calls_after_swallow == calls, "the loop went on calling the store after stop()"
+
+    asyncio.run(main())
+
+
+class StubbornLoop(SessionLoop):
+    """A loop whose one call drops every cancel and returns only when `release` is set."""
+
+    TASK_NAME = "stubborn"
+
+    def __init__(self) -> None:
+        self.session_id = "fxs_stubborn"
+        self.calls = 0
+        self.swallowed = 0
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def _call(self) -> None:
+        self.calls += 1
+        self.entered.set()
+        while not self.release.is_set():
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                self.swallowed += 1
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+
+    async def _run(self) -> None:
+        while not self.stopping:
+            await self._call()
+
+
+def test_stop_gives_up_after_its_timeout_and_the_flag_ends_the_loop(caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        loop = StubbornLoop().start()
+        task = loop._task
+        assert task is not None
+        await asyncio.wait_for(loop.entered.wait(), 5)
+        started = time.monotonic()
+        stopping = asyncio.ensure_future(loop.stop(timeout_s=0.3))
+        done, _ = await asyncio.wait({stopping}, timeout=1.5)
+        took_s = time.monotonic() - started
+        assert done, "stop() did not give up within 1.5 s"
+        stopping.result()
+        assert 0.3 <= took_s < 1.5
+        assert not task.done() and loop.swallowed >= 1, "the call did not hold out past the timeout"
+        assert "did not stop within 0.3 s" in caplog.text
+        # The call returns at last: the loop sees its flag and makes no further call.
+        loop.release.set()
+        await asyncio.wait_for(task, 5)
+        assert loop.calls == 1
 
     asyncio.run(main())
 
