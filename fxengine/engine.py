@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -23,6 +22,7 @@ import httpx
 
 from .core import EngineCore, EventSink, OnEvent
 from .errors import FxError, FxInputError, FxJournalAppendError
+from .ids import new_turn_id
 from .limits import (
     INSTRUCTIONS_MAX_BYTES,
     ResizeImage,
@@ -210,7 +210,7 @@ class Engine:
                 runner.finish_now(TurnResult(end.get("stopReason") or "end_turn", dict(end.get("usage") or {}),
                                              end.get("error"), repeated=True))
                 return Turn(runner)
-        runner = self._runner(turn_id or f"turn_{uuid.uuid4().hex}", blocks=blocks, prepare=prepare, yield_at=yield_at)
+        runner = self._runner(turn_id or new_turn_id(), blocks=blocks, prepare=prepare, yield_at=yield_at)
         self._running = runner
         runner.start()
         return Turn(runner)

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import time
-import uuid
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import events as ev
 from .errors import FxError, FxInputError, FxJournalAppendError, FxSteerDeferredError
+from .ids import new_steer_id, now_ms
 from .journal.journal import JournalStopped
 from .limits import check_message_id, check_prompt_input, check_steer_text, has_images, prompt_text
 from .models.openai_chat import StepOutput, build_request, model_step
@@ -42,10 +41,6 @@ OnDetach = Callable[[], None]
 # The mark of a record that finishes something (a model response, a tool result): the
 # progress a store counts poison turns against (docs/design.md §6).
 DONE: dict[str, Any] = {"done": True}
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class TurnRunner:
@@ -144,7 +139,7 @@ class TurnRunner:
         check_steer_text(input, queued=len(self._steers), queued_bytes=self._steer_bytes)
         if steer_id is not None:
             check_message_id(steer_id)
-        self._steers.append((steer_id or f"str_{uuid.uuid4().hex}", input))
+        self._steers.append((steer_id or new_steer_id(), input))
         self._steer_bytes += len(input.encode("utf-8", "surrogatepass"))
         self._cut_stream()
 

@@ -3,7 +3,9 @@
 `now_ms()` is the wall clock of the process, in milliseconds since the epoch: lease
 deadlines, delivery deadlines and sweeps are all counted on it. One helper makes each
 kind of id, `<prefix>_` + a ULID: sessions (`fxs_`), messages (`msg_`), steers
-(`str_`), lease holders (`wkr_`) and idle-line requests (`res_`).
+(`str_`), lease holders (`wkr_`) and idle-line requests (`res_`). The clock, the ULID
+and the steer id are the engine's (`fxengine.ids`), so the engine's own ids have the
+same form.
 
 A session id is `fxs_` + a ULID: 26 Crockford base32 characters holding a 48-bit
 millisecond timestamp and 80 random bits, so ids sort by creation time and never collide
@@ -15,16 +17,15 @@ Message ids are 1-128 of `A-Z a-z 0-9 . _ : -` on every store.
 
 from __future__ import annotations
 
-import os
 import re
-import time
+
+# now_ms, new_ulid and new_steer_id are this module's public helpers as well.
+from fxengine.ids import CROCKFORD, STEER_PREFIX, new_steer_id, new_ulid, now_ms
 
 from .errors import FxInvalidMessageIdError, FxInvalidSessionIdError
 
-CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 SESSION_PREFIX = "fxs_"
 MESSAGE_PREFIX = "msg_"
-STEER_PREFIX = "str_"
 HOLDER_PREFIX = "wkr_"
 REQUEST_PREFIX = "res_"
 
@@ -35,22 +36,6 @@ _MEMORY_SESSION_ID = re.compile(r"[A-Za-z0-9._-]{1,128}\Z")
 _MESSAGE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
 
 
-def now_ms() -> int:
-    """The wall clock, in milliseconds since the epoch."""
-    return int(time.time() * 1000)
-
-
-def new_ulid(at_ms: int | None = None) -> str:
-    """A ULID: 10 characters of millisecond time, then 16 of randomness."""
-    ms = now_ms() if at_ms is None else at_ms
-    value = (ms & ((1 << 48) - 1)) << 80 | int.from_bytes(os.urandom(10), "big")
-    chars = []
-    for _ in range(26):
-        chars.append(CROCKFORD[value & 31])
-        value >>= 5
-    return "".join(reversed(chars))
-
-
 def new_session_id(now_ms: int | None = None) -> str:
     """A fresh session id, `fxs_` + ULID."""
     return SESSION_PREFIX + new_ulid(now_ms)
@@ -59,11 +44,6 @@ def new_session_id(now_ms: int | None = None) -> str:
 def new_message_id(now_ms: int | None = None) -> str:
     """A fresh message id, `msg_` + ULID (a prompt's id when its caller gives none)."""
     return MESSAGE_PREFIX + new_ulid(now_ms)
-
-
-def new_steer_id() -> str:
-    """A fresh steer id, `str_` + ULID (a steer's message id when its caller gives none)."""
-    return STEER_PREFIX + new_ulid()
 
 
 def new_request_id() -> str:
