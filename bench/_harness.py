@@ -29,6 +29,7 @@ BENCH = ROOT / "bench"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from fxworker.keys import queue_name  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 from tests.support.workers import CeleryWorker  # noqa: E402
 
@@ -195,7 +196,7 @@ class CeleryNoop:
     def once(self) -> tuple[float, float]:
         """(round trip s, send to start s) of one no-op task."""
         t0 = time.time()
-        self.app.send_task("fxbench.noop", args=[self.key], queue="fx.default")
+        self.app.send_task("fxbench.noop", args=[self.key], queue=queue_name("default"))
         got = self.client.blpop([self.key], timeout=10)
         t1 = time.time()
         if got is None:
