@@ -41,6 +41,7 @@ import logging
 from collections import deque
 from typing import Any
 
+from fxengine.engine import create_engine
 from fxengine.errors import FxError, FxInputError
 from fxengine.limits import prompt_text
 from fxengine.providers.credentials import mask_secret
@@ -467,8 +468,6 @@ class Runner:
             # Another context or model: this claim's engine would load a stale snapshot,
             # so hand the rest to the next delivery.
             return None
-        from fxengine import create_engine
-
         settings = settings or {}
         assert self.writer is not None
         persistence = self.persistence = StorePersistence(self.store, self.claim, writer=self.writer)

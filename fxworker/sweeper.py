@@ -77,7 +77,10 @@ class Sweeper:
     async def sweep_once(self) -> int:
         """A full sweep, if this process holds the guard; returns how many sessions it woke."""
         if not await self.guard(GUARD_MS):
-            self._held.clear()  # another process sweeps
+            # Another process sweeps: try the guard again at the next tick (not at once,
+            # which would spin on SET NX and GET while that process lives).
+            self._held.clear()
+            self._next_sweep_ms = now_ms() + int(self.tick_s * 1000)
             return 0
         now = now_ms()
         self._next_sweep_ms = now + int(self.interval_s * 1000)

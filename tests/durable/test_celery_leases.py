@@ -15,7 +15,9 @@ import time
 from typing import Any
 
 import pytest
+import redis
 
+from tests.support.redis_server import external_redis_url
 from tests.durable.test_celery_concurrency import run_on_client_loop
 
 pytestmark = [pytest.mark.redis, pytest.mark.celery, pytest.mark.slow]
@@ -23,6 +25,12 @@ pytestmark = [pytest.mark.redis, pytest.mark.celery, pytest.mark.slow]
 SESSIONS = 320
 LEASE_S = 3.0  # FX_LEASE_S of the test workers (tests/support/workers.py)
 RESERVE_S = 4.0
+IDLE_WINDOW_S = 2.0
+# Two idle workers poll their queues (kombu: a BRPOP a second) and try the sweeper's
+# guard once a second: under 10 commands a second. A runner left renewing and polling per
+# stuck session took an idle server to ~840 a second, and a sweeper retrying the guard
+# without waiting to ~200.
+IDLE_OPS_PER_S = 50
 
 
 async def _prompt_all(agent: Any, sessions: list[Any], text: str) -> list[Any]:
@@ -37,7 +45,11 @@ async def _held_without_a_turn(sessions: list[Any]) -> list[str]:
     return [st.session_id for st in states if st.lease_holder and not st.open_turn and not st.pending]
 
 
-def test_no_lease_outlives_its_turn_and_every_follow_up_runs(workers: Any, client: Any) -> None:
+def _commands_processed(r: redis.Redis) -> int:
+    return int(r.info("stats")["total_commands_processed"])
+
+
+def test_no_lease_outlives_its_turn_and_every_follow_up_runs(workers: Any, client: Any, redis_url: str) -> None:
     pool = [workers.start(concurrency=100), workers.start(concurrency=100)]
     agent = client.agents["default"]
     sessions = [agent.session() for _ in range(SESSIONS)]
@@ -55,6 +67,19 @@ def test_no_lease_outlives_its_turn_and_every_follow_up_runs(workers: Any, clien
             break
         time.sleep(0.2)
     assert held == [], f"{len(held)} of {SESSIONS} sessions keep a live lease with no turn open: {held[:5]}"
+
+    # With every turn ended the workers go quiet: nothing renews or polls for a session.
+    # (Only on the suite's own server: on a shared one, other clients' commands count too.)
+    if external_redis_url() is None:
+        r = redis.Redis.from_url(redis_url)
+        try:
+            before, started = _commands_processed(r), time.monotonic()
+            time.sleep(IDLE_WINDOW_S)  # a rate over a window: no event marks "idle"
+            rate = (_commands_processed(r) - before) / (time.monotonic() - started)
+        finally:
+            r.close()
+        print(f"idle Redis: {rate:.0f} commands/s with two workers and {SESSIONS} sessions at rest")
+        assert rate < IDLE_OPS_PER_S, f"{rate:.0f} commands/s reach Redis with every turn ended"
 
     follow_ups = run_on_client_loop(_prompt_all(agent, sessions, "again"))
     assert [r.stop_reason for r in follow_ups] == ["end_turn"] * SESSIONS
