@@ -28,7 +28,6 @@ import asyncio
 import json
 import logging
 import re
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
@@ -61,7 +60,7 @@ from .ids import (
     validate_message_id,
     validate_session_id,
 )
-from .runtime import LoopThread
+from .runtime import LoopThread, SharedLoop
 from .settings import Settings
 from .store import default_store
 from .store.timed import TimedStore
@@ -538,17 +537,12 @@ class Turn:
 
 # -------------------------------------------------------------------------- blocking twin
 
-_blocking_loop_lock = threading.Lock()
-_blocking_loop: Any = None
+_blocking_loop = SharedLoop("fx-blocking")
 
 
-def _loop() -> Any:
+def _loop() -> LoopThread:
     """The private loop the blocking twins run their coroutines on."""
-    global _blocking_loop
-    with _blocking_loop_lock:
-        if _blocking_loop is None or not _blocking_loop.loop.is_running():
-            _blocking_loop = LoopThread("fx-blocking")
-        return _blocking_loop
+    return _blocking_loop.get()
 
 
 class BlockingTurn:

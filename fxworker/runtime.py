@@ -140,3 +140,28 @@ class LoopThread:
 
 
 _graveyard: list[LoopThread] = []
+
+
+class SharedLoop:
+    """A process-wide `LoopThread`, started on first use (and again if it stopped); any
+    thread may ask for it at once."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._loop: LoopThread | None = None
+
+    def __repr__(self) -> str:
+        return f"<SharedLoop {self.name} running={self.running is not None}>"
+
+    def get(self) -> LoopThread:
+        with self._lock:
+            if self._loop is None or not self._loop.loop.is_running():
+                self._loop = LoopThread(self.name)
+            return self._loop
+
+    @property
+    def running(self) -> LoopThread | None:
+        """The loop if it was started, without starting one."""
+        with self._lock:
+            return self._loop

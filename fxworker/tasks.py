@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import warnings
 from concurrent.futures import Future
 from typing import Any
@@ -38,7 +37,7 @@ from .celery_app import app, pool_can_cancel
 from .delivery import handle_wake_blocking
 from .errors import FxNoAgentError, FxStoreUnavailableError, FxUnknownSessionError
 from .registry import import_agents_module
-from .runtime import LoopThread
+from .runtime import LoopThread, SharedLoop
 from .settings import Settings
 from .sweeper import Sweeper, mark_worker_ready, start_worker_sweeper
 from .wakers import CeleryWaker
@@ -48,25 +47,19 @@ celery_log = logging.getLogger("fxworker.celery")
 
 # ---------------------------------------------------------------------------- the worker process
 
-_lock = threading.Lock()  # task threads may ask for the loop at once
-_process_loop: LoopThread | None = None
+_process_loop = SharedLoop("fx-loop")  # task threads may ask for it at once
 _sweeper: tuple[Sweeper, Future[None]] | None = None  # set on worker_ready, stopped on worker_shutdown
 
 
 def process_loop() -> LoopThread:
     """The one loop of this process (started on first use)."""
-    global _process_loop
-    with _lock:
-        if _process_loop is None or not _process_loop.loop.is_running():
-            _process_loop = LoopThread("fx-loop")
-        return _process_loop
+    return _process_loop.get()
 
 
 def begin_warm_shutdown() -> None:
     """Asks every running turn of this process — the process loop's and the embedded
     workers', if any — to yield within its reserve and requeue."""
-    with _lock:
-        loop = _process_loop
+    loop = _process_loop.running
     if loop is not None:
         loop.stopping.set()
     embedded.begin_warm_shutdown()

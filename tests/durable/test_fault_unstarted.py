@@ -70,21 +70,32 @@ def _wait_released(agent: Any, session_id: str) -> dict[str, Any]:
     return wait_until(released, LEASE_S + 2, what=f"{session_id} idle with its lease let go")  # type: ignore[return-value]
 
 
+def _stop_workers(pool: Pool) -> None:
+    """No worker runs until the test has played the dead ones."""
+    for worker in pool.live():
+        worker.stop()
+
+
+def _claim_and_die(client: Any, session_id: str, holder: str) -> Any:
+    """Claims as a worker that dies at once; returns the claim once its lease ran out."""
+    claim = client.store.sync.claim(session_id, holder=holder, lease_ms=50, now_ms=_now_ms())
+    assert claim is not None
+    time.sleep(0.06)  # the dead worker's 50 ms lease runs out: no event tells a test of that
+    return claim
+
+
 def test_a_prompt_whose_workers_die_before_its_turn_opens_is_dropped_and_the_next_runs(
     pool: Pool, client: Any, model: Any, redis_url: str, prefix: str
 ) -> None:
     # No worker yet: this test plays three workers that claim the session and die.
-    for worker in pool.live():
-        worker.stop()
+    _stop_workers(pool)
     agent = client.agents["default"]
     session = agent.blocking_session()
     first = _store_prompt(client, session.id, "never opened")
     second = _store_prompt(client, session.id, "the next prompt")
     for death in range(3):
-        claim = client.store.sync.claim(session.id, holder=f"wkr_dead{death}", lease_ms=50, now_ms=_now_ms())
-        assert claim is not None and claim.open_turn is None
-        assert claim.deaths == death
-        time.sleep(0.06)  # the dead worker's lease runs out: no event tells a test of that
+        claim = _claim_and_die(client, session.id, f"wkr_dead{death}")
+        assert claim.open_turn is None and claim.deaths == death
     pool.fill()
     agent.wake(session.id, reason="prompt")
     _assert_ended_with(agent, session.id, first, "FX_POISON_TURN")
@@ -186,8 +197,7 @@ def test_a_turn_whose_poison_ending_died_too_is_ended_without_loading_its_journa
 ) -> None:
     # No worker yet: this test plays the workers that open the turn and die in it, the
     # last of them while it was to end the turn as poison.
-    for worker in pool.live():
-        worker.stop()
+    _stop_workers(pool)
     agent = client.agents["default"]
     session = agent.blocking_session()
     opened = _store_prompt(client, session.id, "a journal that kills its loader")
@@ -197,11 +207,10 @@ def test_a_turn_whose_poison_ending_died_too_is_ended_without_loading_its_journa
     # A record no engine can decode: were it loaded, the turn would end FX_JOURNAL_INVALID.
     client.store.sync.append(session.id, claim.epoch, records=[("rec:fatal", b"\x00not msgpack", [{"start": opened}])],
                              now_ms=_now_ms())
+    time.sleep(0.06)  # the opener dies too: its 50 ms lease runs out
     for death in range(1, 5):
-        time.sleep(0.06)  # the dead worker's lease runs out: no event tells a test of that
-        claim = client.store.sync.claim(session.id, holder=f"wkr_dead{death}", lease_ms=50, now_ms=_now_ms())
-        assert claim is not None and claim.open_turn is not None and claim.deaths == death
-    time.sleep(0.06)
+        claim = _claim_and_die(client, session.id, f"wkr_dead{death}")
+        assert claim.open_turn is not None and claim.deaths == death
     pool.fill()
     agent.wake(session.id, reason="prompt")
     end = _end_of(agent, session.id, opened)
