@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -157,6 +159,27 @@ def test_a_repeated_create_with_one_message_id_answers_the_first_session(served:
     assert state["status"] == "waiting"  # one prompt waits; the repeat added nothing to run
     other = served.client.post("/v1/sessions", json={"input": "another", "messageId": "create-other"})
     assert other.json()["sessionId"] != first.json()["sessionId"] and other.json()["repeated"] is False
+
+
+def test_creates_racing_with_one_message_id_make_one_session(served: Served) -> None:
+    racers = 8
+    barrier = threading.Barrier(racers, timeout=10)
+    base_url = served.client.base_url
+
+    def create(_: int) -> httpx.Response:
+        with httpx.Client(base_url=base_url, timeout=10.0) as client:
+            barrier.wait()  # every request leaves at once
+            return client.post("/v1/sessions", json={"input": "charge the card", "messageId": "create-race"})
+
+    with ThreadPoolExecutor(racers) as pool:
+        responses = list(pool.map(create, range(racers)))
+    assert [r.status_code for r in responses] == [202] * racers, [r.text for r in responses]
+    bodies = [r.json() for r in responses]
+    assert len({b["sessionId"] for b in bodies}) == 1, bodies
+    assert sorted(b["repeated"] for b in bodies) == [False] + [True] * (racers - 1)
+    assert served.sessions() == [bodies[0]["sessionId"]]
+    state = served.client.get(f"/v1/sessions/{bodies[0]['sessionId']}").json()
+    assert state["status"] == "waiting"
 
 
 def test_a_refused_create_claims_no_message_id(served: Served) -> None:
