@@ -4,16 +4,12 @@
 
 Every write is fenced by the claim's epoch. While a turn runs the runner renews the lease
 every `lease_s / 3` (`LeaseKeeper`: a refused renewal detaches the turn at once), follows
-the inbox for steers, prompts and cancels (`InboxWatcher`), and keeps two deadlines:
-
-- soft, `deadline - reserve_s`: the engine stops before its next model request
-  (`yield_at`), the runner writes `turn_yield`, releases and the delivery requeues a wake;
-- hard, `deadline - min(2 s, reserve_s / 2)`: a call still running is cut off (the turn is
-  detached, `release(cutoff=True)` counts one more cut-off of the step, `session.deadline`).
-
-A warm shutdown (SIGTERM) pulls the deadline in to `now + reserve_s` and yields the turn
-at once (`Turn.yield_now()`): a request that ends within the reserve finishes and the turn
-yields cleanly, with no cut-off counted; one still running at the hard stop is cut off.
+the inbox for steers, prompts and cancels (`InboxWatcher`), and keeps the delivery's
+`Deadline` (fxworker/deadline.py): at the soft stop the turn yields; at the hard stop a
+call still running is cut off (the turn is detached, `release(cutoff=True)` counts one
+more cut-off of the step, `session.deadline`). A warm shutdown (SIGTERM) pulls both in and
+yields the turn at once (`Turn.yield_now()`): a request that ends within the reserve
+finishes and the turn yields cleanly, with no cut-off counted.
 
 A turn's `turn_end` (or `turn_yield`) line is stored in the same fenced call as the
 engine's end (or yield) record, so a turn the store holds as ended always shows its end.
@@ -36,7 +32,6 @@ kills the process that loads it) is ended at the next death without loading the 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import deque
 from typing import Any
@@ -47,6 +42,7 @@ from fxengine.limits import prompt_text
 from fxengine.providers.credentials import mask_secret
 
 from . import metrics, registry
+from .deadline import Deadline
 from .errors import FxLeaseLostError, FxStoreUnavailableError
 from .ids import new_holder_id, now_ms
 from .leases import LeaseKeeper
@@ -86,13 +82,11 @@ class Runner:
         self.agent = agent
         self.store = TimedStore(agent.store)
         self.session_id = session_id
-        self.deadline_ms = deadline_ms
         self.reason = reason
         self.http_client = http_client
-        self.stopping = stopping  # threading.Event set on warm shutdown
+        self.deadline = Deadline(deadline_ms, int(agent.reserve_s * 1000), stopping)  # stopping: set on warm shutdown
         self.holder = new_holder_id()
         self.lease_ms = int(agent.lease_s * 1000)
-        self.reserve_ms = int(agent.reserve_s * 1000)
         self.claim: Any = None
         self.epoch = 0
         self.engine: Any = None
@@ -112,7 +106,7 @@ class Runner:
     def __repr__(self) -> str:
         return (
             f"<Runner session={self.session_id} epoch={self.epoch} turn={self.turn_id} "
-            f"deadline_in_ms={self.deadline_ms - now_ms()} fenced={self.fenced}>"
+            f"deadline_in_ms={self.deadline.deadline_ms - now_ms()} fenced={self.fenced}>"
         )
 
     # ------------------------------------------------------------------ diagnostics
@@ -178,8 +172,7 @@ class Runner:
         watcher = InboxWatcher(self.store, self.session_id, after_seq=claim.inbox_cursor, on_input=self._on_input)
         keeper.start()
         watcher.start()
-        hard_stop = self._arm_hard_stop()
-        shutdown_watch = asyncio.create_task(self._watch_shutdown()) if self.stopping is not None else None
+        disarm = self.deadline.arm(on_hard_stop=self._hard_stop, on_shutdown=self._shut_down)
         outcome = "done"
         try:
             outcome = await self._work()
@@ -196,10 +189,7 @@ class Runner:
             self.store_lost = True
             outcome = "yielded"
         finally:
-            if hard_stop is not None:
-                hard_stop.cancel()
-            if shutdown_watch is not None:
-                shutdown_watch.cancel()
+            disarm()
             await watcher.stop()
             await keeper.stop()
             if self.fenced or outcome == "fenced":
@@ -234,7 +224,7 @@ class Runner:
         log.info("wake of %s for agent %r runs as its owner %r", self.session_id, self.agent.name, name)
         self.agent = owner
         self.lease_ms = int(owner.lease_s * 1000)
-        self.reserve_ms = int(owner.reserve_s * 1000)
+        self.deadline.reserve_ms = int(owner.reserve_s * 1000)
         return True
 
     async def _release(self, *, cutoff: bool) -> Any:
@@ -262,23 +252,8 @@ class Runner:
 
     # ------------------------------------------------------------------ deadlines
 
-    @property
-    def yield_at_ms(self) -> int:
-        return self.deadline_ms - self.reserve_ms
-
-    @property
-    def hard_stop_ms(self) -> int:
-        return self.deadline_ms - min(2000, self.reserve_ms // 2)
-
-    def _arm_hard_stop(self) -> asyncio.TimerHandle | None:
-        if self.reserve_ms <= 0:
-            return None
-        loop = asyncio.get_running_loop()
-        delay_s = max(0.0, (self.hard_stop_ms - now_ms()) / 1000)
-        return loop.call_later(delay_s, self._hard_stop)
-
     def _hard_stop(self) -> None:
-        """At `deadline - min(2 s, reserve/2)`: cut off whatever is still running."""
+        """At the deadline's hard stop: cut off whatever is still running."""
         if self.turn is None or self.fenced:
             return
         self.cut_off = True
@@ -286,32 +261,15 @@ class Runner:
         log.info("deadline: cutting off turn %s of %s", self.turn_id, self.session_id)
         self.turn.detach()  # session.deadline goes out with the store's count at the release
 
-    async def _watch_shutdown(self) -> None:
-        """Warm shutdown: the turn yields before its next model request (`yield_now`: a
-        request or tool call already running finishes first, no cut-off is counted); what
-        still runs at the hard stop of the pulled-in deadline is cut off."""
-        while not self.stopping.is_set():
-            await asyncio.sleep(0.1)
+    def _shut_down(self) -> None:
         log.info("warm shutdown: %s yields", self.session_id)
-        self.deadline_ms = min(self.deadline_ms, now_ms() + self.reserve_ms)
         self._yield_if_stopping()
-        delay_s = max(0.0, (self.hard_stop_ms - now_ms()) / 1000)
-        await asyncio.sleep(delay_s)
-        self._hard_stop()
 
     def _yield_if_stopping(self) -> None:
-        """During a warm shutdown, the running turn sends no further model request."""
-        if self.turn is not None and self.stopping is not None and self.stopping.is_set():
+        """During a warm shutdown, the running turn sends no further model request (a
+        request or tool call already running finishes first)."""
+        if self.turn is not None and self.deadline.shutting_down:
             self.turn.yield_now()
-
-    def _past_soft_deadline(self) -> bool:
-        return now_ms() >= self.yield_at_ms or bool(self.stopping and self.stopping.is_set())
-
-    def _yield_at(self) -> int:
-        """The engine's `yield_at` (ms on `time.time()`'s clock); now, once a warm shutdown began."""
-        if self.stopping is not None and self.stopping.is_set():
-            return now_ms()
-        return self.yield_at_ms
 
     # ------------------------------------------------------------------ inbox
 
@@ -345,7 +303,7 @@ class Runner:
             entry = self._next_input()
             if entry is None:
                 return "done"
-            if self._past_soft_deadline():
+            if self.deadline.past_soft():
                 self.pending.appendleft(entry)
                 return "yielded"
             if first and claim.open_turn is None and claim.deaths >= MAX_DEATHS:
@@ -545,7 +503,7 @@ class Runner:
             text_input = prompt_text(entry.input)
         # The line rides with the engine's first record (the turn's start barrier).
         self._line("turn_start", sessionId=self.session_id, input=text_input)
-        self.turn = engine.prompt(entry.input, yield_at=self._yield_at(), turn_id=entry.message_id)
+        self.turn = engine.prompt(entry.input, yield_at=self.deadline.yield_at(), turn_id=entry.message_id)
         self._yield_if_stopping()
         # Steers accepted after this prompt and waiting join it (§6).
         self._join_waiting_steers()
@@ -608,7 +566,7 @@ class Runner:
                     },
                 )
             no_rerun = True
-        self.turn = engine.resume(yield_at=self._yield_at(), no_rerun=no_rerun, next_step=next_step)
+        self.turn = engine.resume(yield_at=self.deadline.yield_at(), no_rerun=no_rerun, next_step=next_step)
         if self.turn is None:
             return await self._end_open("unknown", None)
         self._yield_if_stopping()
