@@ -8,6 +8,8 @@
     │   ├── FxMessageIdInUseError      a steer reusing a prompt's id, or the reverse (FX_MESSAGE_ID_IN_USE)
     │   ├── FxUnknownSessionError      no such session in the store (FX_UNKNOWN_SESSION)
     │   ├── FxStoreUnavailableError    Redis could not be reached or answered an error (FX_STORE_UNAVAILABLE)
+    │   │   └── FxStoreFullError       Redis refused a write at its memory limit (FX_STORE_FULL)
+    │   ├── FxSessionIncompleteError   some of a session's keys are gone (evicted, deleted) (FX_SESSION_INCOMPLETE)
     │   ├── FxAckUnsupportedError      the acknowledgement level needs a newer Redis (FX_ACK_UNSUPPORTED)
     │   ├── FxAgentExistsError         two Agents with one name in one process (FX_AGENT_EXISTS)
     │   ├── FxNoAgentError             this process has no agent of the session's name (FX_NO_AGENT)
@@ -84,6 +86,18 @@ class FxStoreUnavailableError(FxWorkerError):
     """Raised when Redis cannot be reached or fails mid-call; the script either ran whole or not at all."""
 
     code = "FX_STORE_UNAVAILABLE"
+
+
+class FxStoreFullError(FxStoreUnavailableError):
+    """Raised when Redis refuses a write because it reached `maxmemory` (an OOM reply); nothing was stored."""
+
+    code = "FX_STORE_FULL"
+
+
+class FxSessionIncompleteError(FxWorkerError):
+    """Raised when some of a session's keys are gone (evicted or deleted): it is not served on a half-gone history."""
+
+    code = "FX_SESSION_INCOMPLETE"
 
 
 class FxAckUnsupportedError(FxWorkerError):

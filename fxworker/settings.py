@@ -59,6 +59,16 @@ class Settings:
     # event loop, one for blocking calls); a call finding all busy waits for one (up to
     # the store's socket timeout, then FX_STORE_UNAVAILABLE) instead of failing.
     redis_max_connections: int = 200
+    # FX_ALLOW_EVICTION: 1 lets `fx web` / `fx worker` start against a Redis whose
+    # maxmemory-policy can evict keys (anything but noeviction); evicted sessions are then
+    # lost (404) or refused (FX_SESSION_INCOMPLETE).
+    allow_eviction: bool = False
+    # FX_MODEL_IDLE_TIMEOUT_S: a model stream that sends nothing for this long fails the
+    # step FX_PROVIDER_TIMEOUT (retried once before any output, like any retryable failure).
+    model_idle_timeout_s: float = 120.0
+    # FX_NO_AGENT_GIVE_UP_S: a session whose agent no worker runs is woken with a growing
+    # backoff for this long, then its waiting inputs end `error` FX_NO_AGENT.
+    no_agent_give_up_s: float = 86400.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -79,6 +89,12 @@ class Settings:
             if value < minimum:
                 raise FxConfigError(f"{name} must be at least {minimum}, got {raw!r}")
             return value
+
+        def flag(name: str) -> bool:
+            raw = (text(name) or "0").lower()
+            if raw not in ("0", "1", "true", "false", "yes", "no"):
+                raise FxConfigError(f"{name} must be 0 or 1, got {raw!r}")
+            return raw in ("1", "true", "yes")
 
         ttl = text("FX_SESSION_TTL_S")
         ack = text("FX_ACK") or "primary"
@@ -105,4 +121,7 @@ class Settings:
             metrics_port=int(number("FX_METRICS_PORT", 0, minimum=1)) if text("FX_METRICS_PORT") else None,
             metrics_host=text("FX_METRICS_HOST") or "127.0.0.1",
             redis_max_connections=int(number("FX_REDIS_MAX_CONNECTIONS", 200, minimum=1)),
+            allow_eviction=flag("FX_ALLOW_EVICTION"),
+            model_idle_timeout_s=number("FX_MODEL_IDLE_TIMEOUT_S", 120.0, minimum=0.1),
+            no_agent_give_up_s=number("FX_NO_AGENT_GIVE_UP_S", 86400.0, minimum=1.0),
         )
