@@ -428,11 +428,14 @@ class Session:
         return Turn(self, message_id=None, repeated=False, cursor=state["cursor"])
 
     async def state(self) -> dict[str, Any]:
-        """`{sessionId, agent, status: idle|waiting|running, cursor, turns, epoch}`."""
+        """`{sessionId, agent, status: idle|waiting|running, cursor, turns, epoch}`, and
+        `noWorker: {agent, sinceMs, nextWakeMs}` while its work waits for a worker that
+        runs its agent (a wake found none). `FxSessionIncompleteError` for a session with a
+        key gone."""
         state = await self.store.state(self.id)
         if state is None:
             raise FxUnknownSessionError(f"no session {self.id}")
-        return {
+        out: dict[str, Any] = {
             "sessionId": state.session_id,
             "agent": state.agent,
             "status": state.status,
@@ -440,6 +443,11 @@ class Session:
             "turns": state.turns,
             "epoch": state.epoch,
         }
+        if state.unserved_since_ms is not None and state.status == "waiting":
+            out["noWorker"] = {
+                "agent": state.agent, "sinceMs": state.unserved_since_ms, "nextWakeMs": state.unserved_next_ms,
+            }
+        return out
 
     async def checkpoint(self) -> bytes:
         """A read-only export of the conversation: `Engine.checkpoint()` bytes that

@@ -97,7 +97,12 @@ async def handle_wake(
             owner = registry.get_agent(runner.owner) if runner.owner else None
             if owner is None:
                 metrics.NO_AGENT_REFUSALS.inc()
-                raise FxNoAgentError(f"this process has no agent named {runner.owner!r} (session {session_id})")
+                unserved = runner.unserved
+                raise FxNoAgentError(
+                    f"this process has no agent named {runner.owner!r} (session {session_id})",
+                    retry_at_ms=unserved.next_ms if unserved is not None else None,
+                    spare=unserved is not None and unserved.spare,
+                )
             runner = runner_for(owner)
             outcome = await runner.run()
             if outcome == "misrouted":

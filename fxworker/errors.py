@@ -113,9 +113,16 @@ class FxAgentExistsError(FxWorkerError):
 
 
 class FxNoAgentError(FxWorkerError):
-    """Raised by the delivery handler when this process has no agent of the session's name."""
+    """Raised by the delivery handler when this process has no agent of the session's name;
+    `retry_at_ms`, when set, is when the store's backoff wants the session woken again, and
+    `spare` says another wake is due then already (this one need not be delivered again)."""
 
     code = "FX_NO_AGENT"
+
+    def __init__(self, message: str, *, retry_at_ms: int | None = None, spare: bool = False) -> None:
+        super().__init__(message)
+        self.retry_at_ms = retry_at_ms
+        self.spare = spare
 
 
 class FxQueueFullError(FxWorkerError, FxLimitError):

@@ -48,7 +48,7 @@ from .ids import new_holder_id, now_ms
 from .leases import LeaseKeeper
 from .store.timed import TimedStore
 from .store.persistence import LineWriter, StorePersistence, retry_unavailable
-from .store.types import Idle
+from .store.types import Idle, Serving, Unserved
 from .watch import InboxWatcher
 
 log = logging.getLogger("fxworker.runner")
@@ -102,6 +102,7 @@ class Runner:
         self.released: Any = None  # the store's answer to this delivery's release
         self._requeue = False  # the rest goes to a new delivery (not a deadline yield)
         self.owner: str | None = None  # the owning agent, when run() answers "misrouted"
+        self.unserved: Unserved | None = None  # and the store's backoff, when nothing was claimed
 
     def __repr__(self) -> str:
         return (
@@ -134,9 +135,11 @@ class Runner:
         # A claim is retried under this runner's holder id: one that ran but lost its
         # reply answers the same epoch again (claim.lua), so nothing is counted twice.
         started_ms = now_ms()
+        serving = self._serving()
         claim = await retry_unavailable(
             lambda: self.store.claim(
-                self.session_id, holder=self.holder, lease_ms=self.lease_ms, now_ms=now_ms(), only_work=True
+                self.session_id, holder=self.holder, lease_ms=self.lease_ms, now_ms=now_ms(), only_work=True,
+                serving=serving,
             ),
             due_ms=lambda: started_ms + CLAIM_RETRY_MS,
             what=f"claiming {self.session_id}",
@@ -144,14 +147,20 @@ class Runner:
         if claim is None:
             self.emit("session.redelivered", reason=self.reason)
             return "noop"
-        misrouted = bool(claim.agent) and claim.agent != self.agent.name and not self._run_as_owner(claim.agent)
+        if isinstance(claim, Unserved):
+            # Owned by an agent no agent of this store here is: nothing was taken (§7).
+            self.owner, self.unserved = claim.agent, claim
+            return "misrouted"
         if isinstance(claim, Idle):
             # A second wake of work done already (the release's own wake and the sender's
             # both fire): nothing to run, and the session is left exactly as it is.
             log.debug("wake of %s (%s): nothing to run at epoch %s", self.session_id, self.reason, claim.epoch)
-            self.owner = claim.agent if misrouted else None
-            return "misrouted" if misrouted else "noop"
+            return "noop"
         self.epoch = claim.epoch
+        misrouted = (
+            bool(claim.agent) and claim.agent != self.agent.name and not claim.give_up
+            and not self._run_as_owner(claim.agent)
+        )
         if misrouted:
             self.owner = claim.agent
             await self._release(cutoff=False)
@@ -214,6 +223,17 @@ class Runner:
         if outcome == "yielded" and not (self.store_lost or self._requeue):
             metrics.YIELDS.inc()
         return outcome
+
+    def _serving(self) -> Serving:
+        """The agents this runner may run a session as: those of this process on its store."""
+        store = self.agent.store
+        names = tuple(name for name, agent in registry.agents().items() if agent.store is store)
+        settings = self.agent.settings
+        return Serving(
+            names or (self.agent.name,),
+            give_up_ms=int(settings.no_agent_give_up_s * 1000),
+            retry_max_ms=int(settings.no_agent_retry_s * 1000),
+        )
 
     def _run_as_owner(self, name: str) -> bool:
         """Whether this process's agent `name`, on the store this claim was made in, can
@@ -292,6 +312,8 @@ class Runner:
 
     async def _work(self) -> str:
         claim = self.claim
+        if claim.give_up:
+            return await self._give_up()
         if claim.open_turn is not None:
             outcome = await self._guarded(self._continue_open_turn(), None)
             if outcome != "ended":
@@ -409,6 +431,25 @@ class Runner:
         self.turn = None
         self.turn_id = None
         return "ended"
+
+    async def _give_up(self) -> str:
+        """Ends the open turn and every waiting input `error` FX_NO_AGENT: no process ran
+        the session's agent for `FX_NO_AGENT_GIVE_UP_S` (claim.lua gave the lease for this)."""
+        claim = self.claim
+        waited_s = self.agent.settings.no_agent_give_up_s
+        error = {
+            "code": "FX_NO_AGENT",
+            "message": f"no worker ran agent {claim.agent!r} for {waited_s:g} s; start a worker with that agent "
+            "(FX_AGENTS) and prompt again",
+        }
+        log.error("giving up on %s: %s", self.session_id, error["message"])
+        if claim.open_turn is not None:
+            self.turn_id = claim.open_turn.message_id
+            self._session_error(error)
+            await self._settled(self._end_without_engine(error, [{"end": True}]))
+        while (entry := self._next_input()) is not None:
+            await self._settled(self._end_unstarted(entry, error))
+        return "done"
 
     def _next_input(self) -> Any:
         while self.pending:

@@ -13,6 +13,7 @@ The replies are parsed by the store (`fxworker.store._replies`).
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -35,13 +36,20 @@ class Script:
 
 
 def _load_all() -> dict[str, Script]:
+    """Every `lua/<name>.lua`; a file whose name starts with `_` is a part that scripts
+    include (a line `-- include: _part.lua` is replaced by that file), not a script."""
+    folder = resources.files("fxworker").joinpath("lua")
+    parts = {e.name: e.read_text(encoding="utf-8") for e in folder.iterdir() if e.name.startswith("_")}
     scripts: dict[str, Script] = {}
-    for entry in resources.files("fxworker").joinpath("lua").iterdir():
-        if entry.name.endswith(".lua"):
-            source = entry.read_text(encoding="utf-8")
+    for entry in folder.iterdir():
+        if entry.name.endswith(".lua") and not entry.name.startswith("_"):
+            source = _INCLUDE.sub(lambda found: parts[found.group(1)], entry.read_text(encoding="utf-8"))
             name = entry.name[: -len(".lua")]
             scripts[name] = Script(name, source, hashlib.sha1(source.encode()).hexdigest())
     return scripts
+
+
+_INCLUDE = re.compile(r"^-- include: (\S+)$", re.MULTILINE)
 
 
 SCRIPTS: dict[str, Script] = _load_all()
@@ -243,13 +251,20 @@ def clear_ready(index: IndexKeys, *, session_id: str, older_than_ms: int, forget
     return Call(SCRIPTS["clear_ready"], index.names, [session_id, older_than_ms, "1" if forget else "0"])
 
 
-def claim(keys: SessionKeys, *, holder: str, lease_ms: int, now_ms: int, only_work: bool = False) -> Call:
+def claim(
+    keys: SessionKeys, *, holder: str, lease_ms: int, now_ms: int, only_work: bool = False,
+    agents: Sequence[str] = (), give_up_ms: int = 0, retry_max_ms: int = 0,
+) -> Call:
     """claim.lua: take the lease when no live one stands; bumps the epoch; reads the session.
 
     With `only_work`, a session with no open turn, no waiting input and no lease held is
-    left as it is (reply `idle`).
+    left as it is (reply `idle`). With `agents`, a session another agent owns is not
+    claimed (reply `unserved`) until it waited `give_up_ms` (then `give_up` is set).
     """
-    return Call(SCRIPTS["claim"], keys.names, [holder, lease_ms, now_ms, "1" if only_work else "0"])
+    args: list[Arg] = [holder, lease_ms, now_ms, "1" if only_work else "0"]
+    if agents:
+        args += [",".join(agents), give_up_ms, retry_max_ms]
+    return Call(SCRIPTS["claim"], keys.names, args)
 
 
 def append(

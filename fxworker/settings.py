@@ -47,9 +47,10 @@ class Settings:
     url: str = "http://127.0.0.1:8000"
     # PORT: the port `fx web` binds unless --port says otherwise (set by Heroku, Render, Fly).
     port: int = 8000
-    # FX_NO_AGENT_RETRY_S: the longest Celery retry backoff of a wake this process has no
-    # agent for (FX_NO_AGENT); retries start at a quarter second and double up to this.
-    no_agent_retry_s: float = 5.0
+    # FX_NO_AGENT_RETRY_S: the longest wait between two wakes of a session whose agent no
+    # worker that took its wake runs (FX_NO_AGENT); they start at a quarter second and
+    # double up to this, counted per session in the store.
+    no_agent_retry_s: float = 30.0
     # FX_METRICS_PORT: a worker process serves its Prometheus metrics on this port
     # (`GET /metrics`, on FX_METRICS_HOST); unset: not served.
     metrics_port: int | None = None
@@ -117,7 +118,7 @@ class Settings:
             worker_concurrency=int(number("FX_WORKER_CONCURRENCY", 100, minimum=1)),
             url=(text("FX_URL") or "http://127.0.0.1:8000").rstrip("/"),
             port=int(number("PORT", 8000, minimum=1)),
-            no_agent_retry_s=number("FX_NO_AGENT_RETRY_S", 5.0, minimum=0.1),
+            no_agent_retry_s=number("FX_NO_AGENT_RETRY_S", 30.0, minimum=0.1),
             metrics_port=int(number("FX_METRICS_PORT", 0, minimum=1)) if text("FX_METRICS_PORT") else None,
             metrics_host=text("FX_METRICS_HOST") or "127.0.0.1",
             redis_max_connections=int(number("FX_REDIS_MAX_CONNECTIONS", 200, minimum=1)),

@@ -45,6 +45,7 @@ GUARD_MS = 2500  # the guard's life: the holder renews it every tick, a successo
 TICK_S = 1.0  # how often a process tries the guard (and the holder looks at due lease expiries)
 IN_FLIGHT_MS = 2000  # a session marked ready this recently most likely has its sender's wake on the way
 EXPIRY_MARGIN_MS = 50  # a lease is looked at this long after it was due to expire
+UNSERVED_SLACK_MS = 5000  # a session waiting for its agent is swept this long after its backoff's wake was due
 
 
 class Sweeper:
@@ -86,9 +87,14 @@ class Sweeper:
         self._next_sweep_ms = now + int(self.interval_s * 1000)
         ready = await self.store.ready_sessions(now_ms=now, include_held=True)
         self._held = {r.session_id: (r.agent, r.lease_expires_ms or now) for r in ready if r.reason == "held"}
-        return await self._wake_all(
-            [(r.session_id, r.agent) for r in ready if r.reason != "held" and r.marked_ms <= now - self.in_flight_ms]
-        )
+        # A session waiting for an agent no worker runs is woken by its own backoff (the
+        # FX_NO_AGENT redelivery); only when that looks lost does a sweep wake it.
+        unserved_slack_ms = max(UNSERVED_SLACK_MS, int(self.interval_s * 2000))
+        return await self._wake_all([
+            (r.session_id, r.agent) for r in ready
+            if r.reason != "held" and r.marked_ms <= now - self.in_flight_ms
+            and (r.unserved_next_ms is None or r.unserved_next_ms + unserved_slack_ms <= now)
+        ])
 
     async def check_expired(self) -> int:
         """Looks at the running sessions whose lease was due to expire; wakes those it did."""

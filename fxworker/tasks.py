@@ -36,6 +36,7 @@ from . import embedded, metrics
 from .celery_app import app, pool_can_cancel
 from .delivery import handle_wake_blocking
 from .errors import FxNoAgentError, FxStoreUnavailableError, FxUnknownSessionError
+from .ids import now_ms
 from .registry import import_agents_module
 from .runtime import LoopThread, SharedLoop
 from .settings import Settings
@@ -82,8 +83,15 @@ def wake(self: Any, payload: dict[str, Any]) -> str:
         outcome = handle_wake_blocking(payload, loop_thread=process_loop(), settings=app.fx_settings)
     except FxNoAgentError as exc:
         metrics.WAKES.labels(outcome="no_agent").inc()
+        if exc.spare:
+            log.info("%s: another wake is due, this one is dropped", exc)
+            return "no_agent"
         settings = app.fx_settings
-        countdown_s = min(settings.no_agent_retry_s, 0.25 * 2 ** min(self.request.retries, 8))
+        if exc.retry_at_ms is not None:
+            # The store's backoff for this session (claim.lua), shared by every wake of it.
+            countdown_s = max(0.05, (exc.retry_at_ms - now_ms()) / 1000)
+        else:
+            countdown_s = min(settings.no_agent_retry_s, 0.25 * 2 ** min(self.request.retries, 8))
         log.warning("%s: retrying in %.2f s", exc, countdown_s)
         raise self.retry(exc=exc, countdown=countdown_s) from exc
     except FxUnknownSessionError as exc:

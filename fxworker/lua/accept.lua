@@ -12,6 +12,7 @@
 -- Returns {"ok", agent, state, seq, end_cursor, ui_cursor, created(0|1)}
 --         {"repeated", agent, state, seq, end_cursor, ui_cursor, 0}
 --         {"in_use", stored_kind} | {"unknown"} | {"too_large", limit} | {"queue_full", what, limit}
+--         {"incomplete", key}: a key of the session is gone (_whole.lua); nothing stored
 --
 -- Invariant: a message id names one input. The same id and kind again stores nothing and
 -- reports the original (state w waiting | r its turn is open | d done); the same id with
@@ -22,13 +23,25 @@
 -- answers; on a cluster those keys sit in another slot, and the caller ran mark_ready.lua
 -- before this call.
 
+-- include: _whole.lua
+
 local meta, inbox, msgs, pending = KEYS[1], KEYS[3], KEYS[6], KEYS[7]
 local kind, mid, input, agent, now_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
 if KEYS[10] then redis.call('ZADD', KEYS[10], 'GT', now_ms, ARGV[7]) end
 
-local m = redis.call('HMGET', meta, 'agent', 'ui', 'inbox', 'steers', 'steer_bytes', 'expiring')
+local m = redis.call('HMGET', meta, 'agent', 'ui', 'inbox', 'steers', 'steer_bytes', 'expiring', 'head', 'epoch')
 local owner, ui = m[1], tonumber(m[2] or 0)
+-- A session with a key gone is refused; one that was set to expire is gone: what is left
+-- of it goes, and the input finds no session.
+local lost
+if owner then lost = lost_key(ui, tonumber(m[3] or 0), tonumber(m[7] or 0), tonumber(m[8] or 0)) else lost = orphan_key() end
+if lost == 'expired' or (lost and m[6] == '1') then
+  for i = 1, 9 do redis.call('DEL', KEYS[i]) end
+  m, owner, ui = {}, nil, 0
+elseif lost then
+  return {'incomplete', lost}
+end
 local seq = tonumber(m[3] or 0) + 1
 -- The size stored with the id is what append.lua gives back when the steer is consumed.
 local size = tonumber(ARGV[13]) or string.len(input)

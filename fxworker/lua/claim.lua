@@ -3,15 +3,24 @@
 -- KEYS  1 meta (HASH)  2 lease (HASH)  3 inbox (STREAM)  4 log (STREAM)  5 ui (STREAM)
 --       6 msgs (HASH)  7 pending (ZSET)  8 keys (HASH)  9 ckpt (HASH)      -- one session, one slot
 -- ARGV  1 holder   2 lease_ms   3 now_ms   4 "1": only when there is work
+--       5 the agents the caller can run, comma-separated ("" or absent: any)
+--       6 give-up ms (with 5: how long a session may wait for an agent nobody runs)
+--       7 the longest wait between two wakes of such a session (ms)
 -- Returns {"held", holder, epoch, expires_ms} when a live lease stands, {"unknown"} for
--- no such session, {"idle", epoch, agent} when ARGV[4] is "1", no lease is held, no turn is open
--- and no input waits (a second wake of work a delivery already ran: nothing changes), else
+-- no such session, {"incomplete", key} for one with a key gone (_whole.lua),
+-- {"idle", epoch, agent} when ARGV[4] is "1", no lease is held, no turn is open
+-- and no input waits (a second wake of work a delivery already ran: nothing changes),
+-- {"unserved", agent, since_ms, next_ms, spare(0|1)} when the owning agent is not among
+-- ARGV[5] (nothing taken: lease and epoch stay; meta counts the miss and when to wake
+-- next; spare: another wake is due at next_ms already, this one counted nothing), else
 --   {"ok", epoch, expires_ms, agent, has_ckpt(0|1), ckpt_data, ckpt_through,
 --    records {cursor, data, ...}, head, pending {{seq, field, value, ...}, ...},
 --    turn, yielded, cutoffs, deaths, cancel_target, ui_cursor, taken_over(0|1),
---    inbox_seq, turn_input {seq, field, value, ...} or {}, turn_cursor}
+--    inbox_seq, turn_input {seq, field, value, ...} or {}, turn_cursor, give_up(0|1)}
 --   turn_cursor: the UI cursor of the open turn's `turn_start` line (0: no turn open, or
 --   not known), so a resume reads the open turn's lines without scanning the stream.
+--   give_up: the owning agent is not among ARGV[5] and the session has waited for it
+--   longer than ARGV[6]: the lease is taken so the caller ends its inputs (FX_NO_AGENT).
 --
 -- Invariant: at most one live lease. A claim succeeds only when no lease is held or the
 -- held one expired by now_ms; it bumps the epoch (never reused, even after a release), so
@@ -22,6 +31,13 @@
 -- open but inputs pending, one more death of the first of them (its worker died, or failed
 -- past handling, before its turn opened): a `start`, `end` or `drop` restarts the count,
 -- so an input no worker can open is ended after 3 (§6, nothing loops for ever).
+-- The epoch is also kept in meta, so a lease key that is gone cannot restart the count:
+-- such a session is refused whole (`incomplete`), never claimed at epoch 1 again.
+-- A session whose agent the caller cannot run is not claimed: its wakes back off in meta
+-- (unserved_ms: the first miss, unserved_n, unserved_next_ms: 250 ms doubling to ARGV[7]);
+-- a claim of a caller that can run it forgets them.
+
+-- include: _whole.lua
 
 local meta, lease, inbox, log, pending, ckpt = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7], KEYS[9]
 local holder, lease_ms, now_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -37,20 +53,45 @@ if l[4] == 'held' then
     taken = 1
   end
 end
-if redis.call('EXISTS', meta) == 0 then return {'unknown'} end
+local m = redis.call('HMGET', meta, 'agent', 'head', 'ui', 'inbox', 'turn', 'turn_seq', 'yielded', 'cutoffs', 'deaths', 'cancel',
+                       'turn_cursor', 'epoch', 'unserved_ms', 'unserved_n', 'expiring', 'unserved_next_ms')
+if not m[1] then
+  if orphan_key() == 'meta' then return {'incomplete', 'meta'} end
+  return {'unknown'}
+end
+local lost = lost_key(tonumber(m[3] or 0), tonumber(m[4] or 0), tonumber(m[2] or 0), tonumber(m[12] or 0))
+if lost then
+  -- A session set to expire that lost a key is expiring: gone, as if it had.
+  if m[15] == '1' then return {'unknown'} end
+  return {'incomplete', lost}
+end
+local turn = m[5] or ''
+local give_up = 0
 if again == 0 then
-  if ARGV[4] == '1' and taken == 0 and (redis.call('HGET', meta, 'turn') or '') == ''
-     and redis.call('ZCARD', pending) == 0 then
-    return {'idle', epoch, redis.call('HGET', meta, 'agent') or ''}
+  if ARGV[4] == '1' and taken == 0 and turn == '' and redis.call('ZCARD', pending) == 0 then
+    return {'idle', epoch, m[1]}
   end
-  epoch = epoch + 1
+  local served = ARGV[5] or ''
+  if served ~= '' and not string.find(',' .. served .. ',', ',' .. m[1] .. ',', 1, true) then
+    local since, n = tonumber(m[13] or now_ms), tonumber(m[14] or 0) + 1
+    if now_ms - since < tonumber(ARGV[6]) then
+      -- Another wake is due later: this one is spare (one wake at a time backs off).
+      local due = tonumber(m[16] or 0)
+      if due > now_ms + 50 then return {'unserved', m[1], since, due, 1} end
+      local next_ms = now_ms + math.min(tonumber(ARGV[7]), 250 * 2 ^ math.min(n - 1, 32))
+      redis.call('HSET', meta, 'unserved_ms', string.format('%d', since), 'unserved_n', n,
+        'unserved_next_ms', string.format('%d', next_ms))
+      return {'unserved', m[1], since, next_ms, 0}
+    end
+    give_up = 1
+  end
+  if m[13] then redis.call('HDEL', meta, 'unserved_ms', 'unserved_n', 'unserved_next_ms') end
+  epoch = math.max(epoch, tonumber(m[12] or 0)) + 1
+  redis.call('HSET', meta, 'epoch', epoch)
 end
 local expires = now_ms + lease_ms
 redis.call('HSET', lease, 'holder', holder, 'epoch', epoch, 'expires_ms', string.format('%d', expires), 'state', 'held')
 
-local m = redis.call('HMGET', meta, 'agent', 'head', 'ui', 'inbox', 'turn', 'turn_seq', 'yielded', 'cutoffs', 'deaths', 'cancel',
-                       'turn_cursor')
-local turn = m[5] or ''
 local deaths = tonumber(m[9] or 0)
 if taken == 1 and (turn ~= '' or redis.call('ZCARD', pending) > 0) then
   deaths = redis.call('HINCRBY', meta, 'deaths', 1)
@@ -87,4 +128,4 @@ if turn ~= '' and tonumber(m[6] or 0) > 0 then turn_input = entry(m[6]) end
 return {'ok', epoch, expires, m[1] or '', has_ckpt, c[1] or '', through, records,
         tonumber(m[2] or 0), waiting, turn, tonumber(m[7] or 0), tonumber(m[8] or 0), deaths,
         m[10] or '', tonumber(m[3] or 0), taken, tonumber(m[4] or 0), turn_input,
-        turn ~= '' and tonumber(m[11] or 0) or 0}
+        turn ~= '' and tonumber(m[11] or 0) or 0, give_up}

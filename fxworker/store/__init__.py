@@ -74,8 +74,10 @@ from .types import (
     OpenTurn,
     ReadySession,
     Released,
+    Serving,
     SessionState,
     StoreRecord,
+    Unserved,
 )
 
 log = logging.getLogger("fxworker.store")
@@ -184,8 +186,10 @@ __all__ = [
     "OpenTurn",
     "ReadySession",
     "Released",
+    "Serving",
     "SessionState",
     "StoreRecord",
+    "Unserved",
     # constants
     "UNCHECKED",
     "READY_GRACE_MS",

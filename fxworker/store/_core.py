@@ -43,8 +43,10 @@ from .types import (
     Mark,
     ReadySession,
     Released,
+    Serving,
     SessionState,
     StoreRecord,
+    Unserved,
 )
 
 T = TypeVar("T")
@@ -248,12 +250,15 @@ class StoreCore:
     # -- workers ------------------------------------------------------------------------
 
     def op_claim(
-        self, session_id: str, *, holder: str, lease_ms: int, now_ms: int | None, only_work: bool = False
-    ) -> Op[Claim | Idle | None]:
+        self, session_id: str, *, holder: str, lease_ms: int, now_ms: int | None, only_work: bool = False,
+        serving: Serving | None = None,
+    ) -> Op[Claim | Idle | Unserved | None]:
         if lease_ms <= 0:
             raise ValueError(f"lease_ms must be positive, got {lease_ms}")
         call = scripts.claim(
-            self.keys(session_id), holder=holder, lease_ms=int(lease_ms), now_ms=self.now(now_ms), only_work=only_work
+            self.keys(session_id), holder=holder, lease_ms=int(lease_ms), now_ms=self.now(now_ms), only_work=only_work,
+            agents=serving.agents if serving else (), give_up_ms=serving.give_up_ms if serving else 0,
+            retry_max_ms=serving.retry_max_ms if serving else 0,
         )
         return Op([call], lambda replies: r.parse_claim(replies[0], session_id=session_id, holder=holder))
 
@@ -415,7 +420,10 @@ class StoreCore:
         steps: list[Step] = [scripts.state(self.keys(sid)) for sid in session_ids]
         return Op(
             steps,
-            lambda replies: [r.parse_state(rep, session_id=sid, now_ms=now) for sid, rep in zip(session_ids, replies)],
+            # A session with a key gone is None here, as one that is gone whole: nothing to wake
+            # or list (state() of it alone raises FxSessionIncompleteError).
+            lambda replies: [r.parse_state(rep, session_id=sid, now_ms=now, incomplete_is_none=True)
+                             for sid, rep in zip(session_ids, replies)],
         )
 
     def op_index(self, key: str, limit: int, *, newest_first: bool) -> Op[list[tuple[str, int]]]:
@@ -447,7 +455,8 @@ class StoreCore:
                 continue
             if state.status == "waiting":
                 reason = "open_turn" if state.open_turn else "pending"
-                ready.append(ReadySession(sid, state.agent, reason, marked_ms))  # type: ignore[arg-type]
+                ready.append(ReadySession(sid, state.agent, reason, marked_ms,  # type: ignore[arg-type]
+                                          unserved_next_ms=state.unserved_next_ms))
             elif include_held:
                 ready.append(ReadySession(sid, state.agent, "held", marked_ms, state.lease_expires_ms))
         return ready

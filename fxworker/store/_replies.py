@@ -18,6 +18,7 @@ from ..errors import (
     FxLeaseLostError,
     FxMessageIdInUseError,
     FxQueueFullError,
+    FxSessionIncompleteError,
     FxStoreUnavailableError,
     FxUnknownSessionError,
 )
@@ -33,6 +34,7 @@ from .types import (
     OpenTurn,
     Released,
     SessionState,
+    Unserved,
 )
 
 _KIND_CODE = {"prompt": "p", "steer": "s"}
@@ -127,6 +129,8 @@ def parse_accept(reply: list[Any], session_id: str, message_id: str, kind: Input
         raise FxMessageIdInUseError(f"message id {message_id!r} already names a {other} in session {session_id}")
     if word == b"unknown":
         raise FxUnknownSessionError(f"no session {session_id}")
+    if word == b"incomplete":
+        raise incomplete(session_id, reply[1])
     if word == b"too_large":
         raise FxLimitError(f"a steer is limited to {reply[1]} bytes of text", code="FX_LIMIT_STEER_SIZE")
     if word == b"queue_full":
@@ -135,16 +139,28 @@ def parse_accept(reply: list[Any], session_id: str, message_id: str, kind: Input
     raise FxStoreUnavailableError(f"unexpected accept reply {reply!r}")
 
 
-def parse_claim(reply: list[Any], *, session_id: str, holder: str) -> Claim | Idle | None:
+def incomplete(session_id: str, key: Any) -> FxSessionIncompleteError:
+    """The refusal of a session whose `key` is gone (`_whole.lua`)."""
+    return FxSessionIncompleteError(
+        f"session {session_id} is incomplete: its {_text(key)} key is gone (evicted or deleted), so it is not "
+        "served on what is left. Give Redis maxmemory-policy noeviction (see the README, Running Redis)"
+    )
+
+
+def parse_claim(reply: list[Any], *, session_id: str, holder: str) -> Claim | Idle | Unserved | None:
     word = reply[0]
     if word == b"held":
         return None
     if word == b"idle":
         return Idle(int(reply[1]), _text(reply[2]))
+    if word == b"unserved":
+        return Unserved(_text(reply[1]), int(reply[2]), int(reply[3]), bool(reply[4]))
     if word == b"unknown":
         raise FxUnknownSessionError(f"no session {session_id}")
+    if word == b"incomplete":
+        raise incomplete(session_id, reply[1])
     (_, epoch, expires, agent, has_ckpt, ckpt_data, through, flat_records, head, waiting, turn, yielded,
-     cutoffs, deaths, cancel, ui, taken, inbox, turn_input, turn_cursor) = reply
+     cutoffs, deaths, cancel, ui, taken, inbox, turn_input, turn_cursor, give_up) = reply
     cancel_target = _text(cancel)
     records = [
         JournalRecord(_text(flat_records[i]), bytes(flat_records[i + 1])) for i in range(0, len(flat_records), 2)
@@ -176,6 +192,7 @@ def parse_claim(reply: list[Any], *, session_id: str, holder: str) -> Claim | Id
         taken_over=bool(taken),
         inbox_cursor=int(inbox),
         turn_cursor=int(turn_cursor),
+        give_up=bool(give_up),
     )
 
 
@@ -231,11 +248,19 @@ def parse_cancel(reply: list[Any], *, session_id: str) -> str | None:
     return None
 
 
-def parse_state(reply: list[Any], *, session_id: str, now_ms: int) -> SessionState | None:
+def parse_state(
+    reply: list[Any], *, session_id: str, now_ms: int, incomplete_is_none: bool = False
+) -> SessionState | None:
+    """A state.lua reply: None for no such session; a session with a key gone raises
+    `FxSessionIncompleteError` (None with `incomplete_is_none`)."""
     if not reply:
         return None
-    (agent, created_ms, ui, turns, turn, last_turn, pending, cancel, holder, epoch, expires, lease_state, head,
-     _yielded) = reply
+    if reply[0] == b"incomplete":
+        if incomplete_is_none:
+            return None
+        raise incomplete(session_id, reply[1])
+    (_, agent, created_ms, ui, turns, turn, last_turn, pending, cancel, holder, epoch, expires, lease_state, head,
+     _yielded, unserved_ms, unserved_next_ms) = reply
     live = lease_state == b"held" and int(expires) > now_ms
     open_turn = _text(turn) or None
     if not (open_turn or int(pending)):
@@ -259,6 +284,8 @@ def parse_state(reply: list[Any], *, session_id: str, now_ms: int) -> SessionSta
         created_ms=int(created_ms),
         last_turn=_text(last_turn) or None,
         head=str(head) if int(head) else None,
+        unserved_since_ms=int(unserved_ms) or None,
+        unserved_next_ms=int(unserved_next_ms) or None,
     )
 
 

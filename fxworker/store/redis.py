@@ -30,7 +30,9 @@ from ._boundary import ServerCheck, client_factories, map_redis_errors, retry_re
 from ._core import UNCHECKED, Op, RecordLike, StoreCore
 from .persistence import LineWriter, StorePersistence
 from .sync import SyncRedisStore
-from .types import Accepted, Appended, Claim, Idle, Input, InputKind, Mark, ReadySession, Released, SessionState
+from .types import (
+    Accepted, Appended, Claim, Idle, Input, InputKind, Mark, ReadySession, Released, Serving, SessionState, Unserved,
+)
 
 __all__ = ["RedisStore", "SyncRedisStore", "client_factories", "map_redis_errors"]
 
@@ -192,17 +194,24 @@ class RedisStore:
     # -- workers -------------------------------------------------------------------------
 
     async def claim(
-        self, session_id: str, *, holder: str, lease_ms: int, now_ms: int | None = None, only_work: bool = False
-    ) -> Claim | Idle | None:
+        self, session_id: str, *, holder: str, lease_ms: int, now_ms: int | None = None, only_work: bool = False,
+        serving: Serving | None = None,
+    ) -> Claim | Idle | Unserved | None:
         """Takes the lease when none is live (none held, or expired by `now_ms`).
 
         Returns None when another holder's lease stands. The epoch goes up by one; the
         `Claim` carries the checkpoint, the records after it, the pending inputs, the open
         turn and the cut-off and death counts. With `only_work`, a session with no turn
         open, no input waiting and no lease held is left as it is: `Idle`, epoch unchanged.
+        With `serving`, a session owned by an agent not in `serving.agents` is left as it
+        is too (`Unserved`, its wakes backing off) until it waited `serving.give_up_ms`;
+        then it is claimed with `Claim.give_up` set, to end its inputs. Raises
+        `FxSessionIncompleteError` for a session with a key gone.
         """
         return await self._exec(
-            self._core.op_claim(session_id, holder=holder, lease_ms=lease_ms, now_ms=now_ms, only_work=only_work)
+            self._core.op_claim(
+                session_id, holder=holder, lease_ms=lease_ms, now_ms=now_ms, only_work=only_work, serving=serving
+            )
         )
 
     async def append(

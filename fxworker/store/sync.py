@@ -12,7 +12,9 @@ from typing import Any, TypeVar
 from ..scripts import SyncRunner
 from ._boundary import ServerCheck, map_redis_errors, policy_or_none, retry_read_sync
 from ._core import UNCHECKED, Op, RecordLike, StoreCore
-from .types import Accepted, Appended, Claim, Idle, Input, InputKind, Mark, ReadySession, Released, SessionState
+from .types import (
+    Accepted, Appended, Claim, Idle, Input, InputKind, Mark, ReadySession, Released, Serving, SessionState, Unserved,
+)
 
 T = TypeVar("T")
 
@@ -70,11 +72,14 @@ class SyncRedisStore:
         return self._exec(self._core.op_cancel(session_id, now_ms=now_ms))
 
     def claim(
-        self, session_id: str, *, holder: str, lease_ms: int, now_ms: int | None = None, only_work: bool = False
-    ) -> Claim | Idle | None:
+        self, session_id: str, *, holder: str, lease_ms: int, now_ms: int | None = None, only_work: bool = False,
+        serving: Serving | None = None,
+    ) -> Claim | Idle | Unserved | None:
         """See `RedisStore.claim`."""
         return self._exec(
-            self._core.op_claim(session_id, holder=holder, lease_ms=lease_ms, now_ms=now_ms, only_work=only_work)
+            self._core.op_claim(
+                session_id, holder=holder, lease_ms=lease_ms, now_ms=now_ms, only_work=only_work, serving=serving
+            )
         )
 
     def append(

@@ -99,6 +99,9 @@ class Claim:
     taken_over: bool
     inbox_cursor: int
     turn_cursor: int = 0
+    # The owning agent is not among `Serving.agents` and waited for one past
+    # `Serving.give_up_ms`: the lease is held only to end the session's inputs FX_NO_AGENT.
+    give_up: bool = False
 
     def __repr__(self) -> str:
         return (
@@ -109,6 +112,30 @@ class Claim:
     def loaded(self) -> Loaded:
         """The engine's view of this claim (`Persistence.load()`)."""
         return Loaded(checkpoint=self.checkpoint, journal=list(self.records), head=self.head)
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """What a claim may run: the agents of the claiming process (on this store), how long a
+    session may wait for an agent none of them is (`give_up_ms`), and the longest wait
+    between two wakes of such a session (`retry_max_ms`)."""
+
+    agents: tuple[str, ...]
+    give_up_ms: int
+    retry_max_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unserved:
+    """`claim(serving=...)` found the session owned by an agent the caller does not run and
+    took nothing (lease and epoch unchanged): `agent` owns it, the first such miss since its
+    last claim was at `since_ms`, and it should be woken again at `next_ms`."""
+
+    agent: str
+    since_ms: int
+    next_ms: int
+    # Another wake of the session is due at `next_ms` already: drop this one.
+    spare: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +185,9 @@ class SessionState:
     created_ms: int
     last_turn: str | None
     head: str | None
+    # Set while a wake found no process running `agent` (since that ms; woken again at next).
+    unserved_since_ms: int | None = None
+    unserved_next_ms: int | None = None
 
     @property
     def has_work(self) -> bool:
@@ -169,13 +199,15 @@ class ReadySession:
     """A session in the ready set with work to do: no live lease holds it (`pending`, an
     input waits; `open_turn`, a turn was left open), or, asked for with `include_held`, a
     live lease does (`held`, expiring at `lease_expires_ms`). `marked_ms`: when it was last
-    marked ready (an input was accepted)."""
+    marked ready (an input was accepted). `unserved_next_ms`: see `SessionState`."""
 
     session_id: str
     agent: str
     reason: Literal["pending", "open_turn", "held"]
     marked_ms: int = 0
     lease_expires_ms: int | None = None
+    # A wake found no process running its agent: the store's backoff wakes it again then.
+    unserved_next_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ def test_the_store_exports() -> None:
     assert sorted(store.__all__) == sorted([
         "redis_store", "embedded_store", "memory_store", "RedisStore", "SyncRedisStore", "StoreCore",
         "StorePersistence", "map_redis_errors", "Accepted", "Appended", "Claim", "Idle", "Input", "OpenTurn",
-        "ReadySession", "Released", "SessionState", "StoreRecord", "UNCHECKED", "READY_GRACE_MS",
+        "ReadySession", "Released", "Serving", "SessionState", "StoreRecord", "Unserved", "UNCHECKED", "READY_GRACE_MS",
         "CHECKPOINT_MAX_BYTES", "STEER_MAX_BYTES", "STEER_MAX_QUEUED", "STEER_MAX_QUEUED_BYTES",
     ])
     for name in store.__all__:

@@ -8,6 +8,8 @@ import time
 import httpx
 import pytest
 
+from fxworker.ids import new_session_id
+from fxworker.store import redis_store
 from fxworker.web import sign_wake
 from fxworker.web.wake import WINDOW_S
 from tests.web._server import WebProcess
@@ -64,20 +66,38 @@ def test_a_wake_for_an_unknown_session_is_refused_and_dropped(api: httpx.Client)
 
 
 def test_a_wake_for_an_agent_this_process_lacks_is_503_and_may_be_delivered_again(
+    api: httpx.Client, redis_url: str, prefix: str
+) -> None:
+    # A prompt for agent b stored with no wake sent: b runs on the worker, not on web_open.
+    store = redis_store(redis_url, prefix=prefix).sync
+    sid = new_session_id()
+    store.accept(sid, agent="b", message_id="waits-for-b", input="owned by b")
+    body = json.dumps({"sessionId": sid, "agent": "b"}).encode()
+    headers = {"Content-Type": "application/json", **sign_wake(body, WAKE_SECRET)}
+    first = api.post("/v1/wake", content=body, headers=headers)
+    assert first.status_code == 503 and first.json()["error"]["code"] == "FX_NO_AGENT"
+    assert first.headers["retry-after"] == "1"
+    # Nothing was claimed: the epoch stands, and the state says which agent it waits for.
+    state = store.state(sid)
+    assert state.epoch == 0 and state.unserved_since_ms is not None
+    # The same signed message delivered again is not a replay: the first was not taken.
+    again = api.post("/v1/wake", content=body, headers=headers)
+    assert again.status_code == 503 and again.json()["error"]["code"] == "FX_NO_AGENT"
+    assert store.state(sid).epoch == 0
+
+
+def test_a_wake_of_a_session_with_nothing_to_run_is_a_noop_whoever_owns_it(
     api: httpx.Client, web_auth: WebProcess
 ) -> None:
     # Agent b exists on web_auth and on the worker, not on web_open.
     with httpx.Client(base_url=web_auth.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=15.0) as other:
         sid = other.post("/v1/sessions", json={"input": "owned by b", "agent": "b"}).json()["sessionId"]
         read_turn(other, sid)
-    body = json.dumps({"sessionId": sid, "agent": "b"}).encode()
-    headers = {"Content-Type": "application/json", **sign_wake(body, WAKE_SECRET)}
-    first = api.post("/v1/wake", content=body, headers=headers)
-    assert first.status_code == 503 and first.json()["error"]["code"] == "FX_NO_AGENT"
-    assert first.headers["retry-after"] == "1"
-    # The same signed message delivered again is not a replay: the first was not taken.
-    again = api.post("/v1/wake", content=body, headers=headers)
-    assert again.status_code == 503 and again.json()["error"]["code"] == "FX_NO_AGENT"
+        epoch = other.get(f"/v1/sessions/{sid}").json()["epoch"]
+    response = post_wake(api, {"sessionId": sid, "agent": "b"})
+    assert response.status_code == 200 and response.json()["outcome"] == "noop"
+    with httpx.Client(base_url=web_auth.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=15.0) as other:
+        assert other.get(f"/v1/sessions/{sid}").json()["epoch"] == epoch
 
 
 def test_a_wake_body_without_a_session_id_is_400(api: httpx.Client) -> None:
