@@ -17,9 +17,14 @@ loses it again when new input is accepted):
                       cursor of its turn_start line), turns, last_turn, cancel (the
                       message id a cancel targets), steers / steer_bytes (queued steers),
                       expiring (1 while the session's keys carry the retention TTL),
-                      line_key (the newest line-only call key, see `keys`).
+                      line_key (the newest line-only call key, see `keys`),
+                      epoch (the last claim's: the lease's count survives the lease
+                      key), unserved_ms / unserved_n / unserved_next_ms (a wake found
+                      no process running the agent: first miss, misses, next wake;
+                      cleared by a claim that runs it).
                       Written by accept, append, claim, release, cancel; save_checkpoint
-                      clears line_key.
+                      clears line_key. Its counters say which other keys must exist
+                      (lua/_whole.lua): a session missing one is refused whole.
     lease     HASH    holder, epoch, expires_ms, state (held | released). The epoch
                       never goes down, even across releases. claim, renew, release;
                       checked by append and save_checkpoint.
