@@ -17,6 +17,13 @@ figures and a list of violations, each naming its invariant:
 - §11.7 every reader was sent each stored line exactly once, in order, through the end,
   identical to the stored one; and stored cursors run 1, 2, 3, ... without a gap;
 - §11.8 the API key is in no Redis key or value (nor the AOF), and the model was sent it.
+
+Two checks of the run itself, not of §11 (violations named `run:`): no worker process
+exited but those a fault killed or stopped (a poison message, an OOM reply or a stalled
+model must not take a worker down); and every poison message the nemesis pushed left its
+queue, and each the transport cannot decode is in the dead-letter list, which holds nothing
+else (a wake with bad arguments decodes: its task refuses it, and it may or may not be
+dead-lettered).
 """
 
 from __future__ import annotations
@@ -28,7 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_CUTOFFS = 3
-FAULT_KINDS = ("kill", "stop", "term", "redis", "clients", "replacement")
+FAULT_KINDS = ("kill", "stop", "term", "redis", "clients", "poison", "squeeze", "stall", "replacement")
+# Poison kinds a worker's transport cannot decode: they must be dead-lettered.
+UNDECODABLE = ("garbage", "json", "base64")
 
 
 @dataclass
@@ -48,6 +57,12 @@ class Observation:
     key_hits: list[str] = field(default_factory=list)
     keyed_requests: int = 0
     reader_connections: int = 0
+    worker_exits: list[dict[str, Any]] = field(default_factory=list)
+    dead_letters: list[str] = field(default_factory=list)
+    queued: list[str] = field(default_factory=list)
+    retried: list[dict[str, Any]] = field(default_factory=list)
+    stalls: list[dict[str, Any]] = field(default_factory=list)
+    stall_cuts: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -63,7 +78,8 @@ class Verdict:
 def check(obs: Observation) -> Verdict:
     violations: list[str] = []
     figures: dict[str, Any] = {}
-    for rule in (lost_inputs, duplicated_effects, intents, stale_lines, turn_order, cutoffs, readers, credentials):
+    for rule in (lost_inputs, duplicated_effects, intents, stale_lines, turn_order, cutoffs, readers, credentials,
+                 worker_exits, dead_letters):
         figures.update(rule(obs, violations))
     figures.update(counts(obs))
     return Verdict(figures, violations)
@@ -246,6 +262,52 @@ def credentials(obs: Observation, violations: list[str]) -> dict[str, Any]:
     return {"key_found": len(obs.key_hits), "keyed_model_requests": obs.keyed_requests}
 
 
+# ----------------------------------------------------------------------------- the run itself
+
+
+def worker_exits(obs: Observation, violations: list[str]) -> dict[str, Any]:
+    for e in obs.worker_exits:
+        last = next((ln for ln in reversed(str(e.get("log") or "").splitlines()) if ln.strip()), "")
+        violations.append(f"run: worker pid {e['pid']} exited (code {e.get('code')}) with no fault stopping it; "
+                          f"its log ends: {last[:300]}")
+    return {"worker_exits": len(obs.worker_exits)}
+
+
+def poisoned(obs: Observation) -> list[dict[str, Any]]:
+    """The poison messages the nemesis pushed (`queue`, `kind`, `variant`, `marker`)."""
+    return [m for f in obs.faults if f["fault"] == "poison" for m in f.get("messages", [])]
+
+
+def dead_letters(obs: Observation, violations: list[str]) -> dict[str, Any]:
+    pushed = poisoned(obs)
+    marks = [m["marker"] for m in pushed]
+    dead = 0
+    for m in pushed:
+        # A marker ends in its number: followed by a digit it is another marker's prefix.
+        found = any(_holds(entry, m["marker"]) for entry in obs.dead_letters)
+        dead += found
+        if any(_holds(entry, m["marker"]) for entry in obs.queued):
+            violations.append(f"run: poison message {m['marker']} ({m['kind']}, {m['variant']}) "
+                              f"is still in {m['queue']}")
+        elif not found and m["kind"] in UNDECODABLE:
+            violations.append(f"run: poison message {m['marker']} ({m['kind']}, {m['variant']}) "
+                              "is not in the dead-letter list")
+    others = [e for e in obs.dead_letters if not any(_holds(e, mark) for mark in marks)]
+    for entry in others[:10]:
+        violations.append(f"run: the dead-letter list holds a message no fault pushed: {entry[:300]}")
+    return {"poison_messages": len(pushed), "poison_dead_lettered": dead, "dead_letters": len(obs.dead_letters)}
+
+
+def _holds(entry: str, mark: str) -> bool:
+    at = entry.find(mark)
+    while at >= 0:
+        end = at + len(mark)
+        if end >= len(entry) or not entry[end].isdigit():
+            return True
+        at = entry.find(mark, at + 1)
+    return False
+
+
 # ----------------------------------------------------------------------------- figures
 
 
@@ -277,6 +339,12 @@ def counts(obs: Observation) -> dict[str, Any]:
         "fenced": events["session.fenced"],
         "tool_reruns": events["tool.rerun"],
         "faults": {kind: faults[kind] for kind in FAULT_KINDS},
+        "oom_replies": sum(int(f.get("oom_replies") or 0) for f in obs.faults if f["fault"] == "restored"),
+        "retried": dict(Counter(f"{r.get('status')} {r.get('code') or '-'}" for r in obs.retried)),
+        "stalled_requests": len(obs.stalls),
+        "stalls_cut_short": len(obs.stall_cuts),
+        "provider_timeouts": sum(1 for ln in ends
+                                 if (ln.get("error") or {}).get("code") == "FX_PROVIDER_TIMEOUT"),
     }
     taken = [(e.get("sessionId"), int(e.get("epoch") or 0)) for e in obs.events if e.get("type") == "session.takeover"]
     for fault in ("kill", "stop"):

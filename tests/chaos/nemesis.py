@@ -7,7 +7,16 @@ Every few seconds (a gap drawn from the seed) it does one of:
   worker takes its sessions over, and the woken one's writes must all be fenced (§11.4);
 - `term`: SIGTERM a worker (a deploy: its turns yield and it exits), start a replacement;
 - `redis`: restart the Redis server (SIGTERM, start again on its port; the AOF keeps the data);
-- `clients`: `CLIENT KILL TYPE normal` (every client connection but the nemesis's own).
+- `clients`: `CLIENT KILL TYPE normal` (every client connection but the nemesis's own);
+- `poison`: LPUSH one malformed message of each kind (`tests.chaos.poison`), in a seeded
+  order, into each worker queue list: the workers must move them to the dead-letter list
+  and go on serving (the run checks that no worker exited unprompted);
+- `squeeze`: `CONFIG SET maxmemory` just above the server's `used_memory` (noeviction:
+  writes are refused with OOM), held for 2 to 5 s, then 0 again (`restored`, with the count
+  of OOM replies the server sent meanwhile);
+- `stall`: the model's next stream goes silent past the workers' idle timeout, before its
+  first chunk or after one; before it, sometimes twice in a row (the retry stalls too, and
+  the turn ends `error`); the script records each stream it stalled (`stalled`).
 
 The first round does each kind once, in a seeded order, and always completes (even past
 `stop_at`), so every run has each; after that the kinds are drawn at random until
@@ -27,15 +36,19 @@ from collections.abc import Iterator
 
 import redis
 
+from tests.chaos import poison
 from tests.chaos.history import History
-from tests.chaos.system import LEASE_S, System
-from tests.chaos.workload import ModelScript
+from tests.chaos.system import LEASE_S, MODEL_IDLE_TIMEOUT_S, System
+from tests.chaos.workload import STALL_WHERE, ModelScript, Stall
 from tests.support.workers import CeleryWorker
 
-KINDS = ("kill", "stop", "term", "redis", "clients")
-WEIGHTS = (3, 2, 1, 1, 2)
+KINDS = ("kill", "stop", "term", "redis", "clients", "poison", "squeeze", "stall")
+WEIGHTS = (3, 2, 1, 1, 2, 1, 1, 2)
 STOP_PAST_LEASE_S = LEASE_S + 1.5
 RECOVERY_WATCH_S = 30.0
+SQUEEZE_S = (2.0, 5.0)
+SQUEEZE_HEADROOM_BYTES = (16 * 1024, 256 * 1024)  # maxmemory = used_memory + this
+STALL_TIMES = (2.5, 4.0)  # a stall lasts this many idle timeouts
 
 
 class Nemesis:
@@ -46,7 +59,9 @@ class Nemesis:
         self.system = system
         self.script = script
         self.sessions = sessions  # session tag (s<i>) -> session id, filled by the drivers
+        self.seed = seed
         self.rng = random.Random(f"nemesis-{seed}")
+        self._poisoned = 0
         self.history = history
         self.stop_at = stop_at
         self.gap_s = gap_s
@@ -158,6 +173,43 @@ class Nemesis:
         finally:
             r.close()
         self.history.record("fault", fault="clients", killed=int(killed))
+
+    def fault_poison(self) -> None:
+        pushed = []
+        for key in self.system.queue_keys():
+            kinds = list(poison.KINDS)
+            self.rng.shuffle(kinds)
+            raws = []
+            for kind in kinds:
+                self._poisoned += 1
+                mark = poison.marker(self.seed, self._poisoned)
+                raw, variant = poison.message(kind, mark, self.rng)
+                raws.append(raw)
+                pushed.append({"queue": key, "kind": kind, "variant": variant, "marker": mark})
+            self.system.retrying(lambda r, k=key, v=tuple(raws): r.lpush(k, *v), timeout_s=5.0)
+        self.history.record("fault", fault="poison", messages=pushed)
+
+    def fault_squeeze(self) -> None:
+        hold_s = round(self.rng.uniform(*SQUEEZE_S), 3)
+        headroom = self.rng.randint(*SQUEEZE_HEADROOM_BYTES)
+        oom_before = self.system.oom_replies()
+        used, _ = self.system.memory()
+        self.system.set_maxmemory(used + headroom)
+        self.history.record("fault", fault="squeeze", used=used, maxmemory=used + headroom, hold_s=hold_s)
+        try:
+            time.sleep(hold_s)
+        finally:
+            used_then, _ = self.system.memory()
+            self.system.set_maxmemory(0)
+            self.history.record("fault", fault="restored", used=used_then,
+                                oom_replies=self.system.oom_replies() - oom_before)
+
+    def fault_stall(self) -> None:
+        where = self.rng.choice(STALL_WHERE)
+        repeat = self.rng.choice((1, 2)) if where == "before" else 1
+        ms = round(self.rng.uniform(*STALL_TIMES) * MODEL_IDLE_TIMEOUT_S * 1000)
+        self.script.arm_stall(Stall(where, ms, repeat))
+        self.history.record("fault", fault="stall", where=where, ms=ms, repeat=repeat)
 
     # ------------------------------------------------------------------ recovery
 

@@ -8,7 +8,9 @@ most `--drain` seconds), has every reader read to the end of its stream, then re
 store and checks the history (`tests.chaos.checker`). Prints a table of figures, writes
 `<--out>/chaos-<seed>.json` (figures, violations, settings), the history as JSON lines and
 what the store held (`.store.json`: streams, tool starts, worker diagnostics) beside it,
-and exits 1 on any violation, printing the seed that replays the schedule.
+and exits 1 on any violation, printing the seed that replays the schedule. Besides §11 it
+checks the run itself: no worker process exited that no fault killed or stopped, and the
+poison messages ended in the broker's dead-letter list (`tests.chaos.checker`).
 The seed fixes every choice (the workload's prompts and pauses, the nemesis's faults,
 victims and gaps, the model's delays); the machine's timing does not repeat exactly.
 
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, seed: int) -> tuple[Verdict, Observation, History]:
     history = History()
     api_key = f"sk-chaos-{uuid.uuid4().hex}"
-    script = ModelScript(seed, api_key)
+    script = ModelScript(seed, api_key, history)
     system = System(workers=args.workers, prefix=f"fxc{seed}", api_key=api_key, responder=script,
                     worker_env=PLANTS.get(args.plant or "", {}))
     try:
@@ -162,6 +164,10 @@ def observe(system: System, drivers: list[SessionDriver], history: History, seed
     runs = [json.loads(v) for v in system.retrying(lambda r: r.lrange(runs_key(system.prefix), 0, -1))]
     events = [json.loads(v) for v in system.retrying(lambda r: r.lrange(events_key(system.prefix), 0, -1))]
     readers = {d.session_id: d.reader.seen for d in drivers if d.session_id and d.reader is not None}
+    stopped = {f["pid"] for f in history.of("fault") if f["fault"] in ("kill", "term")}
+    exits = system.exits(except_pids=stopped)
+    for e in exits:
+        history.record("worker_exit", **e)
     return Observation(
         seed=seed,
         acks=history.of("ack"),
@@ -176,7 +182,17 @@ def observe(system: System, drivers: list[SessionDriver], history: History, seed
         key_hits=key_hits(system),
         keyed_requests=script.keyed_requests,
         reader_connections=sum(d.reader.connections for d in drivers if d.reader is not None),
+        worker_exits=exits,
+        dead_letters=[_text(v) for v in system.entries(system.dead_letter_key())],
+        queued=[_text(v) for key in system.queue_keys() for v in system.entries(key)],
+        retried=history.of("retried"),
+        stalls=history.of("stalled"),
+        stall_cuts=history.of("stall_cut"),
     )
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="backslashreplace")
 
 
 def key_hits(system: System) -> list[str]:
@@ -236,6 +252,13 @@ def table(verdict: Verdict, seed: int, elapsed_s: float) -> str:
         ("lines stored", f["lines"]),
         *((f"faults: {kind}", faults[kind]) for kind in FAULT_KINDS),
         ("faults not applied", f["faults_not_applied"]),
+        ("workers exited unprompted", f["worker_exits"]),
+        ("poison messages (dead-lettered) / dead letters",
+         f"{f['poison_messages']} ({f['poison_dead_lettered']}) / {f['dead_letters']}"),
+        ("OOM replies while squeezed", f["oom_replies"]),
+        ("5xx resent (status code: n)", ", ".join(f"{k}: {v}" for k, v in sorted(f["retried"].items())) or "-"),
+        ("model streams stalled (cut short)", f"{f['stalled_requests']} ({f['stalls_cut_short']})"),
+        ("turns ended FX_PROVIDER_TIMEOUT", f["provider_timeouts"]),
         ("takeovers", f["takeovers"]),
         ("fenced writers", f["fenced"]),
         ("yields", f["yields"]),
@@ -274,7 +297,8 @@ def write_results(args: argparse.Namespace, seed: int, verdict: Verdict, obs: Ob
     }
     path.write_text(json.dumps(body, indent=2, default=str) + "\n")
     history.write_jsonl(path.with_suffix(".history.jsonl"))
-    store = {"streams": obs.streams, "runs": obs.runs, "events": obs.events}
+    store = {"streams": obs.streams, "runs": obs.runs, "events": obs.events, "dead_letters": obs.dead_letters,
+             "queued": obs.queued}
     path.with_suffix(".store.json").write_text(json.dumps(store, default=str) + "\n")
     return path
 

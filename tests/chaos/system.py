@@ -1,8 +1,10 @@
 """The system a chaos run puts under load: its own parts, all real processes on loopback.
 
-- a `redis-server` with `appendonly yes` on a free port (restarted by the nemesis; its
-  data survives through the AOF);
-- the scripted model server (in this process), answering with random delays;
+- a `redis-server` with `appendonly yes` and `maxmemory-policy noeviction` on a free port
+  (restarted by the nemesis, its data surviving through the AOF; its memory limit lowered
+  and restored by the nemesis, which `CONFIG SET` may do: the server is the run's own);
+- the scripted model server (in this process), answering with random delays, stalling
+  some streams when the nemesis says so (`MODEL_IDLE_TIMEOUT_S`);
 - one web process (`fx web`, `tests.web._server.WebProcess`), which the workload talks HTTP to;
 - a pool of N Celery worker processes (`tests.chaos.faults.Pool`, agents of
   `tests.chaos.agents`), which the nemesis kills, freezes and stops and refills.
@@ -19,7 +21,7 @@ from typing import Any, TypeVar
 import redis
 
 from fxengine.testing import ScriptedModel
-from fxworker.keys import session_keys
+from fxworker.keys import queue_name, session_keys
 from tests.chaos.faults import Pool, fault_env
 from tests.support.redis_server import RedisServer
 from tests.support.workers import ROOT, Workers
@@ -33,6 +35,13 @@ LEASE_S = 2.0
 SWEEP_S = 0.5
 RESERVE_S = 4.0
 DELIVERY_TIMEOUT_S = 12.0
+# A model stream silent this long fails its step FX_PROVIDER_TIMEOUT: short, so a stalled
+# stream costs seconds; the script's longest ordinary pause stays well below it.
+MODEL_IDLE_TIMEOUT_S = 2.0
+# The agents' queues the workers consume (`Pool.start`), and the broker's dead-letter list
+# (an entry the transport cannot decode is moved there).
+QUEUES = ("default",)
+DEAD_LETTER = "dead"
 
 
 class System:
@@ -53,11 +62,13 @@ class System:
         self._client: redis.Redis | None = None
 
     def start(self) -> System:
-        self.redis = RedisServer(appendonly=True)
+        # noeviction stated, not assumed: a squeeze must refuse writes, never drop keys.
+        self.redis = RedisServer(appendonly=True, args=("--maxmemory-policy", "noeviction"))
         self.model = ScriptedModel(responder=self.responder).start()
         env = fault_env(self.model, FX_LEASE_S=str(LEASE_S), FX_SWEEP_S=str(SWEEP_S), FX_RESERVE_S=str(RESERVE_S),
                         FX_DELIVERY_TIMEOUT_S=str(DELIVERY_TIMEOUT_S), FX_TEST_API_KEY=self.api_key,
-                        FX_LOG_LEVEL="WARNING", **self.worker_env)
+                        FX_MODEL_IDLE_TIMEOUT_S=str(MODEL_IDLE_TIMEOUT_S), FX_LOG_LEVEL="WARNING",
+                        **self.worker_env)
         self._workers = Workers(redis_url=self.redis.url, prefix=self.prefix)
         self.pool = Pool(self._workers, env, size=self.size, concurrency=8)
         self.pool.fill()
@@ -138,3 +149,46 @@ class System:
         if epoch is None:
             return None
         return int(epoch), int(expires or 0), (state or b"").decode()
+
+    # ------------------------------------------------------------------ broker
+
+    def broker_key(self, name: str) -> str:
+        """A broker key: kombu prefixes every key with `<prefix>:celery:` (`global_keyprefix`,
+        fxworker/celery_app.py); a queue's list is its name (priority 0 has no suffix)."""
+        return f"{self.prefix}:celery:{name}"
+
+    def queue_keys(self) -> list[str]:
+        """The Celery queue lists the workers pop wakes from."""
+        return [self.broker_key(queue_name(q)) for q in QUEUES]
+
+    def dead_letter_key(self) -> str:
+        return self.broker_key(DEAD_LETTER)
+
+    def entries(self, key: str) -> list[bytes]:
+        return list(self.retrying(lambda r: r.lrange(key, 0, -1)))
+
+    # ------------------------------------------------------------------ memory
+
+    def memory(self) -> tuple[int, int]:
+        """(used_memory, maxmemory) of the server, in bytes."""
+        info = self.retrying(lambda r: r.info("memory"), timeout_s=5.0)
+        return int(info["used_memory"]), int(info["maxmemory"])
+
+    def set_maxmemory(self, limit: int) -> None:
+        """`CONFIG SET maxmemory` (0: no limit); not in the AOF, so a restart clears it."""
+        self.retrying(lambda r: r.config_set("maxmemory", limit), timeout_s=10.0)
+
+    def oom_replies(self) -> int:
+        """How many commands the server has refused with an OOM error reply since it started."""
+        stats = self.retrying(lambda r: r.info("errorstats"), timeout_s=5.0)
+        return int((stats.get("errorstat_OOM") or {}).get("count", 0))
+
+    # ------------------------------------------------------------------ workers
+
+    def exits(self, *, except_pids: set[int]) -> list[dict[str, Any]]:
+        """The worker processes that have exited, but for those in `except_pids` (the ones a
+        fault killed or stopped): pid, exit code and the end of its log."""
+        assert self.pool is not None
+        return [{"pid": w.pid, "code": w.proc.returncode, "log": w.log_tail(3000)}
+                for w in self.pool.workers.started
+                if w.proc is not None and w.proc.poll() is not None and w.pid not in except_pids]

@@ -3,19 +3,26 @@
 A short seeded schedule passes with every kind of fault applied at least once, and the
 same harness fails, naming §11.2 and the seed, when the workers run with the test-only
 switch that starts each non-idempotent call twice (the checker is shown to catch a fault).
-The checker's rules are also run on small hand-made histories.
+The checker's rules are also run on small hand-made histories, and the nemesis's poison
+messages and model stalls are checked to be what they claim.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from fxengine.testing import Reply, delay, text, tool_call
+from fxengine.testing.script import Delay, Text
+from tests.chaos import poison
 from tests.chaos.checker import FAULT_KINDS, Observation, check
+from tests.chaos.workload import Stall
 from tests.support.workers import ROOT
 
 RUN_TIMEOUT_S = 240
@@ -42,6 +49,7 @@ def test_a_short_seeded_schedule_applies_every_fault_and_passes(tmp_path: Path) 
     assert all(figures["faults"][kind] >= 1 for kind in FAULT_KINDS), figures["faults"]
     assert figures["prompts"] > 0 and figures["turns"] >= figures["prompts"]
     assert figures["effect_calls"] > 0 and figures["reader_lines"] == figures["lines"]
+    assert figures["worker_exits"] == 0 and figures["poison_messages"] == len(poison.KINDS) * figures["faults"]["poison"]
     assert "chaos: passed (seed 11)" in proc.stdout
 
 
@@ -103,3 +111,71 @@ def test_each_rule_names_its_invariant() -> None:
 def test_a_resent_push_of_one_start_is_not_a_duplicate() -> None:
     runs = [{"tool": "effect", "x": "c", "token": "1", "intent": True}] * 2
     assert check(_observation(GOOD, runs=runs)).violations == []
+
+
+def test_a_worker_that_exited_unprompted_fails_the_run() -> None:
+    exits = [{"pid": 7, "code": 1, "log": "...\nCRITICAL Unrecoverable error: JSONDecodeError\n"}]
+    violations = check(_observation(GOOD, worker_exits=exits)).violations
+    assert violations == ["run: worker pid 7 exited (code 1) with no fault stopping it; "
+                          "its log ends: CRITICAL Unrecoverable error: JSONDecodeError"]
+
+
+def _poisoned(*kinds: str) -> list[dict]:
+    messages = [{"queue": "q", "kind": k, "variant": "v", "marker": poison.marker(0, n)}
+                for n, k in enumerate(kinds, 1)]
+    return [{"fault": "poison", "messages": messages}]
+
+
+def test_each_undecodable_poison_message_must_be_dead_lettered_and_none_left_queued() -> None:
+    faults = _poisoned("garbage", "json", "base64", "wake")
+    dead = [f'{{"queue": "q", "raw": "{poison.marker(0, n)}"}}' for n in (1, 2, 3)]
+    assert check(_observation(GOOD, faults=faults, dead_letters=dead)).violations == []
+    # chaos-poison-0-1 is not chaos-poison-0-12's prefix
+    many = _poisoned(*(["garbage"] * 12))
+    violations = check(_observation(GOOD, faults=many, dead_letters=[poison.marker(0, 12)])).violations
+    assert len(violations) == 11 and all("not in the dead-letter list" in v for v in violations), violations
+    violations = check(_observation(GOOD, faults=faults, dead_letters=dead[:2] + ["someone else's"],
+                                    queued=[poison.marker(0, 4)])).violations
+    assert violations == ["run: poison message chaos-poison-0-3 (base64, v) is not in the dead-letter list",
+                          "run: poison message chaos-poison-0-4 (wake, v) is still in q",
+                          "run: the dead-letter list holds a message no fault pushed: someone else's"]
+
+
+def test_each_poison_message_is_what_its_kind_says() -> None:
+    rng = random.Random(3)
+    for n in range(40):
+        kind = poison.KINDS[n % len(poison.KINDS)]
+        mark = poison.marker(3, n)
+        raw, variant = poison.message(kind, mark, rng)
+        assert mark.encode() in raw
+        if kind == "garbage":
+            with pytest.raises(ValueError):
+                json.loads(raw)
+            continue
+        decoded = json.loads(raw)
+        if kind == "json":
+            assert not (isinstance(decoded, dict) and {"body", "properties"} <= decoded.keys()), decoded
+            continue
+        assert decoded["headers"]["task"] == "fxworker.wake" and decoded["properties"]["body_encoding"] == "base64"
+        if kind == "base64":
+            assert not poison.decodes_as_base64(decoded["body"])
+            continue
+        args, kwargs, _ = json.loads(base64.b64decode(decoded["body"]))
+        assert kwargs == {}
+        if variant == "not-a-dict":
+            assert args == [mark]
+        elif variant == "session-not-a-string":
+            assert not isinstance(args[0]["sessionId"], str)
+        else:
+            assert len(args) == 2
+
+
+def test_a_stall_goes_silent_before_the_first_chunk_or_after_one() -> None:
+    echo = Reply(delay(10), text("echo ", "tag"), chunk_delay_ms=5)
+    assert Stall("before", 5000).into(echo).parts == (Delay(10), Delay(5000), Text(("echo ", "tag")))
+    stalled = Stall("after", 5000).into(echo)
+    assert stalled.parts == (Delay(10), Text(("echo ",)), Delay(5000), Text(("tag",)))
+    assert stalled.chunk_delay_ms == 5
+    call = tool_call("c", "probe", {})
+    stalled = Stall("after", 5000).into(Reply(delay(10), call))
+    assert stalled.parts == (Delay(10), Text(("thinking ",)), Delay(5000), call)

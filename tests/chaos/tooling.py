@@ -102,10 +102,14 @@ async def _intent_stored(execution_id: str) -> bool:
 
 
 async def _start(name: str, ctx: Any, tool: str) -> None:
-    await _redis().rpush(starts_key(name), f"{ctx.execution_id}|{ctx.epoch}|{os.getpid()}")
     run = {"x": ctx.execution_id, "tool": tool, "name": name, "epoch": ctx.epoch, "pid": os.getpid(),
            "token": uuid.uuid4().hex, "intent": await _intent_stored(ctx.execution_id)}
-    await _redis().rpush(runs_key(), json.dumps(run))
+    # Both records or neither: at the memory limit Redis refuses the whole MULTI, the tool
+    # raises and does nothing, so a start is never done without the checker seeing it.
+    async with _redis().pipeline(transaction=True) as pipe:
+        pipe.rpush(starts_key(name), f"{ctx.execution_id}|{ctx.epoch}|{os.getpid()}")
+        pipe.rpush(runs_key(), json.dumps(run))
+        await pipe.execute()
 
 
 async def _run_for(input: dict[str, Any], ctx: Any) -> bool:

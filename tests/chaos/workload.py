@@ -4,8 +4,10 @@ Each `Driver` keeps one session going at a time: its `SessionDriver` sends a few
 HTTP (the first one creates the session), without waiting for turns to end, and a steer now
 and then, and then the driver starts a new session (so a long run keeps its load); every
 request carries a message id and is resent under it until the API acknowledges it (202)
-or refuses it (4xx). Each acknowledgement is recorded (`ack`), in the order the driver got
-them: one driver sends one request at a time, so that is the session's acceptance order.
+or refuses it (4xx); a 5xx (503 `FX_STORE_UNAVAILABLE` while Redis restarts, 503
+`FX_STORE_FULL` while its memory is squeezed) is resent like a lost connection, and recorded
+(`retried`, with its code). Each acknowledgement is recorded (`ack`), in the order the driver
+got them: one driver sends one request at a time, so that is the session's acceptance order.
 
 Each `Reader` follows one session's stream from cursor 0 and drops its connection at random
 (after a few lines, or when no line came within a random read timeout), then resumes from
@@ -25,6 +27,14 @@ compare them with the stream the store holds (§11.7).
 `<tag>` is `s<driver>g<session>.<prompt>`; the script keeps, per session, the pid of the worker
 process that made its last model request (from the `x-fx-pid` header), which is how the
 nemesis knows which sessions a worker it kills was running.
+
+Its pauses stay under `MODEL_IDLE_TIMEOUT_S`, except where the nemesis armed a stall
+(`arm_stall`): the next model request (and, for `repeat=2`, the one after it of the same
+session) goes silent for `ms`, before its first chunk or after one, and the script records
+it (`stalled`). A request of that session arriving before the silence would have ended
+means the stalled stream was given up (`stall_cut`, with the seconds it lasted): about the
+idle timeout when the timeout did its work (a steer that restarts the step, or a takeover,
+gives one up too).
 """
 
 from __future__ import annotations
@@ -40,20 +50,52 @@ from typing import Any
 import httpx
 
 from fxengine.testing import Reply, delay, text, tool_call
+from fxengine.testing.script import Delay, Text
 from tests.chaos.faults import pid_of, tool_results, turn_prompt
 from tests.chaos.history import History
+from tests.chaos.system import MODEL_IDLE_TIMEOUT_S
 
 ACK_TIMEOUT_S = 45.0
 SLOW_TOOL_S = 60
+# The longest ordinary pause of the script: below the workers' idle timeout with room to
+# spare on a loaded machine, so only an armed stall trips it.
+LONG_PAUSE_MS = (1000.0, MODEL_IDLE_TIMEOUT_S * 700)
+STALL_WHERE = ("before", "after")
+
+
+@dataclass
+class Stall:
+    """A silence the nemesis armed: where in the stream, how long, for how many requests."""
+
+    where: str
+    ms: float
+    repeat: int = 1
+
+    def into(self, reply: Reply) -> Reply:
+        """`reply` with a silence of `ms` before its first chunk or after one."""
+        parts = list(reply.parts)
+        lead = 1 if parts and isinstance(parts[0], Delay) else 0  # the script's own pause first
+        if self.where == "before":
+            parts.insert(lead, delay(self.ms))
+        elif lead < len(parts) and isinstance(parts[lead], Text) and len(parts[lead].pieces) > 1:
+            first, rest = parts[lead].pieces[:1], parts[lead].pieces[1:]
+            parts[lead:lead + 1] = [Text(first), delay(self.ms), Text(rest)]
+        else:  # a reply that starts with a call: some text first, then the silence
+            parts[lead:lead] = [text("thinking "), delay(self.ms)]
+        return Reply(*parts, chunk_delay_ms=reply.chunk_delay_ms)
 
 
 class ModelScript:
     """The responder of the chaos model server (see the module doc); thread-safe."""
 
-    def __init__(self, seed: int, api_key: str) -> None:
+    def __init__(self, seed: int, api_key: str, history: History | None = None) -> None:
         self._rng = random.Random(f"model-{seed}")
         self._lock = threading.Lock()
         self._api_key = api_key
+        self._history = history
+        self._armed: list[Stall] = []
+        self._stalling: dict[str, Stall] = {}  # session tag -> the stall its next request repeats
+        self._silent: dict[str, tuple[float, float]] = {}  # session tag -> (stall began, would resume)
         self.last_pid: dict[str, int] = {}
         self.requests = 0
         self.keyed_requests = 0
@@ -61,8 +103,31 @@ class ModelScript:
     def _ms(self) -> float:
         with self._lock:
             if self._rng.random() < 0.1:
-                return self._rng.uniform(1000, 2500)
+                return self._rng.uniform(*LONG_PAUSE_MS)
             return self._rng.uniform(20, 400)
+
+    def arm_stall(self, stall: Stall) -> None:
+        """The next model request (of any session) goes silent as `stall` says."""
+        with self._lock:
+            self._armed.append(stall)
+
+    def _stall_for(self, session: str, request: Any) -> Stall | None:
+        """The stall this request of `session` plays, if any (see the module doc)."""
+        now = time.monotonic()
+        with self._lock:
+            silent = self._silent.pop(session, None)
+            stall = self._stalling.pop(session, None) or (self._armed.pop(0) if self._armed else None)
+            if stall is not None:
+                if stall.repeat > 1:
+                    self._stalling[session] = Stall(stall.where, stall.ms, stall.repeat - 1)
+                self._silent[session] = (now, now + stall.ms / 1000)
+        if self._history is not None:
+            if silent is not None and now < silent[1]:
+                self._history.record("stall_cut", session=session, after_s=round(now - silent[0], 3))
+            if stall is not None:
+                self._history.record("stalled", session=session, where=stall.where, ms=stall.ms,
+                                     pid=request.headers.get("x-fx-pid"))
+        return stall
 
     def _run_ms(self) -> int:
         with self._lock:
@@ -83,6 +148,12 @@ class ModelScript:
 
     def __call__(self, request: Any) -> Reply:
         prompt, _ = turn_prompt(request)
+        tag = prompt.partition(":")[2].partition(":")[0]
+        reply = self._reply(request, prompt)
+        stall = self._stall_for(tag.split(".")[0], request)
+        return reply if stall is None else stall.into(reply)
+
+    def _reply(self, request: Any, prompt: str) -> Reply:
         results = tool_results(request)
         kind, _, arg = prompt.partition(":")
         tag, _, extra = arg.partition(":")
@@ -228,9 +299,19 @@ class SessionDriver:
                 self.history.record("refused", session=self.session_id, input=kind, messageId=message_id,
                                     status=response.status_code, body=response.text[:300])
                 return False
+            self.history.record("retried", session=self.session_id, input=kind, messageId=message_id,
+                                status=response.status_code, code=_code(response))
             time.sleep(self.rng.uniform(0.2, 0.8))
         self.history.record("unacked", session=self.session_id, input=kind, messageId=message_id, attempts=attempts)
         return False
+
+
+def _code(response: httpx.Response) -> str | None:
+    """The `FX_` code of an error reply (`{"error": {"code": ...}}`), None when it has none."""
+    try:
+        return str(response.json()["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 # ----------------------------------------------------------------------------- readers
