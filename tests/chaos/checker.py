@@ -62,7 +62,6 @@ class Observation:
     queued: list[str] = field(default_factory=list)
     retried: list[dict[str, Any]] = field(default_factory=list)
     stalls: list[dict[str, Any]] = field(default_factory=list)
-    stall_cuts: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -342,7 +341,10 @@ def counts(obs: Observation) -> dict[str, Any]:
         "oom_replies": sum(int(f.get("oom_replies") or 0) for f in obs.faults if f["fault"] == "restored"),
         "retried": dict(Counter(f"{r.get('status')} {r.get('code') or '-'}" for r in obs.retried)),
         "stalled_requests": len(obs.stalls),
-        "stalls_cut_short": len(obs.stall_cuts),
+        "model_timeouts": sum(1 for e in obs.events
+                              if e.get("type") == "transport.error" and e.get("error") == "FX_PROVIDER_TIMEOUT"),
+        "model_timeouts_retried": sum(1 for e in obs.events
+                                      if e.get("type") == "transport.retry" and e.get("error") == "FX_PROVIDER_TIMEOUT"),
         "provider_timeouts": sum(1 for ln in ends
                                  if (ln.get("error") or {}).get("code") == "FX_PROVIDER_TIMEOUT"),
     }

@@ -47,7 +47,7 @@ WEIGHTS = (3, 2, 1, 1, 2, 1, 1, 2)
 STOP_PAST_LEASE_S = LEASE_S + 1.5
 RECOVERY_WATCH_S = 30.0
 SQUEEZE_S = (2.0, 5.0)
-SQUEEZE_HEADROOM_BYTES = (16 * 1024, 256 * 1024)  # maxmemory = used_memory + this
+SQUEEZE_HEADROOM_BYTES = (4 * 1024, 48 * 1024)  # maxmemory = used_memory + this: full in about a second
 STALL_TIMES = (2.5, 4.0)  # a stall lasts this many idle timeouts
 
 
@@ -55,11 +55,13 @@ class Nemesis:
     """Runs the fault schedule in a thread until `stop_at`."""
 
     def __init__(self, system: System, script: ModelScript, sessions: dict[str, str], *, seed: int,
-                 history: History, stop_at: float, gap_s: tuple[float, float] = (2.5, 5.0)) -> None:
+                 history: History, stop_at: float, gap_s: tuple[float, float] = (2.5, 5.0),
+                 kinds: tuple[str, ...] = KINDS) -> None:
         self.system = system
         self.script = script
         self.sessions = sessions  # session tag (s<i>) -> session id, filled by the drivers
         self.seed = seed
+        self.kinds = tuple(k for k in KINDS if k in kinds)
         self.rng = random.Random(f"nemesis-{seed}")
         self._poisoned = 0
         self.history = history
@@ -83,16 +85,16 @@ class Nemesis:
 
     def schedule(self) -> Iterator[str]:
         """Each kind once in a seeded order, then kinds drawn by `WEIGHTS`."""
-        first = list(KINDS)
+        first = list(self.kinds)
         self.rng.shuffle(first)
         yield from first
         while True:
-            yield self.rng.choices(KINDS, WEIGHTS)[0]
+            yield self.rng.choices(self.kinds, [WEIGHTS[KINDS.index(k)] for k in self.kinds])[0]
 
     def run(self) -> None:
         for i, kind in enumerate(self.schedule()):
             gap = self.rng.uniform(*self.gap_s)
-            if i < len(KINDS):
+            if i < len(self.kinds):
                 time.sleep(gap)  # the first round always completes: every run has each kind
             elif self._done.wait(gap) or time.monotonic() >= self.stop_at:
                 return

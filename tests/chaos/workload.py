@@ -31,10 +31,7 @@ nemesis knows which sessions a worker it kills was running.
 Its pauses stay under `MODEL_IDLE_TIMEOUT_S`, except where the nemesis armed a stall
 (`arm_stall`): the next model request (and, for `repeat=2`, the one after it of the same
 session) goes silent for `ms`, before its first chunk or after one, and the script records
-it (`stalled`). A request of that session arriving before the silence would have ended
-means the stalled stream was given up (`stall_cut`, with the seconds it lasted): about the
-idle timeout when the timeout did its work (a steer that restarts the step, or a takeover,
-gives one up too).
+it (`stalled`); the workers' `transport.error` diagnostics say which timed out.
 """
 
 from __future__ import annotations
@@ -95,7 +92,6 @@ class ModelScript:
         self._history = history
         self._armed: list[Stall] = []
         self._stalling: dict[str, Stall] = {}  # session tag -> the stall its next request repeats
-        self._silent: dict[str, tuple[float, float]] = {}  # session tag -> (stall began, would resume)
         self.last_pid: dict[str, int] = {}
         self.requests = 0
         self.keyed_requests = 0
@@ -113,20 +109,13 @@ class ModelScript:
 
     def _stall_for(self, session: str, request: Any) -> Stall | None:
         """The stall this request of `session` plays, if any (see the module doc)."""
-        now = time.monotonic()
         with self._lock:
-            silent = self._silent.pop(session, None)
             stall = self._stalling.pop(session, None) or (self._armed.pop(0) if self._armed else None)
-            if stall is not None:
-                if stall.repeat > 1:
-                    self._stalling[session] = Stall(stall.where, stall.ms, stall.repeat - 1)
-                self._silent[session] = (now, now + stall.ms / 1000)
-        if self._history is not None:
-            if silent is not None and now < silent[1]:
-                self._history.record("stall_cut", session=session, after_s=round(now - silent[0], 3))
-            if stall is not None:
-                self._history.record("stalled", session=session, where=stall.where, ms=stall.ms,
-                                     pid=request.headers.get("x-fx-pid"))
+            if stall is not None and stall.repeat > 1:
+                self._stalling[session] = Stall(stall.where, stall.ms, stall.repeat - 1)
+        if self._history is not None and stall is not None:
+            self._history.record("stalled", session=session, where=stall.where, ms=stall.ms,
+                                 pid=request.headers.get("x-fx-pid"))
         return stall
 
     def _run_ms(self) -> int:
