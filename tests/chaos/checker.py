@@ -266,9 +266,10 @@ def credentials(obs: Observation, violations: list[str]) -> dict[str, Any]:
 
 def worker_exits(obs: Observation, violations: list[str]) -> dict[str, Any]:
     for e in obs.worker_exits:
-        last = next((ln for ln in reversed(str(e.get("log") or "").splitlines()) if ln.strip()), "")
-        violations.append(f"run: worker pid {e['pid']} exited (code {e.get('code')}) with no fault stopping it; "
-                          f"its log ends: {last[:300]}")
+        lines = [ln for ln in str(e.get("log") or "").splitlines() if ln.strip()]
+        critical = [ln for ln in lines if "CRITICAL" in ln]
+        why = f"its log says: {critical[-1][:300]}" if critical else f"its log ends: {lines[-1][:300] if lines else ''}"
+        violations.append(f"run: worker pid {e['pid']} exited (code {e.get('code')}) with no fault stopping it; {why}")
     return {"worker_exits": len(obs.worker_exits)}
 
 

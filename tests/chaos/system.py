@@ -189,6 +189,6 @@ class System:
         """The worker processes that have exited, but for those in `except_pids` (the ones a
         fault killed or stopped): pid, exit code and the end of its log."""
         assert self.pool is not None
-        return [{"pid": w.pid, "code": w.proc.returncode, "log": w.log_tail(3000)}
+        return [{"pid": w.pid, "code": w.proc.returncode, "log": w.log_tail(20_000)}
                 for w in self.pool.workers.started
                 if w.proc is not None and w.proc.poll() is not None and w.pid not in except_pids]

@@ -114,10 +114,12 @@ def test_a_resent_push_of_one_start_is_not_a_duplicate() -> None:
 
 
 def test_a_worker_that_exited_unprompted_fails_the_run() -> None:
-    exits = [{"pid": 7, "code": 1, "log": "...\nCRITICAL Unrecoverable error: JSONDecodeError\n"}]
+    exits = [{"pid": 7, "code": 1, "log": "...\nCRITICAL Unrecoverable error: JSONDecodeError\nTraceback\n"},
+             {"pid": 8, "code": -9, "log": "ready\n"}]
     violations = check(_observation(GOOD, worker_exits=exits)).violations
     assert violations == ["run: worker pid 7 exited (code 1) with no fault stopping it; "
-                          "its log ends: CRITICAL Unrecoverable error: JSONDecodeError"]
+                          "its log says: CRITICAL Unrecoverable error: JSONDecodeError",
+                          "run: worker pid 8 exited (code -9) with no fault stopping it; its log ends: ready"]
 
 
 def _poisoned(*kinds: str) -> list[dict]:
