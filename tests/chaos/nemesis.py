@@ -20,7 +20,8 @@ Every few seconds (a gap drawn from the seed) it does one of:
 
 The first round does each kind once, in a seeded order, and always completes (even past
 `stop_at`), so every run has each; after that the kinds are drawn at random until
-`stop_at`. For a `kill` or `stop`, every session whose lease is held (a delivery runs) is
+`stop_at`. Before each fault, a worker that exited with no fault stopping it is replaced
+(the run reports each such exit and fails). For a `kill` or `stop`, every session whose lease is held (a delivery runs) is
 watched: one whose lease is renewed or released has a live holder; for the others, the
 time until a line of a newer epoch is stored is the time to recover (`recovery`
 operations; the checker keeps those whose new epoch was a takeover).
@@ -99,9 +100,17 @@ class Nemesis:
             elif self._done.wait(gap) or time.monotonic() >= self.stop_at:
                 return
             try:
+                self._refill()
                 getattr(self, f"fault_{kind}")()
             except Exception as exc:  # a fault that could not be applied is recorded, not fatal
                 self.history.record("fault_failed", fault=kind, error=repr(exc))
+
+    def _refill(self) -> None:
+        """Replaces workers that exited with no fault stopping them (the run fails on each, but
+        the schedule goes on against a full pool)."""
+        assert self.system.pool is not None
+        while len(self.system.pool.live()) < self.system.size:
+            self._replace("exited unprompted")
 
     # ------------------------------------------------------------------ faults
 
