@@ -12,15 +12,64 @@ wake, when it finishes, takes the same road.
 reconnects with them; while Redis is still away it fails with a connection error, which
 kombu and Celery already tolerate (the message stays in the broker's unacked set and is
 redelivered after the visibility timeout; the sweeper re-wakes the session sooner).
+
+Two more faults would end the worker process the same way, and are caught at the one
+place a message is received (`Channel._brpop_read`):
+
+- **Bytes that are not a message** (not JSON, JSON that is not a kombu envelope, a body
+  that is not base64): logged once with the queue and an excerpt, pushed onto the
+  dead-letter list `<prefix>:celery:dead` (`keys.DEAD_LETTER_LIST`, the newest
+  `DEAD_LETTER_MAX` entries, each `{queue, reason, at_ms, raw}` as JSON) and so taken off
+  the queue; the worker goes on. A wake is a hint: a session it was meant for keeps its
+  ready mark, and the sweeper wakes it.
+- **An error reply from Redis** (`OOM` at `maxmemory`, `READONLY` during a failover,
+  `LOADING` after a restart, `BUSY` behind a long script) on the receive or on the
+  unacked bookkeeping after it: raised as a connection error, which Celery answers by
+  reconnecting with its backoff, for ever, instead of exiting. A message popped whose
+  bookkeeping failed is lost to the broker only: its session keeps its ready mark.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
+import logging
+import time
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
+from kombu.utils.encoding import bytes_to_str
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from .keys import DEAD_LETTER_LIST
 
 NAME = "fxworker.broker:Transport"
+DEAD_LETTER_MAX = 1000  # the dead-letter list keeps this many of the newest entries
+EXCERPT_CHARS = 200  # of an undecodable message, in the log line
+
+log = logging.getLogger("fxworker.broker")
+
+
+def undecodable(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """(the kombu envelope, None), or (None, why it is not one)."""
+    try:
+        payload = json.loads(bytes_to_str(raw))
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, f"not JSON ({exc})"
+    if not isinstance(payload, dict) or not isinstance(payload.get("properties"), dict):
+        return None, "JSON that is not a kombu envelope (no properties object)"
+    properties = payload["properties"]
+    if "delivery_tag" not in properties:
+        return None, "a kombu envelope without a delivery tag"
+    body = payload.get("body")
+    if properties.get("body_encoding") == "base64":
+        try:
+            base64.b64decode(body if isinstance(body, (str, bytes)) else "", validate=True)
+        except (binascii.Error, ValueError) as exc:
+            return None, f"a body that is not base64 ({exc})"
+    return payload, None
 
 
 class Channel(kombu_redis.Channel):
@@ -29,6 +78,50 @@ class Channel(kombu_redis.Channel):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._fx_conninfo = self.connection.client
+
+    def _brpop_read(self, **options: Any) -> bool:
+        """kombu's receive, surviving error replies and bytes that are not a message."""
+        try:
+            try:
+                dest__item = self.client.parse_response(self.client.connection, "BRPOP", **options)
+            except self.connection_errors:
+                self.client.connection.disconnect()
+                raise
+            except ResponseError as exc:
+                self.client.connection.disconnect()
+                raise _reconnect(exc, "receiving") from exc
+            if not dest__item:
+                raise kombu_redis.Empty()
+            dest, item = dest__item
+            dest = bytes_to_str(dest).rsplit(self.sep, 1)[0]
+            self._queue_cycle.rotate(dest)
+            payload, why = undecodable(item)
+            if payload is None:
+                self._dead_letter(dest, item, why or "undecodable")
+                return True
+            try:
+                self.connection._deliver(payload, dest)
+            except ResponseError as exc:
+                raise _reconnect(exc, "recording a received message") from exc
+            return True
+        finally:
+            self._in_poll = None
+            flush = getattr(self, "_flush_brpop_reauth", None)
+            if flush is not None:
+                flush()
+
+    def _dead_letter(self, queue: str, raw: bytes, why: str) -> None:
+        excerpt = repr(raw[:EXCERPT_CHARS])
+        log.warning("an undecodable message in queue %s goes to the dead-letter list: %s; %s", queue, why, excerpt)
+        entry = json.dumps({
+            "queue": queue, "reason": why, "at_ms": int(time.time() * 1000),
+            "raw": raw.decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else str(raw),
+        })
+        try:
+            self.client.lpush(DEAD_LETTER_LIST, entry)  # kombu's client adds the key prefix
+            self.client.execute_command("LTRIM", self.global_keyprefix + DEAD_LETTER_LIST, 0, DEAD_LETTER_MAX - 1)
+        except ResponseError as exc:  # Redis full: the message is dropped, and said so above
+            log.warning("the dead-letter list refused it (%s)", exc)
 
     def _connparams(self, asynchronous: bool = False) -> Any:
         if self.connection.client is None and self._fx_conninfo is not None:
@@ -41,3 +134,9 @@ class Transport(kombu_redis.Transport):
     """kombu's Redis transport with `Channel` above (`broker_transport` of the Celery app)."""
 
     Channel = Channel
+
+
+def _reconnect(exc: ResponseError, what: str) -> RedisConnectionError:
+    """An error reply met while `what`, as the connection error Celery reconnects on."""
+    log.warning("Redis answered an error while %s (%s): reconnecting", what, exc)
+    return RedisConnectionError(f"Redis answered an error while {what}: {exc}")

@@ -68,6 +68,8 @@ Outside the scripts (plain commands, no hash tag, no session TTL):
     wake:seen:<signature>    STRING  a signed wake already taken (`wake_seen_key`)
     created:<message id>     STRING  the session a create with that message id made
                                      (`created_session_key`)
+    celery:dead              LIST    messages a worker could not decode, newest first,
+                                     capped at 1,000 (`DEAD_LETTER_LIST`, fxworker.broker)
 """
 
 from __future__ import annotations
@@ -75,6 +77,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 INDEX_TAG = "{~index}"
+
+# The broker's dead-letter list, under kombu's key prefix `<prefix>:celery:`: undecodable
+# messages taken off a queue (fxworker.broker), each a JSON object {queue, reason, at_ms, raw}.
+DEAD_LETTER_LIST = "dead"
 
 # The order scripts receive a session's keys in (KEYS[1]..KEYS[9]); every Lua header
 # repeats it.
