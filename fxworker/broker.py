@@ -72,8 +72,47 @@ def undecodable(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
     return payload, None
 
 
+class QoS(kombu_redis.QoS):
+    """kombu's unacked bookkeeping, when Redis refuses it with an error reply (OOM under a
+    transaction, READONLY): the message stays in the unacked set, and is delivered again
+    after the visibility timeout (a duplicate wake, which the lease makes harmless), instead
+    of ending the consumer."""
+
+    def ack(self, delivery_tag: Any) -> None:
+        try:
+            self._remove_from_indices(delivery_tag).execute()
+        except ResponseError as exc:
+            log.warning("acknowledging a message failed (%s): it will be delivered again", exc)
+        kombu_redis.virtual.QoS.ack(self, delivery_tag)
+
+    def reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        try:
+            if requeue:
+                self.restore_by_tag(delivery_tag, leftmost=True)
+            else:
+                self._remove_from_indices(delivery_tag).execute()
+        except ResponseError as exc:
+            log.warning("rejecting a message failed (%s): it will be delivered again", exc)
+        kombu_redis.virtual.QoS.ack(self, delivery_tag)
+
+    def restore_unacked(self, client: Any = None) -> None:
+        try:
+            super().restore_unacked(client)
+        except ResponseError as exc:
+            log.warning("restoring unacknowledged messages failed (%s): they return after the visibility timeout", exc)
+            self._delivered.clear()
+
+    def restore_visible(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().restore_visible(*args, **kwargs)
+        except ResponseError as exc:
+            log.warning("restoring timed-out messages failed (%s): tried again later", exc)
+
+
 class Channel(kombu_redis.Channel):
     """A kombu Redis channel that remembers the connection it was opened for."""
+
+    QoS = QoS
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -664,8 +664,8 @@ class Runner:
             if self._fenced_cause(result):
                 raise self._fenced_stop()
             cause = error.get("cause") if isinstance(error.get("cause"), dict) else {}
-            if cause.get("code") == "FX_STORE_UNAVAILABLE":
-                # Redis went away mid-turn: the turn stays open in the journal and the
+            if cause.get("code") in ("FX_STORE_UNAVAILABLE", "FX_STORE_FULL"):
+                # Redis went away (or is full) mid-turn: the turn stays open in the journal and the
                 # next delivery resumes it; nothing to write here.
                 log.warning("store lost mid-turn in %s; the turn resumes on the next delivery", self.session_id)
                 self.turn = None

@@ -140,11 +140,19 @@ class Sweeper:
         return max(0.01, min(self.tick_s, (min(due) - now) / 1000))
 
     async def run(self) -> None:
+        failing: str | None = None  # what the last failed sweep met: logged once, not per tick
         while not self._stop.is_set():
             try:
                 await self.tick()
-            except Exception:  # noqa: BLE001 - Redis away: sweep again later
-                log.warning("sweep failed", exc_info=True)
+            except Exception as exc:  # noqa: BLE001 - Redis away or full: sweep again later
+                kind = type(exc).__name__
+                if failing != kind:
+                    log.warning("sweeps fail (%s: %s); trying again every tick", kind, exc, exc_info=failing is None)
+                    failing = kind
+            else:
+                if failing is not None:
+                    log.warning("sweeps work again")
+                    failing = None
             await asyncio.sleep(self._sleep_s())
 
     def stop(self) -> None:

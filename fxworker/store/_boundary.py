@@ -22,11 +22,11 @@ from typing import Any, TypeVar
 
 import redis as redis_py
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from fxengine.errors import FxError
 
-from ..errors import FxStoreUnavailableError
+from ..errors import FxStoreFullError, FxStoreUnavailableError
 
 T = TypeVar("T")
 
@@ -58,6 +58,11 @@ class _MapRedisErrors:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
         if exc is None or isinstance(exc, FxError):
             return False
+        if isinstance(exc, ResponseError) and str(exc).startswith(("OOM", "command not allowed when used memory")):
+            raise FxStoreFullError(
+                "the session store is full (Redis is at its maxmemory): nothing was stored; "
+                "send it again with the same messageId once memory is freed"
+            ) from exc
         if isinstance(exc, (RedisError, RedisClusterException, OSError)):
             raise FxStoreUnavailableError(f"the session store is unavailable: {describe_redis_error(exc)}") from exc
         return False

@@ -153,7 +153,7 @@ async def wake(request: Request) -> Response:
         return JSONResponse({"outcome": "refused", **error_body(exc.code, exc.message)})
     except FxError as exc:
         metrics.WAKES.labels(outcome="error").inc()
-        if exc.code in ("FX_NO_AGENT", "FX_STORE_UNAVAILABLE"):
+        if exc.code in ("FX_NO_AGENT", "FX_STORE_UNAVAILABLE", "FX_STORE_FULL"):
             # The queue delivers this message again: let the same signature through then.
             await guard.forget(signature)
         raise

@@ -17,12 +17,16 @@ async def test_an_unserved_claim_takes_nothing_and_backs_off_to_the_bound(
     for _ in range(6):
         missed = await store.claim(sid, holder="wa", lease_ms=1000, only_work=True, serving=ONLY_A)
         assert isinstance(missed, Unserved) and missed.agent == "b" and missed.since_ms == started
+        assert not missed.spare
         waits.append(missed.next_ms - clock.ms)
-        clock.advance(100)
+        # A second wake before the first is due again is spare: it counts nothing.
+        spare = await store.claim(sid, holder="wc", lease_ms=1000, only_work=True, serving=ONLY_A)
+        assert isinstance(spare, Unserved) and spare.spare and spare.next_ms == missed.next_ms
+        clock.ms = missed.next_ms
     assert waits == [250, 500, 1000, 2000, 2000, 2000]
     state = await store.state(sid)
     assert (state.epoch, state.status, state.lease_holder) == (0, "waiting", None)
-    assert state.unserved_since_ms == started and state.unserved_next_ms == clock.ms - 100 + 2000
+    assert state.unserved_since_ms == started and state.unserved_next_ms == clock.ms
     ready = await store.ready_sessions()
     assert [(r.session_id, r.unserved_next_ms) for r in ready] == [(sid, state.unserved_next_ms)]
 
