@@ -13,6 +13,8 @@ a new engine on the same store can `resume()` a turn the last process left open.
 
 from __future__ import annotations
 
+import dataclasses
+
 import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -369,6 +371,7 @@ async def create_engine(
     context: Any = None,
     epoch: int | None = None,
     model_catalog: Any = None,
+    model_idle_timeout_s: float | None = None,
     credentials: Callable[..., Any] | None = None,
     on_credentials: Callable[..., Any] | None = None,
     refresh_lock: Callable[..., Any] | None = None,
@@ -394,6 +397,9 @@ async def create_engine(
             before the record that ends or yields the turn is committed (turn iteration
             never yields those two).
         max_model_turns: model requests per turn before it stops `max_model_turns`.
+        model_idle_timeout_s: a model stream that sends nothing for this long (its headers
+            or its next bytes) fails the step `FX_PROVIDER_TIMEOUT`, retried once before
+            any output; a provider's own `idle_timeout_s` wins (default 120 s).
         http_client: a shared `httpx.AsyncClient` (not closed by the engine).
         session_id, context, epoch: handed to every tool call's `ctx`; `context` is JSON
             (`fxengine.limits.check_context`: finite numbers, valid Unicode, ≤ 32 levels,
@@ -419,6 +425,9 @@ async def create_engine(
     tools_by_name = check_tools(tools)
     resolved = resolve_provider(provider, api_key=api_key, model_catalog=model_catalog, credentials=credentials,
                                 on_credentials=on_credentials, refresh_lock=refresh_lock).bind(session_id)
+    if model_idle_timeout_s is not None and resolved.idle_timeout_s is None:
+        # The provider's own idle timeout wins; this is the default of the rest.
+        resolved = dataclasses.replace(resolved, idle_timeout_s=float(model_idle_timeout_s))
     # The same checks `fxworker` runs when an Agent or a Session is made (§10): a setting
     # the door accepted is never refused here.
     spec = check_model(model, resolved, model_catalog=model_catalog)

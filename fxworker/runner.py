@@ -480,6 +480,7 @@ class Runner:
             on_event=self._engine_event,
             event_sink=self._sink,
             max_model_turns=self.agent.max_model_turns,
+            model_idle_timeout_s=self.agent.settings.model_idle_timeout_s,
             http_client=self.http_client,
             session_id=self.session_id,
             context=context,

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from ..errors import FxInputError, FxProviderError
-from ..providers.base import WIRE_RESPONSES, ModelSpec, Provider
+from ..providers.base import MODEL_IDLE_TIMEOUT_S, WIRE_RESPONSES, ModelSpec, Provider
 from ..providers.credentials import mask_secrets
 from .responses import ResponsesDecoder, responses_body
 from ..tools.definition import Tool
@@ -192,6 +192,14 @@ def _retry_after(headers: httpx.Headers) -> float | None:
         return None
 
 
+def _idle_timeout(client: httpx.AsyncClient, provider: Provider) -> httpx.Timeout:
+    """The client's timeouts with the read timeout (the longest wait for the response's
+    headers or its next bytes) set to the provider's idle timeout."""
+    base = client.timeout
+    return httpx.Timeout(connect=base.connect, read=provider.idle_timeout_s or MODEL_IDLE_TIMEOUT_S,
+                         write=base.write, pool=base.pool)
+
+
 async def stream_attempt(
     client: httpx.AsyncClient,
     provider: Provider,
@@ -229,7 +237,8 @@ async def stream_attempt(
     wire_body = responses_body(body) if responses else body
     decoder: Any = ResponsesDecoder() if responses else ChatStreamDecoder()
     try:
-        async with client.stream("POST", provider.chat_url, json=wire_body, headers=headers) as response:
+        async with client.stream("POST", provider.chat_url, json=wire_body, headers=headers,
+                                 timeout=_idle_timeout(client, provider)) as response:
             response_event: dict[str, Any] = {"type": "transport.response", "attempt": attempt,
                                               "status": response.status_code, "elapsedMs": elapsed_ms(), "step": step}
             request_id = response.headers.get("x-vercel-id") or response.headers.get("x-request-id")

@@ -33,6 +33,9 @@ class ModelEntry:
     supports_ultrafast: bool = False
 
 
+MODEL_IDLE_TIMEOUT_S = 120.0  # the default longest silence of a model stream (connect to last byte)
+
+
 @dataclass(frozen=True)
 class Provider:
     """Where model requests go. `api_key` and `auth` never appear in `repr`.
@@ -50,6 +53,9 @@ class Provider:
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     wire: str = WIRE_CHAT
     auth: CredentialSource | None = field(default=None, repr=False, compare=False)
+    # A model stream silent this long fails its step FX_PROVIDER_TIMEOUT (None: the
+    # engine's `model_idle_timeout_s`, default MODEL_IDLE_TIMEOUT_S).
+    idle_timeout_s: float | None = None
 
     def __repr__(self) -> str:
         key = mask(self.api_key) if self.api_key else None

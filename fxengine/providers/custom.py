@@ -105,4 +105,8 @@ def custom_provider(spec: Any, *, api_key: str | None = None) -> Provider:
     headers = spec.get("headers") or {}
     if not isinstance(headers, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
         raise FxInputError("provider headers must map strings to strings", code="FX_PROVIDER_INVALID")
-    return Provider(name, base_url, key or None, parse_models(spec.get("models")), dict(headers))
+    idle = spec.get("idle_timeout_s")
+    if idle is not None and (isinstance(idle, bool) or not isinstance(idle, (int, float)) or not idle > 0):
+        raise FxInputError("provider idle_timeout_s must be a positive number of seconds", code="FX_PROVIDER_INVALID")
+    return Provider(name, base_url, key or None, parse_models(spec.get("models")), dict(headers),
+                    idle_timeout_s=float(idle) if idle is not None else None)
