@@ -57,6 +57,15 @@ def _check_bind(host: str, settings: Settings) -> None:
         _fail(f"refusing to serve on {host} without FX_API_TOKEN (the API would be open to anyone)", EXIT_CONFIG)
 
 
+def _check_server(settings: Settings, command: str) -> None:
+    """Stops at once, exit 2, on settings the Redis at REDIS_URL cannot honour (store/preflight.py)."""
+    from .store.preflight import check_server
+
+    problems = check_server(settings)
+    if problems:
+        _fail(f"{command} cannot start: " + "; ".join(problems), EXIT_CONFIG)
+
+
 def _use_embedded(settings: Settings) -> None:
     # The embedded default keeps sessions in this process: an inherited REDIS_URL would
     # send wakes to Celery workers that are not there.
@@ -149,6 +158,7 @@ def web(host: str, port: int | None, module: str | None, processes: int) -> None
     _check_bind(host, settings)
     if not settings.redis_url:
         _fail("fx web needs REDIS_URL (for the embedded default without Redis, run fx dev)", EXIT_CONFIG)
+    _check_server(settings, "fx web")
     module = module or settings.agents_module
     if not module:
         _fail("fx web needs FX_AGENTS (or --agents): the module that creates the agents", EXIT_CONFIG)
@@ -173,6 +183,7 @@ def worker(module: str | None, concurrency: int | None, queues: str | None, prin
     settings = _settings()
     if not settings.redis_url:
         _fail("fx worker needs REDIS_URL (the broker and the store)", EXIT_CONFIG)
+    _check_server(settings, "fx worker")
     module = module or settings.agents_module
     if not module:
         _fail("fx worker needs FX_AGENTS (or --agents): the module that creates the agents", EXIT_CONFIG)

@@ -40,6 +40,7 @@ from .ids import now_ms
 from .registry import import_agents_module
 from .runtime import LoopThread, SharedLoop
 from .settings import Settings
+from .store.preflight import check_server
 from .sweeper import Sweeper, mark_worker_ready, start_worker_sweeper
 from .wakers import CeleryWaker
 
@@ -137,6 +138,12 @@ def _import_agents(sender: Any = None, **_: Any) -> None:
         # the application stands.
         if logging.getLogger(name).level == logging.NOTSET:
             logging.getLogger(name).setLevel(logging.WARNING)
+    problems = check_server(settings)
+    if problems:
+        # A signal handler's exception is only logged by Celery: leave as `fx worker` would.
+        celery_log.critical("the worker cannot start: %s", "; ".join(problems))
+        logging.shutdown()
+        os._exit(2)
     names = import_agents_module(settings.agents_module)
     celery_log.info("worker agents: %s (module %s)", ", ".join(names) or "none", settings.agents_module)
 

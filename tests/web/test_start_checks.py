@@ -1,0 +1,81 @@
+"""Settings the Redis cannot honour stop `fx web`, `fx worker` and a Celery worker at start,
+exit 2, with a message that says what to change (store/preflight.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.redis_server import RedisServer, redis_server_binary
+
+pytestmark = [pytest.mark.redis, pytest.mark.skipif(redis_server_binary() is None, reason="needs redis-server")]
+
+
+def _run(args: list[str], redis_url: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("FX_")}
+    environ.update(REDIS_URL=redis_url, FX_AGENTS="tests.durable.agents", FX_PREFIX="fxstart", **env)
+    return subprocess.run([sys.executable, *args], env=environ, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def evicting() -> Iterator[RedisServer]:
+    server = RedisServer(args=("--maxmemory-policy", "allkeys-lru"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def plain() -> Iterator[RedisServer]:
+    server = RedisServer(args=("--maxmemory-policy", "noeviction"))
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("command", [["-m", "fxworker", "web"], ["-m", "fxworker", "worker", "--print-command"]])
+def test_an_evicting_redis_stops_fx_web_and_fx_worker(evicting: RedisServer, command: list[str]) -> None:
+    done = _run(command, evicting.url)
+    assert done.returncode == 2, done.stderr
+    assert "allkeys-lru" in done.stderr and "noeviction" in done.stderr and "FX_ALLOW_EVICTION=1" in done.stderr
+
+
+def test_fx_allow_eviction_starts_with_a_warning(evicting: RedisServer) -> None:
+    done = _run(["-m", "fxworker", "worker", "--print-command"], evicting.url, FX_ALLOW_EVICTION="1")
+    assert done.returncode == 0, done.stderr
+    assert "celery" in done.stdout
+
+
+def test_an_evicting_redis_stops_a_celery_worker_started_directly(evicting: RedisServer) -> None:
+    done = _run(["-m", "celery", "-A", "fxworker.celery_app", "worker", "-P", "threads", "-c", "1",
+                 "--without-gossip", "--without-mingle"], evicting.url)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "allkeys-lru" in done.stdout + done.stderr
+
+
+def test_fx_ack_aof_needs_a_redis_with_waitaof(plain: RedisServer) -> None:
+    done = _run(["-m", "fxworker", "worker", "--print-command"], plain.url, FX_ACK="aof")
+    version = subprocess.run([redis_server_binary() or "redis-server", "--version"], capture_output=True, text=True).stdout
+    if "v=7.0" in version or "v=7.1" in version or "v=6" in version:
+        assert done.returncode == 2 and "WAITAOF" in done.stderr, done.stderr
+    else:
+        assert done.returncode == 2 and "appendonly" in done.stderr, done.stderr
+
+
+def test_fx_ack_replica_needs_a_connected_replica(plain: RedisServer) -> None:
+    done = _run(["-m", "fxworker", "worker", "--print-command"], plain.url, FX_ACK="replica")
+    assert done.returncode == 2 and "replica" in done.stderr, done.stderr
+    replica = RedisServer(args=("--replicaof", "127.0.0.1", str(plain.port)))
+    try:
+        import redis
+        from tests.support.workers import wait_until
+
+        primary = redis.Redis.from_url(plain.url)
+        wait_until(lambda: primary.info("replication").get("connected_slaves", 0) >= 1, 15, what="a connected replica")
+        primary.close()
+        done = _run(["-m", "fxworker", "worker", "--print-command"], plain.url, FX_ACK="replica")
+        assert done.returncode == 0, done.stderr
+    finally:
+        replica.stop()
