@@ -14,7 +14,6 @@ a new engine on the same store can `resume()` a turn the last process left open.
 from __future__ import annotations
 
 import dataclasses
-
 import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import redis as redis_py
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import OutOfMemoryError, RedisClusterException, RedisError
 
 from fxengine.errors import FxError
 
@@ -58,7 +58,9 @@ class _MapRedisErrors:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
         if exc is None or isinstance(exc, FxError):
             return False
-        if isinstance(exc, ResponseError) and str(exc).startswith(("OOM", "command not allowed when used memory")):
+        # By class, not text: inside a pipeline redis-py rewrites the message ("Command # 1
+        # (...) of pipeline caused error: ...") but keeps the class of the OOM reply.
+        if isinstance(exc, OutOfMemoryError):
             raise FxStoreFullError(
                 "the session store is full (Redis is at its maxmemory): nothing was stored; "
                 "send it again with the same messageId once memory is freed"

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from fxworker.errors import FxAckUnsupportedError, FxStoreUnavailableError, FxUnknownSessionError
+from fxworker.errors import FxAckUnsupportedError, FxStoreFullError, FxStoreUnavailableError, FxUnknownSessionError
 from fxworker.ids import new_session_id
 from fxworker.store import RedisStore, redis_store
 from tests.support.redis_server import RedisServer
@@ -162,4 +162,27 @@ async def test_a_warning_when_redis_may_evict(server: RedisServer, caplog: pytes
     with caplog.at_level(logging.WARNING, logger="fxworker.store"):
         await store.accept(new_session_id(), agent="default", message_id="m1", input="x")
     assert any("noeviction" in r.getMessage() for r in caplog.records)
+    await store.aclose()
+
+
+async def test_redis_at_its_memory_limit_is_store_full_and_keeps_what_it_has(server: RedisServer) -> None:
+    store: RedisStore = redis_store(server.url, prefix="fx")
+    sid = new_session_id()
+    await store.accept(sid, agent="default", message_id="m1", input="stored before")
+    admin = redis.Redis.from_url(server.url)
+    admin.config_set("maxmemory", 1)  # noeviction (the default): every write is refused
+    try:
+        with pytest.raises(FxStoreFullError) as full:
+            await store.accept(sid, agent="default", message_id="m2", input="refused")
+        assert full.value.code == "FX_STORE_FULL" and isinstance(full.value, FxStoreUnavailableError)
+        # A worker's claim is refused the same way, taking nothing.
+        with pytest.raises(FxStoreFullError):
+            await store.claim(sid, holder="w1", lease_ms=1000)
+        state = await store.state(sid)
+        assert state.pending == 1 and state.epoch == 0
+    finally:
+        admin.config_set("maxmemory", 0)
+        admin.close()
+    accepted = await store.accept(sid, agent="default", message_id="m2", input="stored after")
+    assert not accepted.repeated
     await store.aclose()

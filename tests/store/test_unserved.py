@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fxworker.store import Claim, RedisStore, Serving, Unserved
+from fxworker.store import Claim, Idle, RedisStore, Serving, Unserved
 from tests.store.conftest import FakeClock
 
 ONLY_A = Serving(("a",), give_up_ms=60_000, retry_max_ms=2_000)
@@ -62,4 +62,4 @@ async def test_a_session_with_nothing_to_run_is_idle_whoever_owns_it(store: Redi
     await store.append(sid, claim.epoch, records=[("k1", b"drop", [{"drop": "m1"}])])
     await store.release(sid, claim.epoch, cutoff=False)
     idle = await store.claim(sid, holder="wa", lease_ms=1000, only_work=True, serving=ONLY_A)
-    assert type(idle).__name__ == "Idle" and (await store.state(sid)).unserved_since_ms is None
+    assert isinstance(idle, Idle) and (await store.state(sid)).unserved_since_ms is None
