@@ -329,7 +329,15 @@ class Session:
         return blocks
 
     async def _wake(self, owner: str, reason: str) -> None:
-        await asyncio.to_thread(self.agent.wake, self.id, agent=owner, reason=reason)
+        """Sends the wake for what was just stored. It is a hint (§7): when the broker
+        refuses it (away, full), the stored work keeps its ready mark and the sweeper wakes
+        the session, so the caller still gets its acknowledgement."""
+        try:
+            await asyncio.to_thread(self.agent.wake, self.id, agent=owner, reason=reason)
+        except Exception as exc:  # noqa: BLE001 - whatever the broker raised: the sweeper wakes it
+            metrics.WAKES_FAILED.inc()
+            log.warning("waking %s (%s) failed (%s: %s); the sweeper will wake it", self.id, reason,
+                        type(exc).__name__, exc)
 
     def _forwarded(self, owner: str | None) -> str:
         if owner and owner != self.agent.name:

@@ -41,7 +41,7 @@ from typing import Any
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 
 from .keys import DEAD_LETTER_LIST
 
@@ -170,9 +170,16 @@ class Channel(kombu_redis.Channel):
 
 
 class Transport(kombu_redis.Transport):
-    """kombu's Redis transport with `Channel` above (`broker_transport` of the Celery app)."""
+    """kombu's Redis transport with `Channel` above (`broker_transport` of the Celery app).
+
+    A full Redis (`OOM`) and a replica in a primary's place (`READONLY`) are connection
+    errors here, wherever kombu meets them (a queue's declare on reconnect, a publish):
+    Celery reconnects with its backoff, and a producer retries under its retry policy,
+    instead of the worker exiting on an "unrecoverable" error.
+    """
 
     Channel = Channel
+    connection_errors = (*kombu_redis.Transport.connection_errors, OutOfMemoryError, ReadOnlyError)
 
 
 def _reconnect(exc: ResponseError, what: str) -> RedisConnectionError:

@@ -82,6 +82,11 @@ NO_AGENT_REFUSALS = Counter(
     "Deliveries refused with FX_NO_AGENT.",
     registry=REGISTRY,
 )
+WAKES_FAILED = Counter(
+    "fx_wake_send_failures",
+    "Wakes the broker refused after their input was stored (the sweeper wakes those sessions).",
+    registry=REGISTRY,
+)
 # Wake deliveries handled, by outcome: done, yielded, noop, refused, no_agent, unavailable, error.
 WAKES = Counter(
     "fx_wakes",

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 import redis
 
+from fxworker.keys import queue_name
 from tests.support.redis_server import external_redis_url
+from tests.support.workers import wait_until
 from tests.durable.test_celery_concurrency import run_on_client_loop
 
 pytestmark = [pytest.mark.redis, pytest.mark.celery, pytest.mark.slow]
@@ -49,7 +51,8 @@ def _commands_processed(r: redis.Redis) -> int:
     return int(r.info("stats")["total_commands_processed"])
 
 
-def test_no_lease_outlives_its_turn_and_every_follow_up_runs(workers: Any, client: Any, redis_url: str) -> None:
+def test_no_lease_outlives_its_turn_and_every_follow_up_runs(workers: Any, client: Any, redis_url: str,
+                                                            prefix: str) -> None:
     pool = [workers.start(concurrency=100), workers.start(concurrency=100)]
     agent = client.agents["default"]
     sessions = [agent.session() for _ in range(SESSIONS)]
@@ -73,6 +76,12 @@ def test_no_lease_outlives_its_turn_and_every_follow_up_runs(workers: Any, clien
     if external_redis_url() is None:
         r = redis.Redis.from_url(redis_url)
         try:
+            # Sweeps during the burst woke sessions whose wake was still queued behind busy
+            # workers (§7: a duplicate wake is harmless); the window starts once the
+            # broker holds no message, queued or unacknowledged.
+            queue, unacked = f"{prefix}:celery:{queue_name('default')}", f"{prefix}:celery:unacked"
+            wait_until(lambda: r.llen(queue) == 0 and r.hlen(unacked) == 0, 20, interval_s=0.1,
+                       what="the broker drained")
             before, started = _commands_processed(r), time.monotonic()
             time.sleep(IDLE_WINDOW_S)  # a rate over a window: no event marks "idle"
             rate = (_commands_processed(r) - before) / (time.monotonic() - started)

@@ -229,10 +229,16 @@ async def test_a_slow_reader_pauses_the_stream_without_loss(model: ScriptedModel
     got = []
     async for event in turn:
         got.append(event["delta"])
-        if len(got) % 100 == 0:
-            await asyncio.sleep(0.01)
+        if len(got) == 1:
+            # The reader stops after one event: the turn fills its buffer and pauses,
+            # and says so, before the rest of the stream is taken.
+            deadline = asyncio.get_running_loop().time() + 5
+            while not diagnostics.of("output.backpressure"):
+                assert asyncio.get_running_loop().time() < deadline, "the turn never paused"
+                await asyncio.sleep(0.005)
     assert "".join(got) == "".join(str(i % 10) for i in range(1000))
-    assert diagnostics.of("output.backpressure")
+    (paused,) = diagnostics.of("output.backpressure")
+    assert paused["bufferedEvents"] >= 256 or paused["bufferedBytes"] >= 1024 * 1024
 
 
 async def test_transport_diagnostics(model: ScriptedModel, make_engine: Any, diagnostics: Diagnostics) -> None:
