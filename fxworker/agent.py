@@ -211,7 +211,7 @@ class Agent:
     @property
     def waker(self) -> Waker:
         if self._waker is None:
-            if self.settings.redis_url:
+            if self.settings.broker_url:
                 self._waker = CeleryWaker()
             else:
                 self._waker = InProcessWaker()

@@ -36,16 +36,20 @@ import binascii
 import json
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qs, quote
 
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 
+from .errors import FxConfigError
 from .keys import DEAD_LETTER_LIST
 
 NAME = "fxworker.broker:Transport"
+SENTINEL_NAME = "fxworker.broker:SentinelTransport"
 DEAD_LETTER_MAX = 1000  # the dead-letter list keeps this many of the newest entries
 EXCERPT_CHARS = 200  # of an undecodable message, in the log line
 
@@ -186,3 +190,72 @@ def _reconnect(exc: ResponseError, what: str) -> RedisConnectionError:
     """An error reply met while `what`, as the connection error Celery reconnects on."""
     log.warning("Redis answered an error while %s (%s): reconnecting", what, exc)
     return RedisConnectionError(f"Redis answered an error while {what}: {exc}")
+
+
+class SentinelChannel(Channel, kombu_redis.SentinelChannel):
+    """`Channel` on the primary a set of sentinels names (kombu's Sentinel channel)."""
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    """kombu's Sentinel transport with the same resilience as `Transport`."""
+
+    Channel = SentinelChannel
+    connection_errors = Transport.connection_errors
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """How Celery reaches the broker a URL names: kombu's URL, the transport class, the
+    transport options to add, and the Celery settings that broker needs."""
+
+    kind: str  # "redis", "sentinel", "amqp" or "memory"
+    url: str
+    transport: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    conf: dict[str, Any] = field(default_factory=dict)
+
+
+def broker_config(url: str | None) -> BrokerConfig:
+    """The Celery configuration of the broker at `url` (`FX_BROKER_URL`, default `REDIS_URL`).
+
+    - `redis://`, `rediss://`: this module's `Transport`, keys under the prefix;
+    - `redis+sentinel://[:password@]host:port,host:port/<master>[/db]` (the store's form; or
+      kombu's `sentinel://host:port;sentinel://...` with the master in
+      `?master_name=`): `SentinelTransport` on the primary the sentinels name;
+    - `amqp://`, `amqps://`, `pyamqp://` (RabbitMQ): durable quorum queues, publisher
+      confirms (a wake is sent once the broker has it); isolate deployments by vhost;
+    - none: `memory://` (this process only, tests).
+    """
+    if not url:
+        return BrokerConfig("memory", "memory://")
+    scheme = url.partition("://")[0].lower()
+    if scheme in ("redis", "rediss"):
+        return BrokerConfig("redis", url, NAME)
+    if scheme in ("redis+sentinel", "rediss+sentinel"):
+        from .store.urls import parse_store_url
+
+        address = parse_store_url(url)
+        auth = f":{quote(address.password, safe='')}@" if address.password else ""
+        kombu_url = ";".join(f"sentinel://{auth}{host}:{port}/{address.db}" for host, port in address.nodes)
+        options: dict[str, Any] = {"master_name": address.master}
+        if address.sentinel_password:
+            options["sentinel_kwargs"] = {"password": address.sentinel_password}
+        return BrokerConfig("sentinel", kombu_url, SENTINEL_NAME, options)
+    if scheme == "sentinel":
+        base, _, query = url.partition("?")
+        master = parse_qs(query).get("master_name", [None])[-1]
+        if not master:
+            raise FxConfigError("a sentinel:// broker URL needs its master: add ?master_name=<name>, "
+                                "or write it redis+sentinel://host:port,host:port/<master>")
+        return BrokerConfig("sentinel", base, SENTINEL_NAME, {"master_name": master})
+    if scheme in ("amqp", "amqps", "pyamqp"):
+        return BrokerConfig("amqp", url, None, {"confirm_publish": True}, {
+            # Quorum queues: replicated, durable, and what RabbitMQ recommends for work queues.
+            "task_create_missing_queue_type": "quorum",
+            "task_default_queue_type": "quorum",
+            "worker_detect_quorum_queues": True,
+        })
+    if scheme == "memory":
+        return BrokerConfig("memory", url)
+    raise FxConfigError(f"the broker URL scheme {scheme!r} is not one fxworker runs on: use redis://, rediss://, "
+                        "redis+sentinel:// or amqp:// (RabbitMQ)")

@@ -1,8 +1,10 @@
 """The Celery app: the wake-up channel of the durable layer (§7).
 
-Celery is only the wake-up; the lease is the truth. The broker is `REDIS_URL`, every
-broker key carries `FX_PREFIX` (kombu's `global_keyprefix`, so deployments and test runs
-sharing a Redis do not collide), and each agent name has its own queue `fx.<name>`.
+Celery is only the wake-up; the lease is the truth. The broker is `FX_BROKER_URL` (default
+`REDIS_URL`): a Redis, standalone or Sentinel-managed, or RabbitMQ (`fxworker.broker.
+broker_config`). On Redis every broker key carries `FX_PREFIX` (kombu's `global_keyprefix`,
+so deployments and test runs sharing a Redis do not collide); on RabbitMQ a vhost keeps
+them apart. Each agent name has its own queue `fx.<name>`.
 
 Run a worker with the threads pool, so one process carries many turns on one asyncio
 loop (`fxworker.runtime`):
@@ -24,7 +26,7 @@ from typing import Any
 
 from celery import Celery
 
-from .broker import NAME as BROKER_TRANSPORT
+from .broker import broker_config
 from .keys import queue_name
 from .settings import Settings
 
@@ -33,13 +35,13 @@ def make_celery_app(settings: Settings | None = None) -> Celery:
     """A Celery app configured from `settings` (from the environment when None)."""
     settings = settings or Settings.from_env()
     app = Celery("fxworker", include=["fxworker.tasks"])
-    broker_url = settings.redis_url or "memory://"
-    scheme = broker_url.partition("://")[0]
+    broker = broker_config(settings.broker_url)
     app.conf.update(
-        broker_url=broker_url,
-        # kombu's Redis transport, kept consuming across a Redis restart (fxworker.broker).
-        broker_transport=BROKER_TRANSPORT if scheme in ("redis", "rediss") else None,
+        broker_url=broker.url,
+        # kombu's Redis transports, kept consuming across a Redis restart (fxworker.broker).
+        broker_transport=broker.transport,
         broker_transport_options={
+            **broker.options,
             "global_keyprefix": f"{settings.prefix}:celery:",
             # A message not acked within this long is redelivered: keep it far above the
             # delivery deadline, so a long turn is never run by two workers at once
@@ -66,6 +68,7 @@ def make_celery_app(settings: Settings | None = None) -> Celery:
         worker_hijack_root_logger=False,
         task_serializer="json",
         accept_content=["json"],
+        **broker.conf,
     )
     app.fx_settings = settings  # type: ignore[attr-defined]
     return app

@@ -58,7 +58,7 @@ def _check_bind(host: str, settings: Settings) -> None:
 
 
 def _check_server(settings: Settings, command: str) -> None:
-    """Stops at once, exit 2, on settings the Redis at REDIS_URL cannot honour (store/preflight.py)."""
+    """Stops at once, exit 2, on settings the store or the broker cannot honour (store/preflight.py)."""
     from .store.preflight import check_server
 
     problems = check_server(settings)
@@ -66,12 +66,14 @@ def _check_server(settings: Settings, command: str) -> None:
         _fail(f"{command} cannot start: " + "; ".join(problems), EXIT_CONFIG)
 
 
-def _use_embedded(settings: Settings) -> None:
+def _use_embedded() -> None:
     # The embedded default keeps sessions in this process: an inherited REDIS_URL would
     # send wakes to Celery workers that are not there.
-    if settings.redis_url:
-        click.echo("fx: the embedded mode ignores REDIS_URL", err=True)
-        os.environ.pop("REDIS_URL", None)
+    named = [name for name in ("REDIS_URL", "FX_STORE_URL", "FX_BROKER_URL") if os.environ.get(name)]
+    if named:
+        click.echo(f"fx: the embedded mode ignores {', '.join(named)}", err=True)
+        for name in named:
+            os.environ.pop(name, None)
 
 
 def _import_agents(module: str) -> list[str]:
@@ -99,7 +101,7 @@ def _kill_worker_on_usr1() -> None:
 
 def _start_dev(module: str, workers: int) -> list[str]:
     settings = _settings()
-    _use_embedded(settings)
+    _use_embedded()
     names = _import_agents(module)
     from . import embedded
 
@@ -156,8 +158,11 @@ def web(host: str, port: int | None, module: str | None, processes: int) -> None
     settings = _settings()
     port = port or settings.port
     _check_bind(host, settings)
-    if not settings.redis_url:
-        _fail("fx web needs REDIS_URL (for the embedded default without Redis, run fx dev)", EXIT_CONFIG)
+    if not settings.store_url:
+        _fail("fx web needs REDIS_URL or FX_STORE_URL (for the embedded default without Redis, run fx dev)",
+              EXIT_CONFIG)
+    if not settings.broker_url:
+        _fail("fx web needs a broker to wake workers: REDIS_URL or FX_BROKER_URL", EXIT_CONFIG)
     _check_server(settings, "fx web")
     module = module or settings.agents_module
     if not module:
@@ -181,8 +186,9 @@ def worker(module: str | None, concurrency: int | None, queues: str | None, prin
     Extra arguments go to `celery worker` unchanged.
     """
     settings = _settings()
-    if not settings.redis_url:
-        _fail("fx worker needs REDIS_URL (the broker and the store)", EXIT_CONFIG)
+    if not settings.store_url or not settings.broker_url:
+        _fail("fx worker needs a store and a broker: REDIS_URL (both), or FX_STORE_URL and FX_BROKER_URL",
+              EXIT_CONFIG)
     _check_server(settings, "fx worker")
     module = module or settings.agents_module
     if not module:

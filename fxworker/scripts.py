@@ -100,8 +100,13 @@ class SyncRunner:
         """Runs `steps` in order: one pipeline (one round trip) when allowed, else one by one."""
         if len(steps) == 1 and isinstance(steps[0], Call):  # most calls: no pipeline to build
             return [self.run(steps[0])]
-        if self.cluster or len(steps) == 1:
-            return [self._run_step(step) for step in steps]
+        if self.cluster:
+            replies = []
+            for group in _node_groups(steps):
+                replies += self._run_on_node(group) if len(group) > 1 else [self._run_step(group[0])]
+            return replies
+        if len(steps) == 1:
+            return [self._run_step(steps[0])]
         pipe = self.client.pipeline(transaction=False)
         for step in steps:
             _queue(pipe, step)
@@ -111,6 +116,21 @@ class SyncRunner:
             self.load()
             for i in _rerun(steps, replies, missing):
                 replies[i] = self._run_step(steps[i])
+        return _raise_errors(replies)
+
+    def _run_on_node(self, group: list[Step]) -> list[Any]:
+        """A cluster call and the waits after it, in one pipeline on the call's node (a
+        WAIT counts the writes of its own connection)."""
+        node = self.client.get_node_from_key(group[0].keys[0])  # type: ignore[union-attr]
+        for attempt in (0, 1):
+            pipe = self.client.pipeline(transaction=False)
+            for step in group:
+                _queue(pipe, step, node=node)
+            replies = list(pipe.execute(raise_on_error=False))
+            if attempt == 0 and isinstance(replies[0], NoScriptError):
+                self.load()
+                continue
+            break
         return _raise_errors(replies)
 
     def _run_step(self, step: Step) -> Any:
@@ -144,8 +164,13 @@ class AsyncRunner:
         """Runs `steps` in order: one pipeline (one round trip) when allowed, else one by one."""
         if len(steps) == 1 and isinstance(steps[0], Call):  # most calls: no pipeline to build
             return [await self.run(steps[0])]
-        if self.cluster or len(steps) == 1:
-            return [await self._run_step(step) for step in steps]
+        if self.cluster:
+            replies = []
+            for group in _node_groups(steps):
+                replies += await self._run_on_node(group) if len(group) > 1 else [await self._run_step(group[0])]
+            return replies
+        if len(steps) == 1:
+            return [await self._run_step(steps[0])]
         pipe = self.client.pipeline(transaction=False)
         for step in steps:
             _queue(pipe, step)
@@ -157,6 +182,21 @@ class AsyncRunner:
                 replies[i] = await self._run_step(steps[i])
         return _raise_errors(replies)
 
+    async def _run_on_node(self, group: list[Step]) -> list[Any]:
+        """A cluster call and the waits after it, in one pipeline on the call's node (a
+        WAIT counts the writes of its own connection)."""
+        node = self.client.get_node_from_key(group[0].keys[0])  # type: ignore[union-attr]
+        for attempt in (0, 1):
+            pipe = self.client.pipeline(transaction=False)
+            for step in group:
+                _queue(pipe, step, node=node)
+            replies = list(await pipe.execute(raise_on_error=False))
+            if attempt == 0 and isinstance(replies[0], NoScriptError):
+                await self.load()
+                continue
+            break
+        return _raise_errors(replies)
+
     async def _run_step(self, step: Step) -> Any:
         if isinstance(step, Call):
             return await self.run(step)
@@ -166,13 +206,31 @@ class AsyncRunner:
         return await self.client.execute_command(*step.args)
 
 
-def _queue(pipe: Any, step: Step) -> None:
+def _queue(pipe: Any, step: Step, *, node: Any = None) -> None:
     # Plain EVALSHA on the pipeline: redis-py's Script objects would add a SCRIPT EXISTS
     # round trip before every pipeline.
     if isinstance(step, Call):
         pipe.execute_command("EVALSHA", *step.evalsha_args())
+    elif node is not None:
+        pipe.execute_command(*step.args, target_nodes=node)
     else:
         pipe.execute_command(*step.args)
+
+
+def _is_wait(step: Step) -> bool:
+    return isinstance(step, Command) and step.key is None and step.args[0] in ("WAIT", "WAITAOF")
+
+
+def _node_groups(steps: Sequence[Step]) -> list[list[Step]]:
+    """`steps` cut into runs of one step each, except that a call keeps the waits that
+    follow it (they must go to its node, on its connection)."""
+    groups: list[list[Step]] = []
+    for step in steps:
+        if _is_wait(step) and groups and isinstance(groups[-1][0], Call):
+            groups[-1].append(step)
+        else:
+            groups.append([step])
+    return groups
 
 
 def _first_noscript(replies: list[Any]) -> int | None:

@@ -14,9 +14,18 @@ from .errors import FxConfigError
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    # REDIS_URL: the session store and the Celery broker. Unset: the embedded default
+    # REDIS_URL: the session store and the Celery broker, unless FX_STORE_URL or
+    # FX_BROKER_URL names another. Unset (and both of those): the embedded default
     # (fakeredis in this process), for development only.
     redis_url: str | None = None
+    # FX_STORE_URL: the session store: a Redis (`redis://`, `rediss://`), a Redis Cluster
+    # (detected from the server, or `redis+cluster://host:port,host:port/0`) or a
+    # Sentinel-managed primary (`redis+sentinel://host:port,host:port/<master>/0`).
+    # Default: REDIS_URL.
+    store_url: str | None = None
+    # FX_BROKER_URL: the Celery broker the wakes travel on: a Redis (standalone, or
+    # `redis+sentinel://`) or RabbitMQ (`amqp://`, quorum queues). Default: REDIS_URL.
+    broker_url: str | None = None
     # FX_PREFIX: the prefix of every store key.
     prefix: str = "fx"
     # FX_AGENTS: the module that creates the agents; workers and web processes import it.
@@ -71,6 +80,13 @@ class Settings:
     # backoff for this long, then its waiting inputs end `error` FX_NO_AGENT.
     no_agent_give_up_s: float = 86400.0
 
+    def __post_init__(self) -> None:
+        # The store and the broker default to REDIS_URL, however the settings were made.
+        if self.store_url is None and self.redis_url:
+            object.__setattr__(self, "store_url", self.redis_url)
+        if self.broker_url is None and self.redis_url:
+            object.__setattr__(self, "broker_url", self.redis_url)
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
@@ -103,6 +119,8 @@ class Settings:
             raise FxConfigError(f"FX_ACK must be primary, aof or replica, got {ack!r}")
         return cls(
             redis_url=text("REDIS_URL"),
+            store_url=text("FX_STORE_URL"),
+            broker_url=text("FX_BROKER_URL"),
             prefix=text("FX_PREFIX") or "fx",
             agents_module=text("FX_AGENTS"),
             delivery_timeout_s=number("FX_DELIVERY_TIMEOUT_S", 300.0, minimum=1.0),

@@ -18,14 +18,11 @@ import os
 import threading
 from typing import Any
 
-import redis
-import redis.asyncio as aioredis
-
 from .ids import now_ms
 from .keys import sweeper_guard_key, worker_ready_key
 from .runtime import LoopThread
 from .settings import Settings
-from .store import default_store
+from .store import default_store, store_clients
 from .store.timed import TimedStore
 from .wakers import Waker
 
@@ -33,8 +30,9 @@ log = logging.getLogger("fxworker.sweeper")
 
 
 def mark_worker_ready(settings: Settings, *, hostname: str, pid: int) -> None:
-    """Records that this worker is consuming (the event tests wait for instead of a sleep)."""
-    client = redis.Redis.from_url(settings.redis_url or "")
+    """Records in the store that this worker is consuming (the event tests wait for
+    instead of a sleep)."""
+    client = store_clients(settings.store_url or "", max_connections=1)[1]()
     try:
         client.set(worker_ready_key(settings.prefix, hostname), str(pid), ex=3600)
     finally:
@@ -169,7 +167,7 @@ def _redis_guard(settings: Settings) -> Any:
     async def guard(px_ms: int) -> bool:
         nonlocal client
         if client is None:
-            client = aioredis.Redis.from_url(settings.redis_url or "")
+            client = store_clients(settings.store_url or "", max_connections=2)[0]()
         key = sweeper_guard_key(settings.prefix)
         if await client.set(key, token, nx=True, px=max(px_ms, 50)):
             return True
@@ -185,12 +183,12 @@ def start_worker_sweeper(
     settings: Settings, *, loop: LoopThread, waker: Waker
 ) -> tuple[Sweeper, concurrent.futures.Future[None]] | None:
     """Starts a worker process's sweeper on `loop`, waking through `waker` (Celery
-    `worker_ready`, in `fxworker.tasks`); None without Redis.
+    `worker_ready`, in `fxworker.tasks`); None without a store URL.
 
     Returns the sweeper and the future of its run, for the caller to keep: asyncio holds
     a running task only weakly.
     """
-    if not settings.redis_url:
+    if not settings.store_url:
         return None
     sweeper = Sweeper(
         default_store(settings),

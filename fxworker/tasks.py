@@ -161,7 +161,7 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
         metrics.serve(settings.metrics_port, host=settings.metrics_host)
         celery_log.info("metrics on http://%s:%s/metrics", settings.metrics_host, settings.metrics_port)
     hostname = getattr(sender, "hostname", None) or socket.gethostname()
-    if settings.redis_url:
+    if settings.store_url:
         mark_worker_ready(settings, hostname=hostname, pid=os.getpid())
     celery_log.info("worker %s ready (pid %s)", hostname, os.getpid())
 

@@ -2,8 +2,8 @@
 
 Three ways to build one, all the same `RedisStore` (one code path, Lua included):
 
-    redis_store(url)        Redis or Redis Cluster (`cluster=True`) over redis-py
-    embedded_store()        fakeredis in this process (the default with no REDIS_URL)
+    redis_store(url)        Redis, Redis Cluster or a Sentinel-managed primary over redis-py
+    embedded_store()        fakeredis in this process (the default with no store URL)
     memory_store()          a private fakeredis, looser session ids (tests, tools)
 
 Every method is async; `store.sync` has the blocking twins. The key layout is documented
@@ -60,7 +60,9 @@ from ._core import READY_GRACE_MS, UNCHECKED, StoreCore
 from .embedded import embedded_store
 from .memory import memory_store
 from .persistence import StorePersistence
+from ._boundary import is_cluster
 from .redis import RedisStore, SyncRedisStore, client_factories, map_redis_errors
+from .urls import StoreAddress, masked, parse_store_url
 from .types import (
     CHECKPOINT_MAX_BYTES,
     STEER_MAX_BYTES,
@@ -93,7 +95,7 @@ def redis_store(
     ack: str | None = None,
     client: Any = None,
     sync_client: Any = None,
-    cluster: bool = False,
+    cluster: bool | None = None,
     session_ttl_s: float | None = None,
     clock: Callable[[], int] | None = None,
     socket_timeout_s: float = 5.0,
@@ -101,11 +103,15 @@ def redis_store(
     pool_timeout_s: float | None = None,
     settings: Settings | None = None,
 ) -> RedisStore:
-    """The store on Redis at `url` (default `REDIS_URL`); with neither, the embedded store.
+    """The store at `url` (default `FX_STORE_URL`, else `REDIS_URL`); with neither, the
+    embedded store.
 
-    `ack`: "primary" (default), "aof" (WAITAOF, Redis >= 7.2, else FX_ACK_UNSUPPORTED at
-    first use) or "replica" (WAIT 1). `client` / `sync_client`: redis-py clients of your
-    own (asyncio / blocking, `decode_responses=False`); `cluster=True` for Redis Cluster.
+    `url` names one Redis, a Redis Cluster or a Sentinel-managed primary (`store.urls`).
+    `cluster`: None (default) asks a `redis://` server whether it runs in cluster mode;
+    True or False says so. `ack`: "primary" (default), "aof" (WAITAOF, Redis >= 7.2, else
+    FX_ACK_UNSUPPORTED at first use) or "replica" (WAIT 1; on a cluster, on the node that
+    owns the session). `client` / `sync_client`: redis-py clients of your own (asyncio /
+    blocking, `decode_responses=False`).
     `clock` returns ms and stands in for wall time in every lease decision (tests).
     `max_connections` bounds each client's pool (default `FX_REDIS_MAX_CONNECTIONS`); a
     call finding it full waits up to `pool_timeout_s` (default `socket_timeout_s`), then
@@ -116,12 +122,15 @@ def redis_store(
     prefix = prefix or settings.prefix
     ack = ack or settings.ack
     ttl = session_ttl_s if session_ttl_s is not None else settings.session_ttl_s
-    url = url or settings.redis_url
+    url = url or settings.store_url
     if url is None and client is None and sync_client is None:
         if ack != "primary":
-            raise FxConfigError(f"ack={ack!r} needs a Redis server (REDIS_URL)")
-        log.warning("REDIS_URL is not set: using the embedded store (in this process only, for development)")
+            raise FxConfigError(f"ack={ack!r} needs a Redis server (FX_STORE_URL or REDIS_URL)")
+        log.warning("no FX_STORE_URL or REDIS_URL: using the embedded store (in this process only, for development)")
         return embedded_store(prefix=prefix, session_ttl_s=ttl, clock=clock)
+    address = parse_store_url(url) if url is not None else None
+    if cluster is None:
+        cluster = address is not None and _detect_cluster(address)
     core = StoreCore(
         prefix=prefix, ack=ack, session_ttl_s=ttl, clock=clock, cluster=cluster,
         max_block_ms=max(1, int(socket_timeout_s * 1000) - 500),
@@ -131,8 +140,9 @@ def redis_store(
     max_connections = max_connections or settings.redis_max_connections
     pool_timeout_s = socket_timeout_s if pool_timeout_s is None else pool_timeout_s
     if url is not None:
+        assert address is not None
         make_async, make_sync = client_factories(
-            url, cluster=cluster, socket_timeout_s=socket_timeout_s, max_connections=max_connections,
+            address, cluster=cluster, socket_timeout_s=socket_timeout_s, max_connections=max_connections,
             pool_timeout_s=pool_timeout_s,
         )
     else:
@@ -151,17 +161,48 @@ def redis_store(
     )
 
 
-def default_store(settings: Settings) -> RedisStore:
-    """The store of this process for `settings`: Redis at `REDIS_URL`, else the embedded one.
+_clusters: dict[str, bool] = {}  # store URL -> whether its server runs in cluster mode
 
-    One per (`REDIS_URL`, `FX_PREFIX`) for the life of the process, shared by the agents
+
+def _detect_cluster(address: StoreAddress) -> bool:
+    if address.url in _clusters:
+        return _clusters[address.url]
+    found = is_cluster(address)
+    if found is not None:
+        _clusters[address.url] = found
+    else:
+        log.warning("could not ask %s whether it runs in cluster mode (it did not answer): taking it for one "
+                    "Redis; name a cluster redis+cluster://host:port,... to say so", masked(address.url))
+        return False
+    return found
+
+
+def store_clients(
+    url: str, *, max_connections: int = 16, socket_timeout_s: float = 5.0
+) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(async factory, sync factory) of plain redis-py clients of the store at `url` — one
+    Redis, a Redis Cluster or a Sentinel-managed primary, as `redis_store` reads it — for
+    the few keys outside the sessions: the sweeper's guard, worker-ready marks, the web
+    process's health check and wake replay guard, a `redis_refresh_lock`."""
+    address = parse_store_url(url)
+    return client_factories(
+        address, cluster=_detect_cluster(address), socket_timeout_s=socket_timeout_s,
+        max_connections=max_connections, pool_timeout_s=socket_timeout_s,
+    )
+
+
+def default_store(settings: Settings) -> RedisStore:
+    """The store of this process for `settings`: the one `FX_STORE_URL` (else `REDIS_URL`)
+    names, else the embedded one.
+
+    One per (store URL, `FX_PREFIX`) for the life of the process, shared by the agents
     built without a store of their own, the delivery handler and the sweeper.
     """
-    key = (settings.redis_url, settings.prefix)
+    key = (settings.store_url, settings.prefix)
     with _default_lock:
         if key not in _default_stores:
-            if settings.redis_url:
-                _default_stores[key] = redis_store(settings.redis_url, prefix=settings.prefix)
+            if settings.store_url:
+                _default_stores[key] = redis_store(settings.store_url, prefix=settings.prefix, settings=settings)
             else:
                 _default_stores[key] = embedded_store(prefix=settings.prefix)
         return _default_stores[key]
@@ -177,6 +218,9 @@ __all__ = [
     "StoreCore",
     "StorePersistence",
     "map_redis_errors",
+    "parse_store_url",
+    "store_clients",
+    "StoreAddress",
     # results
     "Accepted",
     "Appended",

@@ -27,6 +27,7 @@ from redis.exceptions import OutOfMemoryError, RedisClusterException, RedisError
 from fxengine.errors import FxError
 
 from ..errors import FxStoreFullError, FxStoreUnavailableError
+from .urls import StoreAddress
 
 T = TypeVar("T")
 
@@ -127,17 +128,6 @@ def _no_maintenance_notifications() -> dict[str, Any]:
     return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
 
 
-def web_client(url: str, *, socket_timeout_s: float) -> Any:
-    """The web process's own asyncio client (health checks, wake replay guard), retries off."""
-    import redis.asyncio as async_redis
-
-    pool = async_redis.BlockingConnectionPool.from_url(
-        url, max_connections=16, timeout=socket_timeout_s, retry=_no_retry(True), socket_timeout=socket_timeout_s,
-        socket_connect_timeout=socket_timeout_s, **_no_maintenance_notifications(), **_driver_info(),
-    )
-    return async_redis.Redis.from_pool(pool)
-
-
 class ServerCheck:
     """Start-up checks run once per store (maxmemory-policy warning, WAITAOF support)."""
 
@@ -180,9 +170,9 @@ def _driver_info() -> dict[str, Any]:
 
 
 def client_factories(
-    url: str, *, cluster: bool, socket_timeout_s: float, max_connections: int, pool_timeout_s: float
+    address: StoreAddress, *, cluster: bool, socket_timeout_s: float, max_connections: int, pool_timeout_s: float
 ) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    """(async factory, sync factory) of redis-py clients for `url`, retries off.
+    """(async factory, sync factory) of redis-py clients for `address`, retries off.
 
     Each client draws on a `BlockingConnectionPool` of at most `max_connections`: a call
     finding every connection busy waits for one up to `pool_timeout_s`, then fails with
@@ -190,7 +180,9 @@ def client_factories(
     default pool fails such a call at once. On a cluster the blocking client's per-node
     pools wait alike; the asyncio cluster client has no waiting pool (its per-node limit
     fails a call at once), so it keeps its unbounded default and the store bounds its
-    calls itself (`RedisStore`).
+    calls itself (`RedisStore`). A Sentinel-managed primary is found through the
+    sentinels for each new connection, so a failover is followed once the old
+    connections fail; its pool does not wait either (the store bounds its calls).
     """
     if max_connections < 1:
         raise ValueError(f"max_connections must be at least 1, got {max_connections}")
@@ -199,13 +191,26 @@ def client_factories(
         import redis.asyncio.cluster as async_cluster
         import redis.cluster as sync_cluster
 
+        if address.kind == "redis":  # a node's URL: the client finds the others
+            return (
+                lambda: async_cluster.RedisCluster.from_url(address.url, **common),
+                lambda: sync_cluster.RedisCluster.from_url(
+                    address.url, connection_pool_class=redis_py.BlockingConnectionPool,
+                    max_connections=max_connections, timeout=pool_timeout_s, **common,
+                ),
+            )
+        auth = {"username": address.username, "password": address.password, "ssl": address.tls}
         return (
-            lambda: async_cluster.RedisCluster.from_url(url, **common),
-            lambda: sync_cluster.RedisCluster.from_url(
-                url, connection_pool_class=redis_py.BlockingConnectionPool, max_connections=max_connections,
-                timeout=pool_timeout_s, **common,
+            lambda: async_cluster.RedisCluster(
+                startup_nodes=[async_cluster.ClusterNode(h, p) for h, p in address.nodes], **auth, **common),
+            lambda: sync_cluster.RedisCluster(
+                startup_nodes=[sync_cluster.ClusterNode(h, p) for h, p in address.nodes],
+                connection_pool_class=redis_py.BlockingConnectionPool, max_connections=max_connections,
+                timeout=pool_timeout_s, **auth, **common,
             ),
         )
+    if address.kind == "sentinel":
+        return _sentinel_factories(address, common, max_connections)
     import redis.asyncio as async_redis
 
     common.update(_driver_info())
@@ -213,14 +218,51 @@ def client_factories(
 
     def make_async() -> Any:
         pool = async_redis.BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=pool_timeout_s, retry=_no_retry(True), **common
+            address.url, max_connections=max_connections, timeout=pool_timeout_s, retry=_no_retry(True), **common
         )
         return async_redis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes it
 
     def make_sync() -> Any:
         pool = redis_py.BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=pool_timeout_s, retry=_no_retry(False), **common
+            address.url, max_connections=max_connections, timeout=pool_timeout_s, retry=_no_retry(False), **common
         )
         return redis_py.Redis.from_pool(pool)
 
     return make_async, make_sync
+
+
+def _sentinel_factories(
+    address: StoreAddress, common: dict[str, Any], max_connections: int
+) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    import redis.asyncio.sentinel as async_sentinel
+    import redis.sentinel as sync_sentinel
+
+    assert address.master is not None
+    sentinel_kwargs = {**common, "password": address.sentinel_password}
+    data = {**common, "username": address.username, "password": address.password, "db": address.db,
+            "ssl": address.tls, "max_connections": max_connections}
+    nodes = list(address.nodes)
+
+    def make_async() -> Any:
+        sentinels = async_sentinel.Sentinel(nodes, sentinel_kwargs=sentinel_kwargs, **common)
+        return sentinels.master_for(address.master, retry=_no_retry(True), **data)
+
+    def make_sync() -> Any:
+        sentinels = sync_sentinel.Sentinel(nodes, sentinel_kwargs=sentinel_kwargs, **common)
+        return sentinels.master_for(address.master, retry=_no_retry(False), **data)
+
+    return make_async, make_sync
+
+
+def is_cluster(address: StoreAddress, *, timeout_s: float = 5.0) -> bool | None:
+    """Whether the server `address` names runs in cluster mode (`INFO cluster`); None when
+    it does not answer. Only a plain `redis://` address needs asking."""
+    if address.kind != "redis":
+        return address.kind == "cluster"
+    client = redis_py.Redis.from_url(address.url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    try:
+        return bool(int(client.info("cluster").get("cluster_enabled", 0)))
+    except RedisError:
+        return None
+    finally:
+        client.close()

@@ -116,8 +116,6 @@ class StoreCore:
     ) -> None:
         if ack not in ("primary", "aof", "replica"):
             raise FxConfigError(f"ack must be 'primary', 'aof' or 'replica', got {ack!r}")
-        if cluster and ack != "primary":
-            raise FxConfigError(f"ack={ack!r} is not supported on Redis Cluster yet; use ack='primary'")
         self.prefix = check_prefix(prefix)
         self.ack = ack
         self.memory_ids = memory_ids
@@ -212,7 +210,11 @@ class StoreCore:
         # mark is a call of its own, run before the accept.
         if not cluster and self.ack == "primary":
             return Op([accept], lambda replies: r.parse_accept(replies[0], session_id, message_id, kind))
-        steps: list[Step] = [scripts.mark_ready(self.index, session_id=session_id, now_ms=now)] if cluster else []
+        # With an ack level each write is followed by its wait (on a cluster, on the node
+        # that took the write: `scripts.AsyncRunner`).
+        steps: list[Step] = []
+        if cluster:
+            steps += [scripts.mark_ready(self.index, session_id=session_id, now_ms=now), *self._ack_steps()]
         at = len(steps)
         steps.append(accept)
         steps += self._ack_steps()
@@ -220,6 +222,8 @@ class StoreCore:
         def parse(replies: list[Any]) -> Accepted:
             accepted = r.parse_accept(replies[at], session_id, message_id, kind)
             if len(replies) > at + 1:
+                if at > 1:
+                    self._check_ack(replies[1:at], f"the ready mark of message {message_id}")
                 self._check_ack(replies[at + 1:], f"message {message_id}")
             return accepted
 

@@ -1,14 +1,18 @@
-"""Start-up checks of the Redis a deployment names: settings it cannot honour stop `fx web`
-and `fx worker` (and a Celery worker of `fxworker.celery_app`) before they serve.
+"""Start-up checks of the store and broker a deployment names: settings they cannot honour
+stop `fx web` and `fx worker` (and a Celery worker of `fxworker.celery_app`) before they
+serve.
 
+- a store URL the server contradicts (`redis+cluster://` on one Redis), a broker URL
+  fxworker cannot run on (a Redis Cluster, an unknown scheme), a broker that does not answer;
 - `maxmemory-policy` other than `noeviction`: Redis may evict session keys (a session half
   gone is refused `FX_SESSION_INCOMPLETE`, one gone whole is lost), unless
   `FX_ALLOW_EVICTION=1`, which starts with one warning;
 - `FX_ACK=aof` on a Redis without `WAITAOF` (older than 7.2) or with `appendonly no`;
 - `FX_ACK=replica` with no replica connected.
 
-Read with one `INFO` (which managed Redis allows where `CONFIG` is disabled). A server that
-does not answer is not refused here: the processes start and wait for it as at any outage.
+Read with one `INFO` per primary (which managed Redis allows where `CONFIG` is disabled). A
+store that does not answer is not refused here: the processes start and wait for it as at
+any outage.
 """
 
 from __future__ import annotations
@@ -20,7 +24,10 @@ from typing import Any
 import redis as redis_py
 from redis.exceptions import RedisError
 
+from ..errors import FxConfigError
 from ..settings import Settings
+from ._boundary import client_factories, is_cluster
+from .urls import StoreAddress, masked, parse_store_url
 
 log = logging.getLogger("fxworker.store")
 
@@ -50,21 +57,97 @@ def server_problems(info: Mapping[str, Any], settings: Settings) -> list[str]:
 
 
 def check_server(settings: Settings) -> list[str]:
-    """`server_problems` of the Redis at `REDIS_URL` (none without one, or when it does not
-    answer); logs the one warning `FX_ALLOW_EVICTION=1` starts with."""
-    if not settings.redis_url:
-        return []
-    client = redis_py.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
-    try:
-        info = client.info()
-    except RedisError as exc:
-        log.warning("start-up checks skipped: Redis did not answer (%s)", type(exc).__name__)
-        return []
-    finally:
-        client.close()
-    problems = server_problems(info, settings)
-    policy = str(info.get("maxmemory_policy", "noeviction"))
-    if not problems and policy != "noeviction":
-        log.warning("Redis maxmemory-policy is %r and FX_ALLOW_EVICTION=1: evicted sessions are lost or refused "
-                    "FX_SESSION_INCOMPLETE", policy)
+    """What keeps the store and the broker `settings` name from serving: `server_problems`
+    of the store's server (each primary of a cluster), a store URL the server contradicts
+    (`redis+cluster://` on a server not in cluster mode), a broker URL fxworker cannot run
+    on or that does not answer. A store that does not answer is not refused: the processes
+    start and wait for it as at any outage. Logs the one warning `FX_ALLOW_EVICTION=1`
+    starts with."""
+    problems: list[str] = []
+    if settings.store_url:
+        try:
+            address = parse_store_url(settings.store_url)
+        except FxConfigError as exc:
+            return [f"FX_STORE_URL: {exc}"]
+        infos = _store_infos(address, problems)
+        for where, info in infos:
+            found = server_problems(info, settings)
+            problems += [f"{where}: {p}" if where else p for p in found]
+            policy = str(info.get("maxmemory_policy", "noeviction"))
+            if not found and policy != "noeviction":
+                log.warning("Redis maxmemory-policy is %r and FX_ALLOW_EVICTION=1: evicted sessions are lost or "
+                            "refused FX_SESSION_INCOMPLETE", policy)
+    problems += broker_problems(settings)
     return problems
+
+
+def _store_infos(address: StoreAddress, problems: list[str]) -> list[tuple[str, Mapping[str, Any]]]:
+    """(where, INFO) of each primary of the store; adds to `problems` what contradicts the URL."""
+    try:
+        if address.kind == "sentinel":
+            _, make_sync = client_factories(address, cluster=False, socket_timeout_s=5.0, max_connections=1,
+                                            pool_timeout_s=5.0)
+            client = make_sync()
+            try:
+                return [("", client.info())]
+            finally:
+                client.close()
+        cluster = is_cluster(address)
+        if cluster is None:
+            log.warning("start-up checks skipped: the store at %s did not answer", masked(address.url))
+            return []
+        if address.kind == "cluster" and not cluster:
+            problems.append(f"FX_STORE_URL names a Redis Cluster ({masked(address.url)}) but the server is not in "
+                            "cluster mode: write redis://host:port/db for one Redis")
+            return []
+        if not cluster:
+            client = redis_py.Redis.from_url(address.url, socket_timeout=5, socket_connect_timeout=5)
+            try:
+                return [("", client.info())]
+            finally:
+                client.close()
+        _, make_sync = client_factories(address, cluster=True, socket_timeout_s=5.0, max_connections=2,
+                                        pool_timeout_s=5.0)
+        client = make_sync()
+        try:
+            from redis.cluster import RedisCluster
+
+            replies = client.info(target_nodes=RedisCluster.PRIMARIES)
+            if not isinstance(replies, dict) or "redis_version" in replies:
+                return [("", replies)]
+            return [(f"cluster node {node}", info) for node, info in replies.items()]
+        finally:
+            client.close()
+    except RedisError as exc:
+        log.warning("start-up checks skipped: the store did not answer (%s)", type(exc).__name__)
+        return []
+
+
+def broker_problems(settings: Settings) -> list[str]:
+    """What keeps the broker `FX_BROKER_URL` (default `REDIS_URL`) names from carrying wakes:
+    a URL fxworker cannot run on, a Redis Cluster (kombu runs on one Redis), no answer."""
+    if not settings.broker_url:
+        return []
+    from ..broker import broker_config
+
+    try:
+        broker = broker_config(settings.broker_url)
+    except FxConfigError as exc:
+        return [f"FX_BROKER_URL: {exc}"]
+    if broker.kind == "redis" and is_cluster(parse_store_url(settings.broker_url)):
+        return [f"the broker at {masked(settings.broker_url)} is a Redis Cluster, which Celery cannot use: set "
+                "FX_BROKER_URL to a standalone (or Sentinel-managed) Redis or to RabbitMQ (amqp://)"]
+    if broker.kind == "memory":
+        return []
+    from kombu import Connection
+
+    conn = Connection(broker.url, transport=broker.transport, transport_options=broker.options,
+                      connect_timeout=5)
+    try:
+        conn.ensure_connection(max_retries=1, interval_start=0, timeout=10)
+    except Exception as exc:  # noqa: BLE001 - whatever the transport raised: it did not answer
+        return [f"the broker at {masked(settings.broker_url)} did not answer ({type(exc).__name__}: {exc}): "
+                "check FX_BROKER_URL (default REDIS_URL) and that the broker runs"]
+    finally:
+        conn.release()
+    return []

@@ -28,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 from fxworker.errors import FxConfigError
 from fxworker.settings import Settings
 
-from fxworker.store._boundary import web_client
+from fxworker.store import store_clients
 
 from . import health, sessions, wake
 from .auth import Authorize, BearerAuth
@@ -100,8 +100,8 @@ def create_app(
         if agents is None and settings.agents_module:
             importlib.import_module(settings.agents_module)
         client = None
-        if settings.redis_url:
-            client = web_client(settings.redis_url, socket_timeout_s=5.0)
+        if settings.store_url:
+            client = store_clients(settings.store_url, socket_timeout_s=5.0)[0]()
             app.state.replay_guard = wake.RedisReplayGuard(client, prefix=settings.prefix)
         app.state.redis = client
         try:
