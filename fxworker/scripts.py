@@ -185,6 +185,7 @@ class AsyncRunner:
     async def _run_on_node(self, group: list[Step]) -> list[Any]:
         """A cluster call and the waits after it, in one pipeline on the call's node (a
         WAIT counts the writes of its own connection)."""
+        await self.client.initialize()  # the slot map: a new client has none yet
         node = self.client.get_node_from_key(group[0].keys[0])  # type: ignore[union-attr]
         for attempt in (0, 1):
             pipe = self.client.pipeline(transaction=False)
