@@ -2,7 +2,8 @@
 
 - `lookup` (idempotent): answers `found:<q>`;
 - `send` (not idempotent): records each real execution in the Redis list
-  `<FX_PREFIX>:test:sent` (`<execution_id>|<epoch>|<to>`), so a test can count them;
+  `<FX_PREFIX>:test:sent` (`<execution_id>|<epoch>|<to>`) on `FX_TEST_EFFECTS_URL`
+  (default `REDIS_URL`), so a test can count them;
 - `slow` (idempotent): sleeps `seconds`, then answers `slept`; aborts with the turn.
 """
 
@@ -16,7 +17,7 @@ import redis
 from fxengine.tools import Tool
 
 PREFIX = os.environ.get("FX_PREFIX", "fx")
-REDIS_URL = os.environ.get("REDIS_URL", "")
+REDIS_URL = os.environ.get("FX_TEST_EFFECTS_URL") or os.environ.get("REDIS_URL", "")
 MODEL_URL = os.environ.get("FX_TEST_MODEL_URL", "http://127.0.0.1:9/v1")
 
 _client: redis.Redis | None = None

@@ -30,7 +30,7 @@ def _info(port: int, section: str) -> dict[str, object]:
         client.close()
 
 
-def _replica_online(port: int) -> bool:
+def replica_online(port: int) -> bool:
     """Whether the primary at `port` has a replica done with its first sync (WAIT counts it)."""
     replica = _info(port, "replication").get("slave0")
     return isinstance(replica, dict) and replica.get("state") == "online"
@@ -120,7 +120,7 @@ class RedisClusterProcesses:
 
     def _wait_replicas(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        while not all(_replica_online(p.port) for p in self.primaries()):
+        while not all(replica_online(p.port) for p in self.primaries()):
             if time.monotonic() > deadline:
                 raise RuntimeError("the cluster's replicas did not connect")
             time.sleep(0.05)
@@ -221,7 +221,7 @@ class SentinelGroup:
 
     def _wait_replica(self, port: int, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while not _replica_online(port):
+        while not replica_online(port):
             if time.monotonic() > deadline:
                 raise RuntimeError("the replica did not connect")
             time.sleep(0.05)
