@@ -187,7 +187,7 @@ def worker(module: str | None, concurrency: int | None, queues: str | None, prin
     """
     settings = _settings()
     if not settings.store_url or not settings.broker_url:
-        _fail("fx worker needs a store and a broker: REDIS_URL (both), or FX_STORE_URL and FX_BROKER_URL",
+        _fail("fx worker needs REDIS_URL (the store and the broker), or FX_STORE_URL and FX_BROKER_URL",
               EXIT_CONFIG)
     _check_server(settings, "fx worker")
     module = module or settings.agents_module

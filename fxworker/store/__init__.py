@@ -165,6 +165,9 @@ _clusters: dict[str, bool] = {}  # store URL -> whether its server runs in clust
 
 
 def _detect_cluster(address: StoreAddress) -> bool:
+    """Whether to use a cluster client: what the URL's scheme says, else the server's answer."""
+    if address.kind != "redis":
+        return address.kind == "cluster"
     if address.url in _clusters:
         return _clusters[address.url]
     found = is_cluster(address)

@@ -255,11 +255,11 @@ def _sentinel_factories(
 
 
 def is_cluster(address: StoreAddress, *, timeout_s: float = 5.0) -> bool | None:
-    """Whether the server `address` names runs in cluster mode (`INFO cluster`); None when
-    it does not answer. Only a plain `redis://` address needs asking."""
-    if address.kind != "redis":
-        return address.kind == "cluster"
-    client = redis_py.Redis.from_url(address.url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    """Whether the server `address` names (a cluster's first seed) runs in cluster mode
+    (`INFO cluster`); None when it does not answer; False for a Sentinel address."""
+    if address.kind == "sentinel":
+        return False
+    client = redis_py.Redis.from_url(address.first_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     try:
         return bool(int(client.info("cluster").get("cluster_enabled", 0)))
     except RedisError:

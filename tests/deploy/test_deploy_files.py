@@ -87,14 +87,16 @@ def test_dockerfile_default_command_is_the_procfile_web() -> None:
     assert any(line.startswith("FROM python:3.11") for line in lines)
 
 
-def test_fx_worker_builds_the_celery_command_from_the_agents_module(tmp_path: Path) -> None:
+@pytest.mark.redis
+def test_fx_worker_builds_the_celery_command_from_the_agents_module(tmp_path: Path, redis_url: str) -> None:
     (tmp_path / "two_agents.py").write_text(
         "from fxworker.agent import Agent\n"
         "Agent('support', model='scripted', provider={'name': 'x', 'base_url': 'http://127.0.0.1:9/v1', 'models': {'scripted': {}}})\n"
         "Agent('coding', model='scripted', provider={'name': 'x', 'base_url': 'http://127.0.0.1:9/v1', 'models': {'scripted': {}}})\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("FX_")}
-    env.update(REDIS_URL="redis://127.0.0.1:9/0", FX_AGENTS="two_agents", FX_WORKER_CONCURRENCY="7",
+    # A Redis that answers: the start checks (store and broker) run before the command is printed.
+    env.update(REDIS_URL=redis_url, FX_AGENTS="two_agents", FX_WORKER_CONCURRENCY="7",
                PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
     done = subprocess.run(
         [str(BIN / "fx"), "worker", "--print-command"], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path
@@ -127,3 +129,22 @@ def test_each_example_compiles(name: str) -> None:
     source = (ROOT / "examples" / name).read_text()
     compile(source, name, "exec")
     assert "fxworker" in source or "examples.agents" in source
+
+
+def test_the_sentinel_compose_file_names_the_sentinels_master_for_store_and_broker() -> None:
+    from fxworker.broker import broker_config
+    from fxworker.store import parse_store_url
+
+    compose = yaml.safe_load((DEPLOY / "docker-compose.sentinel.yml").read_text())
+    services = compose["services"]
+    for name, command in procfile().items():
+        assert services[name]["command"] == command
+        assert services[name]["environment"]["FX_ACK"] == "replica"
+    url = services["web"]["environment"]["REDIS_URL"]
+    address = parse_store_url(url)
+    sentinels = {name for name in services if name.startswith("sentinel-")}
+    assert address.kind == "sentinel" and {host for host, _ in address.nodes} == sentinels
+    assert f"sentinel monitor {address.master} redis-a 6379 2" in services["sentinel-1"]["command"][-1]
+    assert broker_config(url).options["master_name"] == address.master
+    assert "--replicaof" in services["redis-b"]["command"]
+    assert all("noeviction" in services[r]["command"] for r in ("redis-a", "redis-b"))

@@ -79,3 +79,40 @@ def test_fx_ack_replica_needs_a_connected_replica(plain: RedisServer) -> None:
         assert done.returncode == 0, done.stderr
     finally:
         replica.stop()
+
+
+WORKER = ["-m", "fxworker", "worker", "--print-command"]
+
+
+@pytest.mark.parametrize(("env", "said"), [
+    ({"FX_STORE_URL": "redis+cluster://127.0.0.1:{port}/0"}, "not in cluster mode"),
+    ({"FX_STORE_URL": "redis+sentinel://127.0.0.1:{port}"}, "names no master"),
+    ({"FX_STORE_URL": "http://127.0.0.1:{port}"}, "not one the store takes"),
+    ({"FX_BROKER_URL": "kafka://127.0.0.1:9092"}, "not one fxworker runs on"),
+    ({"FX_BROKER_URL": "redis://127.0.0.1:9/0"}, "did not answer"),
+    ({"FX_BROKER_URL": "amqp://guest:guest@127.0.0.1:9//"}, "did not answer"),
+])
+@pytest.mark.parametrize("command", [["-m", "fxworker", "web"], WORKER])
+def test_a_store_or_broker_url_that_cannot_serve_stops_the_processes(plain: RedisServer, env: dict[str, str],
+                                                                       said: str, command: list[str]) -> None:
+    done = _run(command, plain.url, **{k: v.format(port=plain.port) for k, v in env.items()})
+    assert done.returncode == 2, done.stderr
+    assert said in done.stderr, done.stderr
+
+
+@pytest.mark.cluster
+def test_a_redis_cluster_is_no_broker_but_a_store() -> None:
+    from tests.support.redis_topology import RedisClusterProcesses
+
+    cluster = RedisClusterProcesses(primaries=3)
+    try:
+        done = _run(WORKER, cluster.url)
+        assert done.returncode == 2 and "Redis Cluster, which Celery cannot use" in done.stderr, done.stderr
+        broker = RedisServer()
+        try:
+            done = _run(WORKER, broker.url, FX_STORE_URL=cluster.url)
+            assert done.returncode == 0, done.stderr
+        finally:
+            broker.close()
+    finally:
+        cluster.close()
