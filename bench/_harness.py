@@ -167,18 +167,21 @@ def start_worker(server: RedisServer, prefix: str, model_url: str, *, concurrenc
     return worker.start(timeout_s=60)
 
 
-def client_agent(redis_url: str, prefix: str, model_url: str, *, lease_s: float = 15.0) -> Any:
-    """This process's agent `default`: it prompts and reads; the workers run the turns."""
+def client_agent(redis_url: str, prefix: str, model_url: str, *, lease_s: float = 15.0,
+                 store_url: str | None = None) -> Any:
+    """This process's agent `default`: it prompts and reads; the workers run the turns.
+    `redis_url` is the broker, and the store unless `store_url` names another."""
     from fxworker import Agent, Settings
     from fxworker.celery_app import make_celery_app
     from fxworker.store import redis_store
     from fxworker.wakers import CeleryWaker
     from tests.durable.tooling import provider, tools
 
-    settings = Settings(redis_url=redis_url, prefix=prefix, lease_s=lease_s)
+    settings = Settings(redis_url=redis_url, store_url=store_url, prefix=prefix, lease_s=lease_s)
     return Agent(
         "default", model="scripted", provider=provider(model_url), tools=tools(), api_key="test-key",
-        store=redis_store(redis_url, prefix=prefix), waker=CeleryWaker(make_celery_app(settings)), settings=settings,
+        store=redis_store(settings.store_url, prefix=prefix), waker=CeleryWaker(make_celery_app(settings)),
+        settings=settings,
     )
 
 

@@ -18,8 +18,6 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import redis
-
 from fxworker.keys import queue_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,7 +107,10 @@ class CeleryWorker:
         return f"{self.prefix}:workers:{self.hostname}"
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
-        client = redis.Redis.from_url(self.redis_url)
+        from fxworker.store import store_clients
+
+        # The worker marks itself ready in the store: FX_STORE_URL when given, else REDIS_URL.
+        client = store_clients(self.extra_env.get("FX_STORE_URL") or self.redis_url, max_connections=1)[1]()
         try:
             def ready() -> bool:
                 if self.proc is not None and self.proc.poll() is not None:
