@@ -47,6 +47,7 @@ from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 
 from .errors import FxConfigError
 from .keys import DEAD_LETTER_LIST
+from .urls import parse_store_url
 
 NAME = "fxworker.broker:Transport"
 SENTINEL_NAME = "fxworker.broker:SentinelTransport"
@@ -232,8 +233,6 @@ def broker_config(url: str | None) -> BrokerConfig:
     if scheme in ("redis", "rediss"):
         return BrokerConfig("redis", url, NAME)
     if scheme in ("redis+sentinel", "rediss+sentinel"):
-        from .store.urls import parse_store_url
-
         address = parse_store_url(url)
         auth = f":{quote(address.password, safe='')}@" if address.password else ""
         kombu_url = ";".join(f"sentinel://{auth}{host}:{port}/{address.db}" for host, port in address.nodes)

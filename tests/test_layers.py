@@ -42,7 +42,7 @@ LAYERS: list[list[str]] = [
     ["fxengine"],
     ["fxengine.testing"],
     # ------------------------------------------------------------------ fxworker
-    ["fxworker.errors", "fxworker.settings", "fxworker.keys", "fxworker.ids", "fxworker.metrics",
+    ["fxworker.errors", "fxworker.settings", "fxworker.keys", "fxworker.ids", "fxworker.metrics", "fxworker.urls",
      "fxworker.refresh_lock"],
     ["fxworker.runtime"],
     ["fxworker.scripts", "fxworker.broker"],

@@ -62,7 +62,7 @@ from .memory import memory_store
 from .persistence import StorePersistence
 from ._boundary import is_cluster
 from .redis import RedisStore, SyncRedisStore, client_factories, map_redis_errors
-from .urls import StoreAddress, masked, parse_store_url
+from ..urls import StoreAddress, masked, parse_store_url
 from .types import (
     CHECKPOINT_MAX_BYTES,
     STEER_MAX_BYTES,
@@ -106,7 +106,7 @@ def redis_store(
     """The store at `url` (default `FX_STORE_URL`, else `REDIS_URL`); with neither, the
     embedded store.
 
-    `url` names one Redis, a Redis Cluster or a Sentinel-managed primary (`store.urls`).
+    `url` names one Redis, a Redis Cluster or a Sentinel-managed primary (`fxworker.urls`).
     `cluster`: None (default) asks a `redis://` server whether it runs in cluster mode;
     True or False says so. `ack`: "primary" (default), "aof" (WAITAOF, Redis >= 7.2, else
     FX_ACK_UNSUPPORTED at first use) or "replica" (WAIT 1; on a cluster, on the node that

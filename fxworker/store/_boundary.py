@@ -27,7 +27,7 @@ from redis.exceptions import OutOfMemoryError, RedisClusterException, RedisError
 from fxengine.errors import FxError
 
 from ..errors import FxStoreFullError, FxStoreUnavailableError
-from .urls import StoreAddress
+from ..urls import StoreAddress
 
 T = TypeVar("T")
 

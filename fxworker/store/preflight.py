@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 from ..errors import FxConfigError
 from ..settings import Settings
 from ._boundary import client_factories, is_cluster
-from .urls import StoreAddress, masked, parse_store_url
+from ..urls import StoreAddress, masked, parse_store_url
 
 log = logging.getLogger("fxworker.store")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import parse_qs, unquote
 
-from ..errors import FxConfigError
+from .errors import FxConfigError
 
 Kind = Literal["redis", "cluster", "sentinel"]
 DEFAULT_PORT = {"redis": 6379, "cluster": 6379, "sentinel": 26379}
