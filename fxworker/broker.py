@@ -168,6 +168,11 @@ class Channel(kombu_redis.Channel):
             log.warning("the dead-letter list refused it (%s)", exc)
 
     def _connparams(self, asynchronous: bool = False) -> Any:
+        if self.connection is None:
+            # Closed by another thread's reconnect while this one held it (a producer shared
+            # under a burst of connection errors): a connection error, so kombu's retry
+            # policy goes on with a fresh channel instead of failing the publish.
+            raise RedisConnectionError("the broker channel was closed by a reconnect")
         if self.connection.client is None and self._fx_conninfo is not None:
             # Collected after a connection loss: reconnect with the parameters it had.
             self.connection.client = self._fx_conninfo

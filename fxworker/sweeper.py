@@ -73,9 +73,10 @@ class Sweeper:
     def __repr__(self) -> str:
         return f"<Sweeper every {self.interval_s}s swept={self.swept} watching_leases={len(self._held)}>"
 
-    async def sweep_once(self) -> int:
-        """A full sweep, if this process holds the guard; returns how many sessions it woke."""
-        if not await self.guard(GUARD_MS):
+    async def sweep_once(self, *, guarded: bool | None = None) -> int:
+        """A full sweep, if this process holds the guard (`guarded`: already asked); returns
+        how many sessions it woke."""
+        if not (await self.guard(GUARD_MS) if guarded is None else guarded):
             # Another process sweeps: try the guard again at the next tick (not at once,
             # which would spin on SET NX and GET while that process lives).
             self._held.clear()
@@ -123,13 +124,17 @@ class Sweeper:
         self.swept += n
         return n
 
-    async def tick(self) -> None:
+    async def tick(self) -> bool:
+        """One tick; True when this process held the guard and looked at sessions."""
         if now_ms() >= self._next_sweep_ms:
-            await self.sweep_once()
-        elif await self.guard(GUARD_MS):
+            swept = await self.guard(GUARD_MS)
+            await self.sweep_once(guarded=swept)
+            return swept
+        if await self.guard(GUARD_MS):
             await self.check_expired()
-        else:
-            self._held.clear()
+            return True
+        self._held.clear()
+        return False
 
     def _sleep_s(self) -> float:
         """Until the next tick, the next full sweep or the first lease due, whichever is first."""
@@ -138,19 +143,22 @@ class Sweeper:
         return max(0.01, min(self.tick_s, (min(due) - now) / 1000))
 
     async def run(self) -> None:
-        failing: str | None = None  # what the last failed sweep met: logged once, not per tick
+        # What failed sweeps met since the last one that worked: each kind logged once per
+        # outage, not per tick; "work again" only once a tick held the guard and swept (a
+        # tick that found another holder proves nothing while Redis refuses writes).
+        failing: set[str] = set()
         while not self._stop.is_set():
             try:
-                await self.tick()
+                worked = await self.tick()
             except Exception as exc:  # noqa: BLE001 - Redis away or full: sweep again later
                 kind = type(exc).__name__
-                if failing != kind:
-                    log.warning("sweeps fail (%s: %s); trying again every tick", kind, exc, exc_info=failing is None)
-                    failing = kind
+                if kind not in failing:
+                    log.warning("sweeps fail (%s: %s); trying again every tick", kind, exc, exc_info=not failing)
+                    failing.add(kind)
             else:
-                if failing is not None:
+                if failing and worked:
                     log.warning("sweeps work again")
-                    failing = None
+                    failing = set()
             await asyncio.sleep(self._sleep_s())
 
     def stop(self) -> None:

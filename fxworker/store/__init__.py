@@ -194,6 +194,12 @@ def store_clients(
     )
 
 
+def store_kind(url: str) -> str:
+    """"redis", "cluster" or "sentinel": what the store at `url` is (a `redis://` server is asked)."""
+    address = parse_store_url(url)
+    return "cluster" if _detect_cluster(address) else address.kind
+
+
 def default_store(settings: Settings) -> RedisStore:
     """The store of this process for `settings`: the one `FX_STORE_URL` (else `REDIS_URL`)
     names, else the embedded one.
@@ -223,6 +229,7 @@ __all__ = [
     "map_redis_errors",
     "parse_store_url",
     "store_clients",
+    "store_kind",
     "StoreAddress",
     # results
     "Accepted",

@@ -28,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 from fxworker.errors import FxConfigError
 from fxworker.settings import Settings
 
-from fxworker.store import store_clients
+from fxworker.store import store_clients, store_kind
 
 from . import health, sessions, wake
 from .auth import Authorize, BearerAuth
@@ -103,6 +103,7 @@ def create_app(
         if settings.store_url:
             client = store_clients(settings.store_url, socket_timeout_s=5.0)[0]()
             app.state.replay_guard = wake.RedisReplayGuard(client, prefix=settings.prefix)
+            app.state.store_kind = store_kind(settings.store_url)
         app.state.redis = client
         try:
             yield

@@ -17,7 +17,8 @@ PING_TIMEOUT_S = 2.0
 
 
 async def healthz(request: Request) -> Response:
-    """200 `{"ok": true, "store": "redis"|"embedded", "pingMs"}` when the store answers, else 503."""
+    """200 `{"ok": true, "store": "redis"|"cluster"|"sentinel"|"embedded", "pingMs"}` when the
+    store answers, else 503."""
     client = request.app.state.redis
     if client is None:
         return JSONResponse({"ok": True, "store": "embedded"})
@@ -33,7 +34,8 @@ async def healthz(request: Request) -> Response:
     except Exception as exc:  # any failure to answer means "not healthy", whatever raised it
         return error_response("FX_STORE_UNAVAILABLE", f"Redis did not answer: {describe_redis_error(exc)}", 503)
     ping_ms = round((time.perf_counter() - started_s) * 1000, 2)
-    return JSONResponse({"ok": True, "store": "redis", "pingMs": ping_ms})
+    kind = getattr(request.app.state, "store_kind", "redis")
+    return JSONResponse({"ok": True, "store": kind, "pingMs": ping_ms})
 
 
 async def metrics_text(request: Request) -> Response:

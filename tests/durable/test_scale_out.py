@@ -208,6 +208,7 @@ def test_two_workers_on_a_distributed_store_lose_nothing_through_a_failover(
     try:
         base = f"http://127.0.0.1:{port}"
         wait_until(lambda: _healthy(base, parts), 60, interval_s=0.1, what="fx web healthy")
+        assert httpx.get(f"{base}/healthz", timeout=5).json()["store"] == topology.kind
         wait_until(lambda: _workers_ready(parts, topology, prefix), 60, interval_s=0.1, what="both workers ready")
 
         acked: dict[int, tuple[str, float]] = {}
