@@ -168,9 +168,13 @@ def web(host: str, port: int | None, module: str | None, processes: int) -> None
     if not module:
         _fail("fx web needs FX_AGENTS (or --agents): the module that creates the agents", EXIT_CONFIG)
     os.environ["FX_AGENTS"] = module
+    from .web.server import PROTOCOL
+
     uvicorn.run(
         "fxworker.web:create_app", factory=True, host=host, port=port, workers=processes,
         log_level=settings.log_level.lower(), proxy_headers=True, lifespan="on",
+        # Bounds on what clients hold open (fxworker/web/server.py).
+        http=PROTOCOL, limit_concurrency=settings.web_max_connections,
     )
 
 

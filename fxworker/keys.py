@@ -19,9 +19,11 @@ loses it again when new input is accepted):
                       expiring (1 while the session's keys carry the retention TTL),
                       line_key (the newest line-only call key, see `keys`),
                       epoch (the last claim's: the lease's count survives the lease
-                      key), unserved_ms / unserved_n / unserved_next_ms (a wake found
-                      no process running the agent: first miss, misses, next wake;
-                      cleared by a claim that runs it).
+                      key), context (the session's tool context: the last one an input
+                      gave, used by every input that gives none), unserved_ms /
+                      unserved_n / unserved_next_ms (a wake found no process running
+                      the agent: first miss, misses, next wake; cleared by a claim that
+                      runs it).
                       Written by accept, append, claim, release, cancel; save_checkpoint
                       clears line_key. Its counters say which other keys must exist
                       (lua/_whole.lua): a session missing one is refused whole.
@@ -66,8 +68,8 @@ Outside the scripts (plain commands, no hash tag, no session TTL):
     sweeper                  STRING  who sweeps now (`sweeper_guard_key`)
     workers:<hostname>       STRING  a started Celery worker's pid (`worker_ready_key`)
     wake:seen:<signature>    STRING  a signed wake already taken (`wake_seen_key`)
-    created:<message id>     STRING  the session a create with that message id made
-                                     (`created_session_key`)
+    created:[<scope>:]<message id>  STRING  the session a create with that message id
+                                     made, per caller scope (`created_session_key`)
     celery:dead              LIST    messages a worker could not decode, newest first,
                                      capped at 1,000 (`DEAD_LETTER_LIST`, fxworker.broker)
 """
@@ -165,13 +167,15 @@ def wake_seen_key(prefix: str, signature: str) -> str:
     return f"{prefix}:wake:seen:{signature.removeprefix('sha256=')}"
 
 
-def created_session_key(prefix: str, message_id: str) -> str:
-    """The session that `POST /v1/sessions` with `message_id` created (`RedisStore.session_for_message`)."""
+def created_session_key(prefix: str, message_id: str, scope: str = "") -> str:
+    """The session that `POST /v1/sessions` with `message_id` created (`RedisStore.session_for_message`),
+    within `scope` (the web app's: the agent and the session's pinned context, hashed), so one
+    caller's message id never names another's session."""
     # STRING, the session TTL (`FX_SESSION_TTL_S`, none when unset), counted from the create:
     # the session id, set with SET NX (PX) before the first prompt is accepted, so a repeated
     # create prompts the same session and `accept` answers it as repeated. A message id has
     # no braces, so the key has no hash tag: one key, any slot. Not a session key.
-    return f"{prefix}:created:{message_id}"
+    return f"{prefix}:created:{scope}:{message_id}" if scope else f"{prefix}:created:{message_id}"
 
 
 def queue_name(agent: str) -> str:

@@ -38,6 +38,14 @@ class Settings:
     lease_s: float = 15.0
     # FX_API_TOKEN: bearer token the built-in web app requires (required off loopback).
     api_token: str | None = None
+    # FX_ALLOWED_ORIGINS: under an `authorize` hook, other sites whose pages may POST to the
+    # API (comma-separated origins, `https://app.example`); the server's own always may.
+    allowed_origins: tuple[str, ...] = ()
+    # FX_WEB_REQUEST_TIMEOUT_S: `fx web` closes a connection whose request (headers and
+    # body) has not arrived whole this long after the connection or the previous response.
+    web_request_timeout_s: float = 30.0
+    # FX_WEB_MAX_CONNECTIONS: past this many open connections `fx web` answers 503.
+    web_max_connections: int = 1000
     # FX_WAKE_SECRET: HMAC-SHA256 key of POST /v1/wake.
     wake_secret: str | None = None
     # AI_GATEWAY_API_KEY: the default provider's key (read by fxengine's provider too).
@@ -128,6 +136,9 @@ class Settings:
             lease_s=number("FX_LEASE_S", 15.0, minimum=0.3),
             api_token=text("FX_API_TOKEN"),
             wake_secret=text("FX_WAKE_SECRET"),
+            web_request_timeout_s=number("FX_WEB_REQUEST_TIMEOUT_S", 30.0, minimum=0.1),
+            web_max_connections=int(number("FX_WEB_MAX_CONNECTIONS", 1000, minimum=1)),
+            allowed_origins=tuple(o.strip() for o in (text("FX_ALLOWED_ORIGINS") or "").split(",") if o.strip()),
             ai_gateway_api_key=text("AI_GATEWAY_API_KEY"),
             log_level=(text("FX_LOG_LEVEL") or "INFO").upper(),
             session_ttl_s=number("FX_SESSION_TTL_S", 0.0) if ttl else None,

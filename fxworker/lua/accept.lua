@@ -6,7 +6,8 @@
 -- ARGV  1 kind ("p" prompt | "s" steer)   2 message id   3 input (JSON text)   4 agent name
 --       5 now_ms   6 create ("1" creates the session on first input, "0" refuses)
 --       7 session id (the ready set's member, with KEYS 10-11)
---       8 context (JSON text, "" or absent)   9 settings (JSON text, "" or absent)
+--       8 context (JSON text, "" or absent: the session's, meta `context`, if it has one; a
+--         given one becomes the session's)   9 settings (JSON text, "" or absent)
 --       10 steer max bytes   11 steer max queued count   12 steer max queued bytes
 --       13 the steer's size: UTF-8 bytes of its text, not of its JSON (10-13: steers only)
 -- Returns {"ok", agent, state, seq, end_cursor, ui_cursor, created(0|1)}
@@ -30,7 +31,8 @@ local kind, mid, input, agent, now_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV
 
 if KEYS[10] then redis.call('ZADD', KEYS[10], 'GT', now_ms, ARGV[7]) end
 
-local m = redis.call('HMGET', meta, 'agent', 'ui', 'inbox', 'steers', 'steer_bytes', 'expiring', 'head', 'epoch')
+local m = redis.call('HMGET', meta, 'agent', 'ui', 'inbox', 'steers', 'steer_bytes', 'expiring', 'head', 'epoch',
+  'context')
 local owner, ui = m[1], tonumber(m[2] or 0)
 -- A session with a key gone is refused; one that was set to expire is gone: what is left
 -- of it goes, and the input finds no session.
@@ -88,12 +90,20 @@ if m[6] == '1' then
   fields[#fields + 1], fields[#fields + 2] = 'expiring', 0
 end
 
+-- A given context becomes the session's; an input without one takes the session's (so a
+-- context the server pinned at create holds for every later prompt and steer).
+local context = ARGV[8] or ''
+if context ~= '' then
+  fields[#fields + 1], fields[#fields + 2] = 'context', context
+else
+  context = m[9] or ''
+end
 redis.call('HSET', meta, unpack(fields))
--- Context and settings only when given: most inputs carry neither.
-if (ARGV[8] or '') == '' and (ARGV[9] or '') == '' then
+-- Context and settings only when there are some: most inputs carry neither.
+if context == '' and (ARGV[9] or '') == '' then
   redis.call('XADD', inbox, seq .. '-0', 'k', kind, 'id', mid, 'in', input, 'at', now_ms)
 else
-  redis.call('XADD', inbox, seq .. '-0', 'k', kind, 'id', mid, 'in', input, 'cx', ARGV[8] or '', 'st', ARGV[9] or '',
+  redis.call('XADD', inbox, seq .. '-0', 'k', kind, 'id', mid, 'in', input, 'cx', context, 'st', ARGV[9] or '',
     'at', now_ms)
 end
 redis.call('ZADD', pending, seq, mid)

@@ -229,9 +229,11 @@ class StoreCore:
 
         return Op(steps, parse)
 
-    def op_created_session(self, message_id: str, session_id: str) -> Op[str]:
+    def op_created_session(self, message_id: str, session_id: str, *, scope: str = "") -> Op[str]:
         """`SET created:<message id> <session id> NX [PX ttl]`, then `GET` it: the session that won."""
-        key = created_session_key(self.prefix, validate_message_id(message_id))
+        if scope and not scope.isalnum():
+            raise ValueError(f"a message id scope is letters and digits, got {scope!r}")
+        key = created_session_key(self.prefix, validate_message_id(message_id), scope)
         self.keys(session_id)  # a valid session id, or FxInvalidSessionIdError before anything is stored
         ttl = ("PX", self.ttl_ms) if self.ttl_ms else ()
         steps: list[Any] = [Command(("SET", key, session_id, "NX", *ttl), key=key), Command(("GET", key), key=key)]

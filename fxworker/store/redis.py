@@ -169,15 +169,16 @@ class RedisStore:
             session_id, agent=agent, kind=kind, message_id=message_id, input=input, context=context,
             settings=settings, now_ms=now_ms, create=create))
 
-    async def session_for_message(self, message_id: str, session_id: str) -> str:
-        """The session a create with `message_id` names: `session_id` if this call is the first.
+    async def session_for_message(self, message_id: str, session_id: str, *, scope: str = "") -> str:
+        """The session a create with `message_id` names within `scope`: `session_id` if this
+        call is the first.
 
         One `SET NX` claims `message_id` for `session_id` (with the session TTL); a later
         call with the same id gets the first call's session back, so a repeated create
         prompts that session and its `accept` answers `repeated=True`. Call it before the
         session's first `accept`: if that accept never lands, the repeat creates the session.
         """
-        return await self._exec(self._core.op_created_session(message_id, session_id))
+        return await self._exec(self._core.op_created_session(message_id, session_id, scope=scope))
 
     async def request_cancel(self, session_id: str, *, now_ms: int | None = None) -> str | None:
         """Asks for the open turn (or, with none, the next waiting one) to be cancelled.

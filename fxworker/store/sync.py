@@ -63,9 +63,9 @@ class SyncRedisStore:
             session_id, agent=agent, kind=kind, message_id=message_id, input=input, context=context,
             settings=settings, now_ms=now_ms, create=create))
 
-    def session_for_message(self, message_id: str, session_id: str) -> str:
+    def session_for_message(self, message_id: str, session_id: str, *, scope: str = "") -> str:
         """See `RedisStore.session_for_message`."""
-        return self._exec(self._core.op_created_session(message_id, session_id))
+        return self._exec(self._core.op_created_session(message_id, session_id, scope=scope))
 
     def request_cancel(self, session_id: str, *, now_ms: int | None = None) -> str | None:
         """See `RedisStore.request_cancel`."""

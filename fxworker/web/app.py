@@ -31,7 +31,7 @@ from fxworker.settings import Settings
 from fxworker.store import store_clients, store_kind
 
 from . import health, sessions, wake
-from .auth import Authorize, BearerAuth
+from .auth import Authorize, BearerAuth, SessionContext
 from .errors import EXCEPTION_HANDLERS
 from .ndjson import StreamSlots
 
@@ -79,6 +79,8 @@ def create_app(
     *,
     settings: Settings | None = None,
     max_streams: int | None = None,
+    session_context: SessionContext | None = None,
+    allowed_origins: Iterable[str] | None = None,
 ) -> Starlette:
     """Build the web app.
 
@@ -92,6 +94,16 @@ def create_app(
         max_streams: the most NDJSON streams this process serves at once (each following
             one holds a store connection); one more is 503 `FX_LIMIT_STREAMS`. None: three
             quarters of `FX_REDIS_MAX_CONNECTIONS`, so other calls always find connections.
+        session_context: `session_context(request, create) -> context` (or awaitable): the
+            tool context a new session gets, decided by the server from the request (its
+            user) and the parsed create body (`create.agent`, `create.context` as the client
+            sent it, ...); raise `FxForbiddenError` to refuse the create. The context is
+            stored with the session and holds for every later prompt and steer. Without
+            it, a client's `context` is taken as sent when the server's own token (or
+            loopback) guards the API, and refused (403) under an `authorize` hook, whose
+            callers are the embedder's users.
+        allowed_origins: under an `authorize` hook, the origins (`https://app.example`)
+            besides the server's own whose pages may POST (default `FX_ALLOWED_ORIGINS`).
     """
     settings = settings or Settings.from_env()
 
@@ -119,7 +131,10 @@ def create_app(
 
     app = Starlette(
         routes=ROUTES,
-        middleware=[Middleware(BearerAuth, token=settings.api_token, open_off_loopback=authorize is not None)],
+        middleware=[Middleware(
+            BearerAuth, token=settings.api_token, open_off_loopback=authorize is not None,
+            allowed_origins=tuple(settings.allowed_origins if allowed_origins is None else allowed_origins),
+        )],
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         lifespan=lifespan,
     )
@@ -127,6 +142,7 @@ def create_app(
     app.state.settings = settings
     app.state.stream_slots = StreamSlots(max_streams or max(1, settings.redis_max_connections * 3 // 4))
     app.state.authorize = authorize
+    app.state.session_context = session_context
     app.state.agents = _registry_agents if agents is None else _fixed_agents(agents)
     app.state.store_for = store_for
     app.state.redis = None

@@ -12,7 +12,14 @@ that is not a loopback origin (a cross-site page's request).
 In every mode a request to the API that carries a body must say
 `Content-Type: application/json` (415 otherwise): a cross-site page can send a
 `text/plain` or form body without asking, but not a JSON one (the browser first asks the
-server with a CORS preflight, which this app does not answer).
+server with a CORS preflight, which this app does not answer). Two `Authorization` headers
+are refused (400) in every mode: the middleware and a hook must not read different ones.
+
+With an `authorize` hook (cookies, say: credentials a browser attaches by itself) every
+POST must say `Content-Type: application/json` even without a body (a body-less form POST
+from another site would otherwise cancel a turn), and a request whose `Origin` is not the
+server's own (`Host`) nor one of `allowed_origins` (`FX_ALLOWED_ORIGINS`) is refused 403
+`FX_FORBIDDEN_ORIGIN`.
 
 `authorize(request, session_id, action)` is called by each route, after the token check,
 with `session_id` None for a new session or a listing. `action` is one of `ACTIONS`. It
@@ -25,7 +32,7 @@ import hmac
 import inspect
 import ipaddress
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
@@ -36,13 +43,19 @@ from fxworker.errors import FxForbiddenError
 
 from .errors import error_response
 
-ACTIONS = ("create", "prompt", "steer", "cancel", "stream", "state", "list")
+ACTIONS = ("create", "prompt", "steer", "cancel", "stream", "state", "list", "metrics")
 
 
 class Authorize(Protocol):
     """The embedder's access check; may be a plain function or a coroutine function."""
 
     def __call__(self, request: Request, session_id: str | None, action: str) -> bool | Awaitable[bool]: ...
+
+
+class SessionContext(Protocol):
+    """The embedder's choice of a new session's tool context (`create_app(session_context=)`)."""
+
+    def __call__(self, request: Request, create: Any) -> Any: ...
 
 
 def is_loopback(host: str | None) -> bool:
@@ -97,18 +110,26 @@ def _is_json(content_type: bytes | None) -> bool:
 class BearerAuth:
     """Pure-ASGI middleware: the bearer token on the API, or loopback only when there is none."""
 
-    def __init__(self, app: ASGIApp, *, token: str | None, open_off_loopback: bool = False) -> None:
+    def __init__(self, app: ASGIApp, *, token: str | None, open_off_loopback: bool = False,
+                 allowed_origins: tuple[str, ...] = ()) -> None:
         self.app = app
         self.expected = f"Bearer {token}".encode() if token else None
         self.open_off_loopback = open_off_loopback
+        self.allowed_origins = {o.rstrip("/").lower() for o in allowed_origins}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not _protected(scope["path"]):
             await self.app(scope, receive, send)
             return
+        if sum(1 for name, _ in scope["headers"] if name == b"authorization") > 1:
+            await error_response("FX_INVALID_REQUEST", "more than one Authorization header", 400)(scope, receive, send)
+            return
         headers = dict(scope["headers"])
         refused = self._refusal(scope, headers)
-        if refused is None and _has_body(headers) and not _is_json(headers.get(b"content-type")):
+        hook_post = self.expected is None and self.open_off_loopback and scope["method"] == "POST"
+        if refused is None and hook_post:
+            refused = self._cross_site(headers)
+        if refused is None and (_has_body(headers) or hook_post) and not _is_json(headers.get(b"content-type")):
             given = headers.get(b"content-type", b"").decode("latin-1") or "none"
             refused = error_response(
                 "FX_UNSUPPORTED_MEDIA_TYPE", f"request bodies are JSON: send Content-Type: application/json (got {given})", 415
@@ -149,6 +170,23 @@ class BearerAuth:
                 403,
             )
         return None
+
+    def _cross_site(self, headers: dict[bytes, bytes]) -> Response | None:
+        """Hook mode: a POST from a page of another site (an `Origin` that is neither this
+        server's `Host` nor an allowed origin) is refused."""
+        origin = headers.get(b"origin")
+        if origin is None:
+            return None  # not sent by a browser's cross-site request (the JSON check still applies)
+        given = origin.decode("latin-1").strip().rstrip("/").lower()
+        host = headers.get(b"host", b"").decode("latin-1").strip().lower()
+        if given in self.allowed_origins or urlsplit(given).netloc == host:
+            return None
+        return error_response(
+            "FX_FORBIDDEN_ORIGIN",
+            f"this server does not take requests from pages of {given!r}: list it in FX_ALLOWED_ORIGINS "
+            "(create_app(allowed_origins=...)) if it should",
+            403,
+        )
 
     @staticmethod
     def _loopback_only(scope: Scope) -> bool:

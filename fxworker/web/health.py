@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 from fxworker import metrics
 from fxworker.store._boundary import closed_connection, describe_redis_error
 
+from .auth import check_access
 from .errors import error_response
 
 PING_TIMEOUT_S = 2.0
@@ -39,5 +40,7 @@ async def healthz(request: Request) -> Response:
 
 
 async def metrics_text(request: Request) -> Response:
-    """This process's metrics in the Prometheus text format."""
+    """This process's metrics in the Prometheus text format; under an `authorize` hook, only
+    for callers it allows `metrics` (with `FX_API_TOKEN`, the token guards it)."""
+    await check_access(request, None, "metrics")
     return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)

@@ -12,13 +12,22 @@ answered `repeated: true` instead of creating a second session and running the t
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import inspect
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from fxworker.errors import FxInvalidCursorError, FxInvalidRequestError, FxUnknownAgentError, FxUnknownSessionError
+from fxworker.errors import (
+    FxForbiddenError,
+    FxInvalidCursorError,
+    FxInvalidRequestError,
+    FxUnknownAgentError,
+    FxUnknownSessionError,
+)
 from fxworker.store._core import MAX_CURSOR
 
 from .auth import check_access, is_allowed
@@ -54,13 +63,40 @@ def pick_agent(request: Request, name: str | None) -> Any:
     raise FxUnknownAgentError(f"name the agent: this server serves {', '.join(sorted(agents))}")
 
 
+def _by_store(request: Request) -> list[Any]:
+    """One agent per distinct store of the app's agents, the default agent's first."""
+    agents = _agents(request)
+    try:
+        first = [pick_agent(request, None)]
+    except FxUnknownAgentError:
+        first = []  # several agents and no `default`: any of them reads the store
+    seen: list[Any] = []
+    chosen = []
+    for agent in [*first, *(agents[name] for name in sorted(agents))]:
+        store = request.app.state.store_for(agent)
+        if not any(store is other for other in seen):
+            seen.append(store)
+            chosen.append(agent)
+    if not chosen:
+        raise FxUnknownAgentError("this server serves no agents: set FX_AGENTS to the module that creates them")
+    return chosen
+
+
 async def _existing(request: Request) -> tuple[Any, dict[str, Any]]:
-    """The session of the path and its state; `FX_UNKNOWN_SESSION` (404) when the store has none."""
+    """The session of the path and its state, from the store that has it, with the agent that
+    owns it; `FX_UNKNOWN_SESSION` (404) when no store of the app's agents has it."""
     session_id = request.path_params["session_id"]
-    probe = pick_agent(request, None)
-    state: dict[str, Any] = await probe.session(session_id).state()
-    owner = _agents(request).get(state.get("agent") or "", probe)
-    return owner.session(session_id), state
+    probes = _by_store(request)
+    for probe in probes:
+        try:
+            state: dict[str, Any] = await probe.session(session_id).state()
+        except FxUnknownSessionError:
+            if probe is probes[-1]:
+                raise
+            continue
+        owner = _agents(request).get(state.get("agent") or "", probe)
+        return owner.session(session_id), state
+    raise FxUnknownSessionError(f"no session {session_id}")
 
 
 def parse_cursor(raw: str | None) -> int:
@@ -104,20 +140,40 @@ def _turn_response(request: Request, turn: Any, slot: StreamSlot | None) -> Resp
     return JSONResponse(_accepted(turn), status_code=202, headers=headers)
 
 
-async def _first_session(request: Request, agent: Any, body: CreateSessionBody) -> Any:
+async def session_context(request: Request, body: CreateSessionBody) -> Any:
+    """The tool context a new session gets: the embedder's `session_context` hook decides;
+    without one, the client's `context`, except under an `authorize` hook (403)."""
+    hook = request.app.state.session_context
+    if hook is not None:
+        context = hook(request, body)
+        return await context if inspect.isawaitable(context) else context
+    if body.context is not None and request.app.state.authorize is not None:
+        raise FxForbiddenError("this server sets a session's context itself: send none "
+                               "(the embedder passes create_app(session_context=...) to choose it)")
+    return body.context
+
+
+def message_scope(agent: Any, context: Any) -> str:
+    """The scope of a create's message id: the agent and the session's context, so one caller
+    cannot take a message id another (with another pinned context) will use."""
+    pinned = json.dumps(context, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(f"{agent.name}\0{pinned}".encode()).hexdigest()[:24]
+
+
+async def _first_session(request: Request, agent: Any, body: CreateSessionBody, context: Any) -> Any:
     """The session a create prompts: a new one, or the one an earlier create with this message id made."""
-    session = agent.session(None, context=body.context)  # checks the settings before anything is stored
+    session = agent.session(None, context=context)  # checks the settings before anything is stored
     if body.message_id is None:
         return session
     await session.prepare_input(body.input)  # a refused input claims no message id
     claim = getattr(agent.store, "session_for_message", None)
     if claim is None:
         return session  # a store of the embedder's own without the index
-    first = await claim(body.message_id, session.id)
+    first = await claim(body.message_id, session.id, scope=message_scope(agent, context))
     if first == session.id:
         return session
     await check_access(request, first, "prompt")
-    return agent.session(first, context=body.context)
+    return agent.session(first, context=context)
 
 
 async def create_session(request: Request) -> Response:
@@ -125,7 +181,8 @@ async def create_session(request: Request) -> Response:
     await check_access(request, None, "create")
     body = await read_json(request, CreateSessionBody)
     agent = pick_agent(request, body.agent)
-    return await _prompted(request, body, lambda: _first_session(request, agent, body))
+    context = await session_context(request, body)
+    return await _prompted(request, body, lambda: _first_session(request, agent, body, context))
 
 
 async def prompt(request: Request) -> Response:
@@ -203,18 +260,22 @@ async def list_sessions(request: Request) -> Response:
     raw = request.query_params.get("limit") or "20"
     if len(raw) > 4 or not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= 1000:
         raise FxInvalidRequestError(f"limit must be an integer from 1 to 1000, got {raw[:40]!r}")
-    agent = pick_agent(request, None)
-    ids = await request.app.state.store_for(agent).list_sessions(min(int(raw), MAX_LIST_LIMIT))
+    limit = min(int(raw), MAX_LIST_LIMIT)
+    listing: list[tuple[Any, str]] = []
+    for agent in _by_store(request):  # every store the app's agents use
+        ids = await request.app.state.store_for(agent).list_sessions(limit)
+        listing += [(agent, session_id) for session_id in ids]
     gate = asyncio.Semaphore(LIST_STATE_CALLS)
 
-    async def listed(session_id: str) -> dict[str, Any] | None:
+    async def listed(agent: Any, session_id: str) -> dict[str, Any] | None:
         async with gate:
             if not await is_allowed(request, session_id, "state"):
                 return None
             found: dict[str, Any] = await agent.session(session_id).state()
             return found
 
-    states = await asyncio.gather(*(listed(session_id) for session_id in ids), return_exceptions=True)
+    states = await asyncio.gather(*(listed(agent, session_id) for agent, session_id in listing[:limit]),
+                                  return_exceptions=True)
     # A session may expire between the listing and its state, or not be the caller's: leave it out.
     found = [state for state in states if isinstance(state, dict)]
     for failure in states:

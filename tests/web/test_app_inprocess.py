@@ -48,7 +48,7 @@ def test_the_authorize_hook_sees_each_action_and_can_refuse(redis_url: str, key_
             sid = created.json()["sessionId"]
             assert client.get(f"/v1/sessions/{sid}", headers=alice).status_code == 200
             assert client.get(f"/v1/sessions/{sid}").status_code == 403
-            assert client.post(f"/v1/sessions/{sid}/cancel", headers=alice).status_code == 202
+            assert client.post(f"/v1/sessions/{sid}/cancel", headers={**alice, "content-type": "application/json"}).status_code == 202
     finally:
         agent.close()
     assert calls[:3] == [(None, "create"), (None, "create"), (sid, "state")]
