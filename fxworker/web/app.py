@@ -30,7 +30,7 @@ from fxworker.settings import Settings
 
 from fxworker.store import store_clients, store_kind
 
-from . import health, sessions, wake
+from . import health, openapi, sessions, wake
 from .auth import Authorize, BearerAuth, SessionContext
 from .errors import EXCEPTION_HANDLERS
 from .ndjson import StreamSlots
@@ -49,6 +49,7 @@ ROUTES = [
     Route("/", index, methods=["GET"]),
     Route("/healthz", health.healthz, methods=["GET"]),
     Route("/metrics", health.metrics_text, methods=["GET"]),
+    Route("/openapi.json", openapi.openapi_json, methods=["GET"]),
     Route("/v1/sessions", sessions.create_session, methods=["POST"]),
     Route("/v1/sessions", sessions.list_sessions, methods=["GET"]),
     Route("/v1/sessions/{session_id}", sessions.state, methods=["GET"]),
