@@ -123,6 +123,18 @@ def _uvicorn_config(host: str, port: int, log_level: str) -> Any:
 @click.version_option(package_name="fxworker", prog_name="fx")
 def main() -> None:
     """fxworker: durable agent sessions on Redis and Celery."""
+    _working_directory_on_path()
+
+
+def _working_directory_on_path() -> None:
+    """`FX_AGENTS=myapp.agents fx web` finds `myapp` in the working directory, as uvicorn and
+    `celery -A` do: for this process and for the ones it starts (uvicorn's, Celery's)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if cwd not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([cwd, *paths])
 
 
 @main.command()

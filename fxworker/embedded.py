@@ -101,17 +101,29 @@ def begin_warm_shutdown() -> None:
 class InProcessWaker:
     """Runs the delivery on an embedded worker loop of this process (embedded dev mode).
 
-    With no embedded worker started, the wake is dropped: the session stays in the ready
-    set and the first worker's sweeper picks it up.
+    With no embedded worker started, the first wake starts one (and the sweeper), so a
+    plain script that prompts a session gets its turn run; `start_workers=False` is for an
+    application that starts its own (`start_embedded_workers`): its wakes wait in the
+    ready set until one runs, and the first wake says so once.
     """
 
+    def __init__(self, *, start_workers: bool = True) -> None:
+        self.start_workers = start_workers
+        self._said = False
+
     def __repr__(self) -> str:
-        return "<InProcessWaker>"
+        return f"<InProcessWaker start_workers={self.start_workers}>"
 
     def wake(self, session_id: str, *, agent: str, reason: str) -> None:
         worker = next_embedded_worker()
+        if worker is None and self.start_workers:
+            log.info("no embedded worker in this process: starting one (the embedded mode runs turns in-process)")
+            start_embedded_workers(1)
+            worker = next_embedded_worker()
         if worker is None:
-            log.debug("no embedded worker: wake of %s waits for the sweeper", session_id)
+            if not self._said:
+                log.warning("no embedded worker runs in this process: wakes wait until start_embedded_workers()")
+                self._said = True
             return
         payload = wake_payload(session_id, agent=agent, reason=reason)
         future = worker.submit(handle_wake(payload, loop_thread=worker))

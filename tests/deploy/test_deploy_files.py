@@ -148,3 +148,19 @@ def test_the_sentinel_compose_file_names_the_sentinels_master_for_store_and_brok
     assert broker_config(url).options["master_name"] == address.master
     assert "--replicaof" in services["redis-b"]["command"]
     assert all("noeviction" in services[r]["command"] for r in ("redis-a", "redis-b"))
+
+
+@pytest.mark.redis
+def test_fx_worker_imports_the_agents_module_from_the_working_directory(tmp_path: Path, redis_url: str) -> None:
+    (tmp_path / "myapp").mkdir()
+    (tmp_path / "myapp" / "__init__.py").write_text("")
+    (tmp_path / "myapp" / "agents.py").write_text(
+        "from fxworker import Agent\n"
+        "Agent('mine', model='scripted', provider={'name': 'x', 'base_url': 'http://127.0.0.1:9/v1', 'models': {'scripted': {}}})\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FX_") and k != "PYTHONPATH"}
+    env.update(REDIS_URL=redis_url, FX_AGENTS="myapp.agents")
+    done = subprocess.run([str(BIN / "fx"), "worker", "--print-command"], capture_output=True, text=True, timeout=60,
+                          env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "-Q fx.mine" in done.stdout
