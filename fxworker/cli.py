@@ -57,6 +57,19 @@ def _check_bind(host: str, settings: Settings) -> None:
         _fail(f"refusing to serve on {host} without FX_API_TOKEN (the API would be open to anyone)", EXIT_CONFIG)
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """Exit 2 with a hint, rather than the server's own error later, when the port is taken."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            _fail(f"cannot listen on {host}:{port} ({exc.strerror or exc}): another server has it; pass --port", EXIT_CONFIG)
+
+
 def _check_server(settings: Settings, command: str) -> None:
     """Stops at once, exit 2, on settings the store or the broker cannot honour (store/preflight.py)."""
     from .store.preflight import check_server
@@ -152,6 +165,7 @@ def dev(host: str, port: int, module: str | None, workers: int) -> None:
 
     settings = _settings()
     _check_bind(host, settings)
+    _check_port_free(host, port)
     names = _start_dev(module or settings.agents_module or DEMO_AGENTS, workers)
     click.echo(f"fx dev: agents {', '.join(names)}; {workers} embedded worker(s); pid {os.getpid()}")
     click.echo(f"fx dev: open http://{host}:{port}/")
@@ -170,6 +184,7 @@ def web(host: str, port: int | None, module: str | None, processes: int) -> None
     settings = _settings()
     port = port or settings.port
     _check_bind(host, settings)
+    _check_port_free(host, port)
     if not settings.store_url:
         _fail("fx web needs REDIS_URL or FX_STORE_URL (for the embedded default without Redis, run fx dev)",
               EXIT_CONFIG)
@@ -180,7 +195,12 @@ def web(host: str, port: int | None, module: str | None, processes: int) -> None
     if not module:
         _fail("fx web needs FX_AGENTS (or --agents): the module that creates the agents", EXIT_CONFIG)
     os.environ["FX_AGENTS"] = module
+    from .store import store_kind
+    from .urls import masked
     from .web.server import PROTOCOL
+
+    click.echo(f"fx web: agents from {module}; store {store_kind(settings.store_url)} at "
+               f"{masked(settings.store_url)}; broker {masked(settings.broker_url)}; http://{host}:{port}/")
 
     uvicorn.run(
         "fxworker.web:create_app", factory=True, host=host, port=port, workers=processes,
@@ -248,7 +268,10 @@ def _api_call(fn: Any, *, session: Any = None) -> Any:
     try:
         return fn()
     except ApiError as exc:
-        _fail(f"{exc.code}: {exc.message}", EXIT_UNREACHABLE if exc.code == "FX_CONNECT" else EXIT_REFUSED)
+        hint = ""
+        if exc.status == 401:
+            hint = " (set FX_API_TOKEN to the server's token)"
+        _fail(f"{exc.code}: {exc.message}{hint}", EXIT_UNREACHABLE if exc.code == "FX_CONNECT" else EXIT_REFUSED)
     except KeyboardInterrupt:
         followed = session() if session is not None else None
         hint = f"; follow it again with fx tail {followed}" if followed else ""
@@ -321,6 +344,28 @@ def tail(session_id: str, cursor: int, follow: bool, url: str | None, as_json: b
         return 0 if not follow or stop in (None, "end_turn") else EXIT_TURN_FAILED
 
     sys.exit(_api_call(run, session=lambda: session_id))
+
+
+@main.command()
+@click.argument("session_id")
+@click.argument("text")
+@click.option("--message-id", default=None, help="An idempotency id: resending it stores nothing new.")
+@url_option
+def steer(session_id: str, text: str, message_id: str | None, url: str | None) -> None:
+    """Steer SESSION_ID's running turn with TEXT (or its next turn, when none runs)."""
+    client = _client(url)
+    accepted = _api_call(lambda: client.steer(session_id, text, message_id=message_id))
+    click.echo(f"steer {accepted['messageId']} stored{' (repeated)' if accepted.get('repeated') else ''}")
+
+
+@main.command()
+@click.argument("session_id")
+@url_option
+def cancel(session_id: str, url: str | None) -> None:
+    """Cancel SESSION_ID's running (or waiting) turn; its turn ends `cancelled`."""
+    client = _client(url)
+    _api_call(lambda: client.cancel(session_id))
+    click.echo(f"cancel of {session_id} asked; fx tail {session_id} shows the turn end")
 
 
 @main.command()

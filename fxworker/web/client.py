@@ -76,6 +76,17 @@ class ApiClient:
         self._check(response)
         return response
 
+    def steer(self, session_id: str, text: str, *, message_id: str | None = None) -> dict[str, Any]:
+        """Steer the session's running turn (or its next one): the store's acknowledgement."""
+        body: dict[str, Any] = {"input": text, "messageId": message_id or new_message_id()}
+        result: dict[str, Any] = self._request("POST", f"/v1/sessions/{session_id}/steer", json=body).json()
+        return result
+
+    def cancel(self, session_id: str) -> dict[str, Any]:
+        """Cancel the session's running (or waiting) turn."""
+        result: dict[str, Any] = self._request("POST", f"/v1/sessions/{session_id}/cancel", json={}).json()
+        return result
+
     def state(self, session_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._request("GET", f"/v1/sessions/{session_id}").json()
         return result

@@ -379,6 +379,7 @@ def test_a_refused_request_exits_3_with_its_code(web_open: WebProcess, args: tup
 def test_the_token_comes_from_fx_api_token(web_auth: WebProcess) -> None:
     refused = fx(web_auth.url, "sessions")
     assert refused.returncode == 3 and "FX_UNAUTHORIZED" in refused.stderr
+    assert "set FX_API_TOKEN" in refused.stderr
     done = fx(web_auth.url, "prompt", "--agent", "b", "with token", FX_API_TOKEN=TOKEN)
     assert done.returncode == 0, done.stderr
     assert "echo:with token" in done.stdout
@@ -395,7 +396,7 @@ def test_an_unreachable_api_exits_4(args: tuple[str, ...]) -> None:
 
 
 def test_every_command_has_help() -> None:
-    commands = ["", "dev", "demo", "web", "worker", "prompt", "tail", "sessions"]
+    commands = ["", "dev", "demo", "web", "worker", "prompt", "tail", "sessions", "steer", "cancel"]
     children = {
         name: subprocess.Popen([FX, *([name] if name else []), "--help"], env=fx_env("http://127.0.0.1:9"), cwd=ROOT,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -409,3 +410,41 @@ def test_every_command_has_help() -> None:
         outputs[name] = out
     assert all(re.search(rf"^  {name}\b", outputs[""], re.M) for name in commands[1:])
     assert "--session" in outputs["prompt"] and "--agent" in outputs["prompt"] and "--cursor" in outputs["tail"]
+
+
+def test_steer_and_cancel_a_running_turn(web_open: WebProcess, api: httpx.Client, model: ScriptedModel) -> None:
+    steered_sid = api.post("/v1/sessions", json={"input": "hold:cli-steer"}).json()["sessionId"]
+    model.wait_held("cli-steer", timeout_s=15)
+    steered = fx(web_open.url, "steer", steered_sid, "shorter please")
+    assert steered.returncode == 0, steered.stderr
+    assert re.match(r"^steer msg_\w+ stored$", steered.stdout.strip())
+    model.release("cli-steer")
+    lines = read_turn(api, steered_sid)
+    assert any(ln["type"] == "user_message" for ln in lines), lines  # the steer joined the turn
+    assert "echo:shorter please" in "".join(ln.get("delta", "") for ln in lines)
+
+    sid = api.post("/v1/sessions", json={"input": "hold:cli-cancel2"}).json()["sessionId"]
+    model.wait_held("cli-cancel2", timeout_s=15)
+    cancelled = fx(web_open.url, "cancel", sid)
+    assert cancelled.returncode == 0 and f"cancel of {sid} asked" in cancelled.stdout
+    try:
+        ends = [ln for ln in read_turn(api, sid) if ln["type"] == "turn_end"]
+    finally:
+        model.release("cli-cancel2")
+    assert ends and ends[-1]["stopReason"] == "cancelled"
+    unknown = fx(web_open.url, "cancel", UNKNOWN_SESSION)
+    assert unknown.returncode == 3 and "FX_UNKNOWN_SESSION" in unknown.stderr
+
+
+@pytest.mark.parametrize("command", ["web", "dev"])
+def test_a_busy_port_is_exit_2_with_a_hint(redis_url: str, command: str) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = fx("http://127.0.0.1:9", command, "--port", str(port), REDIS_URL=redis_url,
+                    FX_AGENTS="tests.durable.agents")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr and "pass --port" in result.stderr
