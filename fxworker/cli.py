@@ -36,6 +36,7 @@ EXIT_INTERRUPTED = 130
 
 DEMO_AGENTS = "fxworker.demo"
 DEMO_PROMPT = "Look up the weather in Lisbon"
+WAITING_NOTICE_S = 3.0  # `fx prompt` says it waits for a worker when no line came this long after the acceptance
 
 
 def _settings() -> Settings:
@@ -316,10 +317,27 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print raw ND
 def prompt(text: str, session_id: str | None, agent: str | None, message_id: str | None, url: str | None, as_json: bool) -> None:
     """Send TEXT as a prompt and stream the answer as it comes."""
     client = _client(url)
-    lines = client.prompt(text, session_id=session_id, agent=agent, message_id=message_id)
+    waiting: list[threading.Timer] = []
+
+    def accepted(sid: str) -> None:
+        click.echo(f"session {sid}", err=True)
+        timer = threading.Timer(WAITING_NOTICE_S, lambda: click.echo(
+            f"fx: accepted; waiting for a worker (is fx worker running for this agent?); "
+            f"Ctrl-C stops following, fx tail {sid} follows again", err=True))
+        timer.daemon = True
+        timer.start()
+        waiting.append(timer)
+
+    lines = client.prompt(text, session_id=session_id, agent=agent, message_id=message_id, on_accepted=accepted)
+
+    def started() -> Any:
+        for line in lines:
+            for timer in waiting:
+                timer.cancel()
+            yield line
 
     def run() -> int:
-        return _print_turn(_with_session_banner(client, lines, "session", err=True), as_json=as_json)
+        return _print_turn(started(), as_json=as_json)
 
     sys.exit(_api_call(run, session=lambda: client.session_id))
 

@@ -174,9 +174,11 @@ class ApiClient:
         raise AssertionError("unreachable")
 
     def prompt(
-        self, text: str, *, session_id: str | None = None, agent: str | None = None, message_id: str | None = None
+        self, text: str, *, session_id: str | None = None, agent: str | None = None, message_id: str | None = None,
+        on_accepted: Callable[[str], None] | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """Send a prompt (a new session when `session_id` is None) and yield its turn's lines."""
+        """Send a prompt (a new session when `session_id` is None) and yield its turn's lines.
+        `on_accepted(session_id)` is called once the server stored it, before any line."""
         turn_id = message_id or new_message_id()
         body: dict[str, Any] = {"input": text, "messageId": turn_id}
         if session_id is None:
@@ -190,6 +192,8 @@ class ApiClient:
             with self.http.stream("POST", path, json=body, headers={"Accept": MEDIA_TYPE}) as response:
                 self._check(response)
                 self.session_id = response.headers.get("x-fx-session-id") or session_id
+                if on_accepted is not None and self.session_id:
+                    on_accepted(self.session_id)
                 for raw in response.iter_lines():
                     if not raw.strip():
                         continue

@@ -448,3 +448,19 @@ def test_a_busy_port_is_exit_2_with_a_hint(redis_url: str, command: str) -> None
                     FX_AGENTS="tests.durable.agents")
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr and "pass --port" in result.stderr
+
+
+def test_prompt_names_its_session_at_once_and_says_when_no_worker_takes_it(
+    running: list[Running], redis_url: str
+) -> None:
+    prefix = f"fxcli{uuid.uuid4().hex[:8]}"
+    web = WebProcess(env={"REDIS_URL": redis_url, "FX_PREFIX": prefix, "FX_AGENTS": "tests.durable.agents"})
+    try:
+        web.wait_ready()
+        child = start(running, web.url, "prompt", "nobody runs me")
+        sid = child.session_id(timeout_s=10)  # before any line: no worker runs
+        wait_until(lambda: "waiting for a worker" in child.stderr, 10, what="the waiting notice")
+        assert f"fx tail {sid}" in child.stderr and child.stdout == ""
+    finally:
+        web.close()
+        delete_prefix(redis_url, prefix)
