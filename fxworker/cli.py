@@ -195,12 +195,12 @@ def web(host: str, port: int | None, module: str | None, processes: int) -> None
     module = module or settings.agents_module
     if not module:
         _fail("fx web needs FX_AGENTS (or --agents): the module that creates the agents", EXIT_CONFIG)
-    os.environ["FX_AGENTS"] = module
+    names = _import_agents(module)  # a module that fails to import: one line and exit 2, before serving
     from .store import store_kind
     from .urls import masked
     from .web.server import PROTOCOL
 
-    click.echo(f"fx web: agents from {module}; store {store_kind(settings.store_url)} at "
+    click.echo(f"fx web: agents {', '.join(names)} ({module}); store {store_kind(settings.store_url)} at "
                f"{masked(settings.store_url)}; broker {masked(settings.broker_url)}; http://{host}:{port}/")
 
     uvicorn.run(

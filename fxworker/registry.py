@@ -58,6 +58,9 @@ def import_agents_module(module: str | None) -> list[str]:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise FxConfigError(f"FX_AGENTS={module!r} cannot be imported: {exc}") from exc
+            raise FxConfigError(f"FX_AGENTS={module!r} cannot be imported: {exc} (run fx from the directory that "
+                                "holds it, or add that directory to PYTHONPATH)") from exc
+        except Exception as exc:  # noqa: BLE001 - the module itself failed: say where, in one line
+            raise FxConfigError(f"FX_AGENTS={module!r} failed while importing: {type(exc).__name__}: {exc}") from exc
         _imported.add(module)
     return sorted(agents())

@@ -164,3 +164,17 @@ def test_fx_worker_imports_the_agents_module_from_the_working_directory(tmp_path
                           env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "-Q fx.mine" in done.stdout
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("command", ["web", "worker", "dev"])
+def test_an_agents_module_that_cannot_be_imported_is_one_line_and_exit_2(command: str, redis_url: str,
+                                                                          tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FX_") and k != "REDIS_URL"}
+    env.update(REDIS_URL=redis_url, FX_AGENTS="nosuch.agents")
+    args = [command, "--port", "0"] if command != "worker" else [command]
+    done = subprocess.run([str(BIN / "fx"), *args], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    said = [line for line in done.stderr.splitlines() if "nosuch" in line]
+    assert len(said) == 1 and said[0].startswith("fx: ") and "PYTHONPATH" in said[0], done.stderr
+    assert "Traceback" not in done.stderr
