@@ -36,6 +36,7 @@ EXIT_INTERRUPTED = 130
 
 DEMO_AGENTS = "fxworker.demo"
 DEMO_PROMPT = "Look up the weather in Lisbon"
+DEV_LEASE_S, DEV_SWEEP_S = "3", "1"  # fx dev / fx demo, unless FX_LEASE_S / FX_SWEEP_S say otherwise
 WAITING_NOTICE_S = 3.0  # `fx prompt` says it waits for a worker when no line came this long after the acceptance
 
 
@@ -116,6 +117,9 @@ def _kill_worker_on_usr1() -> None:
 def _start_dev(module: str, workers: int) -> list[str]:
     settings = _settings()
     _use_embedded()
+    # A short lease, so a worker killed by hand is replaced within seconds (FX_LEASE_S wins).
+    os.environ.setdefault("FX_LEASE_S", DEV_LEASE_S)
+    os.environ.setdefault("FX_SWEEP_S", DEV_SWEEP_S)
     names = _import_agents(module)
     from . import embedded
 

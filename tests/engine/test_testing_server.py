@@ -291,3 +291,18 @@ def test_demo_responder_calls_send_when_asked_and_offered() -> None:
     reply = demo_responder(RecordedRequest("/v1/chat/completions", {}, body, 0.0))
     call = reply.message()["tool_calls"][0]["function"]
     assert call["name"] == "send" and json.loads(call["arguments"]) == {"message": "please send it"}
+
+
+def test_demo_responder_carries_on_after_the_resume_notice_and_answers_long_when_asked() -> None:
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    resumed = {"messages": [
+        {"role": "user", "content": "Tell me about the weather, slowly"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                                                             "function": {"name": "lookup", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Lisbon: 21 °C"},
+        {"role": "user", "content": "Resuming from unexpected session interruption."},
+    ], "tools": [tool]}
+    reply = demo_responder(RecordedRequest("/v1/chat/completions", {}, resumed, 0.0))
+    words = "".join("".join(part.pieces) for part in reply.parts if hasattr(part, "pieces"))
+    assert words.startswith('I found: "Lisbon:') and "No fact" not in words
+    assert sum(1 for part in reply.parts if getattr(part, "ms", None) == 100) == 80
