@@ -86,7 +86,8 @@ def test_a_streamed_answer_survives_a_reload_without_duplicated_text(
     page_model.release("page1")
     page.wait_for_selector(".assistant .end")  # type: ignore[attr-defined]
     assert assistant_text(page) == "partial rest"
-    assert page.text_content(".assistant .end").startswith("end_turn")  # type: ignore[attr-defined]
+    assert page.get_attribute(".assistant .end", "data-stop") == "end_turn"  # type: ignore[attr-defined]
+    assert page.text_content(".assistant .end") == "done"  # type: ignore[attr-defined]
     assert page.text_content(".user") == "hold:page1"  # type: ignore[attr-defined]
     assert page.locator(".turn").count() == 1  # type: ignore[attr-defined]
     ARTIFACTS.mkdir(exist_ok=True)
@@ -102,3 +103,70 @@ def test_tool_calls_and_results_are_shown_as_they_stream(dev: WebProcess, browse
     tool = page.text_content(".tool")  # type: ignore[attr-defined]
     assert "lookup" in tool and "lisbon" in tool and "found:lisbon" in tool
     assert assistant_text(page) == "looked up"
+
+
+def _start_held(page: object, url: str, model: ScriptedModel, prompt: str, name: str) -> None:
+    page.goto(url + "/")  # type: ignore[attr-defined]
+    assert page.is_visible("#empty")  # type: ignore[attr-defined]
+    page.fill("#prompt", prompt)  # type: ignore[attr-defined]
+    page.press("#prompt", "Enter")  # type: ignore[attr-defined]
+    model.wait_held(name, timeout_s=15)
+    page.wait_for_function("document.querySelector('.assistant .text')?.textContent === 'partial '")  # type: ignore[attr-defined]
+    assert not page.is_visible("#empty")  # type: ignore[attr-defined]
+
+
+def test_stop_cancels_the_running_turn(dev: WebProcess, page_model: ScriptedModel, browser_page: object) -> None:
+    page = browser_page
+    _start_held(page, dev.url, page_model, "hold:page-stop", "page-stop")
+    assert page.is_visible("#stop") and page.text_content("#send") == "Steer"  # type: ignore[attr-defined]
+    try:
+        page.click("#stop")  # type: ignore[attr-defined]
+        page.wait_for_selector(".assistant .end")  # type: ignore[attr-defined]
+    finally:
+        page_model.release("page-stop")
+    assert page.get_attribute(".assistant .end", "data-stop") == "cancelled"  # type: ignore[attr-defined]
+    assert page.text_content(".assistant .end") == "stopped"  # type: ignore[attr-defined]
+    assert not page.is_visible("#stop") and page.text_content("#send") == "Send"  # type: ignore[attr-defined]
+
+
+def test_typing_while_a_turn_runs_steers_it(dev: WebProcess, page_model: ScriptedModel, browser_page: object) -> None:
+    page = browser_page
+    _start_held(page, dev.url, page_model, "hold:page-steer", "page-steer")
+    page.fill("#prompt", "in French please")  # type: ignore[attr-defined]
+    page.press("#prompt", "Enter")  # type: ignore[attr-defined]
+    try:
+        # The worker sees the steer within a quarter second and joins it: the held reply is cut
+        # short and the turn goes on with the steer (§6).
+        page.wait_for_selector(".assistant .user")  # type: ignore[attr-defined]
+        page.wait_for_selector(".assistant .end")  # type: ignore[attr-defined]
+    finally:
+        page_model.release("page-steer")
+    assert page.locator(".turn").count() == 1, page.inner_text("#transcript")  # type: ignore[attr-defined]  # a steer, not a second turn
+    assert page.text_content(".assistant .user") == "in French please"  # type: ignore[attr-defined]
+    assert "echo:in French please" in assistant_text(page)
+
+
+def test_a_turn_resumed_after_a_killed_worker_is_marked(dev: WebProcess, page_model: ScriptedModel,
+                                                        browser_page: object) -> None:
+    import os
+    import signal
+
+    page = browser_page
+    page.set_viewport_size({"width": 390, "height": 844})  # type: ignore[attr-defined]
+    page.goto(dev.url + "/")  # type: ignore[attr-defined]
+    page.fill("#prompt", "holdonce:page-kill")  # type: ignore[attr-defined]
+    page.press("#prompt", "Enter")  # type: ignore[attr-defined]
+    page_model.wait_held("page-kill", timeout_s=15)
+    assert dev.proc is not None
+    os.kill(dev.proc.pid, signal.SIGUSR1)  # fx dev: embedded worker 0 dies mid-turn, a fresh one replaces it
+    try:
+        page.wait_for_selector(".assistant .resumed", timeout=20_000)  # type: ignore[attr-defined]
+        page.wait_for_selector(".assistant .end")  # type: ignore[attr-defined]
+    finally:
+        page_model.release("page-kill")
+    assert "after the kill" in assistant_text(page)
+    assert page.text_content(".assistant .end") == "done"  # type: ignore[attr-defined]
+    width = page.evaluate("document.documentElement.scrollWidth")  # type: ignore[attr-defined]
+    assert width <= 390, f"the page is {width} px wide at 390 px"
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "page_resumed_390.png"), full_page=True)  # type: ignore[attr-defined]

@@ -13,6 +13,7 @@ let cursor = 0;
 let lines = [];
 let controller = null;
 let retryMs = 250;
+let openTurn = null; // the messageId of the turn that runs now (between its start and its end)
 const turns = new Map(); // messageId -> {root, body, texts: Map(step -> element), tools: Map(id -> element)}
 
 function token() { return localStorage.getItem("fx.token") || ""; }
@@ -22,6 +23,22 @@ function headers(extra) {
   return h;
 }
 function setStatus(state, text) { const s = $("status"); s.dataset.state = state; s.textContent = text || state; }
+
+// How a turn ended, in words (the stop reason stays in data-stop).
+const STOP_LABELS = {
+  end_turn: "done", cancelled: "stopped", error: "failed", refused: "refused",
+  max_output_tokens: "cut at the output limit", max_model_turns: "stopped at the model-turn limit", unknown: "ended",
+};
+
+// While a turn runs, the form steers it and Stop cancels it.
+function setOpenTurn(messageId) {
+  openTurn = messageId;
+  $("stop").hidden = !messageId;
+  $("send").textContent = messageId ? "Steer" : "Send";
+  $("prompt").placeholder = messageId
+    ? "Steer the running answer… (it joins at the next step)"
+    : "Ask the agent… (try: look up the weather in Lisbon, slowly — or: send a note to Ana)";
+}
 function storageKey(kind) { return "fx." + kind + "." + sessionId; }
 
 function save() {
@@ -92,13 +109,18 @@ function render(line) {
     case "turn_start": {
       const user = el("div", "user", line.input === undefined ? "(prompt)" : promptText(line.input));
       t.root.insertBefore(user, t.body);
+      setOpenTurn(line.messageId);
       break;
     }
     case "turn_resume":
       for (const step of line.retract || []) {
         for (const span of t.body.querySelectorAll('[data-step="' + step + '"]')) span.remove();
       }
+      if (line.interrupted) {
+        t.body.appendChild(el("div", "resumed", "↻ resumed on another worker after an interruption"));
+      }
       t.lastText = null;
+      setOpenTurn(line.messageId);
       break;
     case "user_message":
       t.body.appendChild(el("div", "user", line.text));
@@ -126,8 +148,11 @@ function render(line) {
     }
     case "turn_end": {
       const err = line.error ? " · " + (line.error.code || "") + " " + (line.error.message || "") : "";
-      t.body.appendChild(el("div", "end", line.stopReason + err));
+      const end = el("div", "end", (STOP_LABELS[line.stopReason] || line.stopReason) + err);
+      end.dataset.stop = line.stopReason;
+      t.body.appendChild(end);
       t.lastText = null;
+      if (openTurn === line.messageId) setOpenTurn(null);
       break;
     }
     case "session_error":
@@ -197,6 +222,7 @@ function askToken() {
 
 function openSession(id) {
   sessionId = id;
+  $("empty").hidden = true;
   const url = new URL(location.href);
   url.searchParams.set("session", id);
   history.replaceState(null, "", url);
@@ -205,7 +231,8 @@ function openSession(id) {
 }
 
 async function send(text) {
-  const path = sessionId ? "/v1/sessions/" + encodeURIComponent(sessionId) + "/prompts" : "/v1/sessions";
+  const base = sessionId ? "/v1/sessions/" + encodeURIComponent(sessionId) : null;
+  const path = !base ? "/v1/sessions" : openTurn ? base + "/steer" : base + "/prompts";
   const response = await fetch(path, {
     method: "POST",
     headers: headers({ "Content-Type": "application/json" }),
@@ -244,9 +271,23 @@ $("save-token").addEventListener("click", () => {
   if (sessionId) follow();
 });
 $("new-session").addEventListener("click", () => { location.href = location.pathname; });
+$("stop").addEventListener("click", async () => {
+  if (!sessionId) return;
+  $("stop").disabled = true;
+  try {
+    const response = await fetch("/v1/sessions/" + encodeURIComponent(sessionId) + "/cancel", {
+      method: "POST", headers: headers({ "Content-Type": "application/json" }), body: "{}",
+    });
+    if (response.status === 401) askToken();
+  } finally {
+    $("stop").disabled = false;
+  }
+});
+setOpenTurn(null);
 
 if (sessionId) {
   $("session-label").textContent = sessionId;
+  $("empty").hidden = true;
   restore();
   follow();
 }
