@@ -23,7 +23,7 @@ async def chat(request: Request, session_id: str | None = None) -> StreamingResp
     body = await request.json()
     # Check here that the caller may use this session.
     turn = await support.session(session_id).prompt(body["text"])  # returns once the prompt is stored
-    return StreamingResponse(turn.ndjson(), media_type="application/x-ndjson")
+    return StreamingResponse(turn.ndjson(), media_type="application/x-ndjson", headers={"X-Session-Id": turn.session_id})
 
 
 @app.get("/chat/{session_id}")
@@ -39,5 +39,5 @@ async def allow_signed_in(request: Request, session_id: str | None, action: str)
     return request.headers.get("x-user") is not None  # your own check
 
 
-# The whole §3 API under /fx, guarded by your hook instead of FX_API_TOKEN.
+# The whole §3 API and the page under /fx/ (open /fx/), guarded by your hook instead of FX_API_TOKEN.
 app.mount("/fx", create_app(agents=[support], authorize=allow_signed_in))

@@ -21,6 +21,14 @@ async def healthz(request: Request) -> Response:
     """200 `{"ok": true, "store": "redis"|"cluster"|"sentinel"|"embedded", "pingMs"}` when the
     store answers, else 503."""
     client = request.app.state.redis
+    url = request.app.state.settings.store_url
+    if client is None and url:
+        # Mounted in another app (app.mount("/fx", create_app(...))), whose lifespan does not
+        # run the mounted one's: the client is made on first use instead.
+        from fxworker.store import store_clients, store_kind
+
+        request.app.state.store_kind = await asyncio.to_thread(store_kind, url)
+        client = request.app.state.redis = store_clients(url, socket_timeout_s=5.0)[0]()
     if client is None:
         return JSONResponse({"ok": True, "store": "embedded"})
     started_s = time.perf_counter()

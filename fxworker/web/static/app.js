@@ -7,6 +7,8 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
+// Where the app is mounted ("" at the root, "/fx" under app.mount("/fx", create_app(...))).
+const ROOT = location.pathname.replace(/\/[^/]*$/, "");
 const params = new URLSearchParams(location.search);
 let sessionId = params.get("session");
 let cursor = 0;
@@ -180,7 +182,7 @@ async function follow() {
   controller = mine;
   while (controller === mine) {
     try {
-      const url = "/v1/sessions/" + encodeURIComponent(sessionId) + "/stream?cursor=" + cursor;
+      const url = ROOT + "/v1/sessions/" + encodeURIComponent(sessionId) + "/stream?cursor=" + cursor;
       const response = await fetch(url, { headers: headers(), signal: mine.signal });
       if (response.status === 401) { askToken(); return; }
       if (!response.ok) {
@@ -231,8 +233,8 @@ function openSession(id) {
 }
 
 async function send(text) {
-  const base = sessionId ? "/v1/sessions/" + encodeURIComponent(sessionId) : null;
-  const path = !base ? "/v1/sessions" : openTurn ? base + "/steer" : base + "/prompts";
+  const base = sessionId ? ROOT + "/v1/sessions/" + encodeURIComponent(sessionId) : null;
+  const path = !base ? ROOT + "/v1/sessions" : openTurn ? base + "/steer" : base + "/prompts";
   const response = await fetch(path, {
     method: "POST",
     headers: headers({ "Content-Type": "application/json" }),
@@ -275,7 +277,7 @@ $("stop").addEventListener("click", async () => {
   if (!sessionId) return;
   $("stop").disabled = true;
   try {
-    const response = await fetch("/v1/sessions/" + encodeURIComponent(sessionId) + "/cancel", {
+    const response = await fetch(ROOT + "/v1/sessions/" + encodeURIComponent(sessionId) + "/cancel", {
       method: "POST", headers: headers({ "Content-Type": "application/json" }), body: "{}",
     });
     if (response.status === 401) askToken();
