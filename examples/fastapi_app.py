@@ -1,8 +1,11 @@
 """FastAPI: call the library from your own routes (async), or mount the built-in API.
 
-    pip install fastapi 'fxworker[web]'
-    REDIS_URL=redis://localhost:6379/0 uvicorn examples.fastapi_app:app
-    REDIS_URL=redis://localhost:6379/0 FX_AGENTS=examples.agents fx worker
+    pip install 'fxworker[examples]'
+    uvicorn examples.fastapi_app:app --port 8001
+    curl -H 'Content-Type: application/json' -d '{"text": "Where is order 42?"}' 127.0.0.1:8001/chat
+
+With REDIS_URL set, run `FX_AGENTS=examples.agents fx worker` beside it; without, the turn
+runs in this process (the embedded mode). The built-in API and page are under /fx/.
 """
 
 from __future__ import annotations

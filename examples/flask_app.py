@@ -1,8 +1,11 @@
 """Flask: the blocking twin of the session API.
 
-    pip install flask fxworker
-    REDIS_URL=redis://localhost:6379/0 flask --app examples.flask_app run
-    REDIS_URL=redis://localhost:6379/0 FX_AGENTS=examples.agents fx worker
+    pip install 'fxworker[examples]'
+    flask --app examples.flask_app run --port 8002
+    curl -H 'Content-Type: application/json' -d '{"text": "Where is order 42?"}' 127.0.0.1:8002/chat
+
+With REDIS_URL set, run `FX_AGENTS=examples.agents fx worker` beside it; without, the turn
+runs in this process (the embedded mode).
 """
 
 from __future__ import annotations
