@@ -1,6 +1,6 @@
 """Settings are values: `Settings.from_env()` is the only place that reads `os.environ`.
 
-Every variable is documented here and in the README's table.
+Every variable is documented here and in the table of docs/reference.md.
 """
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ def incomplete(session_id: str, key: Any) -> FxSessionIncompleteError:
     """The refusal of a session whose `key` is gone (`_whole.lua`)."""
     return FxSessionIncompleteError(
         f"session {session_id} is incomplete: its {_text(key)} key is gone (evicted or deleted), so it is not "
-        "served on what is left. Give Redis maxmemory-policy noeviction (see the README, Running Redis)"
+        "served on what is left. Give Redis maxmemory-policy noeviction (see docs/operations.md, Running Redis)"
     )
 
 
