@@ -147,7 +147,7 @@ def test_metrics_counts_accepted_inputs(api: httpx.Client) -> None:
 
 def test_the_page_and_its_script_are_served(api: httpx.Client) -> None:
     page = api.get("/")
-    assert page.status_code == 200 and "<script src=\"/static/app.js\">" in page.text
+    assert page.status_code == 200 and "<script src=\"static/app.js\">" in page.text
     script = api.get("/static/app.js")
     assert script.status_code == 200 and "/stream?cursor=" in script.text
 
