@@ -48,13 +48,15 @@ bench: $(STAMP)
 # The fault-injection run (tests/chaos/run.py): its own Redis (AOF), the web process, 3
 # Celery workers, a seeded workload and nemesis, then the §11 checker. Fails printing the
 # seed; results go to tests/chaos/results/. Soak: make chaos DURATION=600 SEED=7. More
-# options through CHAOS_ARGS (python -m tests.chaos.run --help).
+# options through CHAOS_ARGS (python -m tests.chaos.run --help). CLUSTER=1: the store on a
+# Redis Cluster (3 primaries + 3 replicas, FX_ACK=replica), and the nemesis kills primaries.
 DURATION ?= 90
 SEED ?=
+CLUSTER ?=
 chaos: $(STAMP)
 	@command -v redis-server >/dev/null || { echo "make chaos needs redis-server on PATH"; exit 1; }
 	$(BIN)/python setup.py --quiet build_ext --inplace
-	$(BIN)/python -m tests.chaos.run --duration $(DURATION) $(if $(SEED),--seed $(SEED)) $(CHAOS_ARGS)
+	$(BIN)/python -m tests.chaos.run --duration $(DURATION) $(if $(SEED),--seed $(SEED)) $(if $(CLUSTER),--cluster) $(CHAOS_ARGS)
 
 clean:
 	rm -rf build $(VENV) *.egg-info

@@ -24,6 +24,9 @@ model must not take a worker down); and every poison message the nemesis pushed 
 queue, and each the transport cannot decode is in the dead-letter list, which holds nothing
 else (a wake with bad arguments decodes: its task refuses it, and it may or may not be
 dead-lettered).
+
+On a cluster store (`Observation.cluster`) the faults counted include `primary`, and the
+figures add the primaries killed with their failover and rejoin times; the rules are the same.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from typing import Any
 
 MAX_CUTOFFS = 3
 FAULT_KINDS = ("kill", "stop", "term", "redis", "clients", "poison", "squeeze", "stall", "replacement")
+# On a cluster store the nemesis also kills primaries (`tests.chaos.nemesis`).
+CLUSTER_FAULT_KINDS = (*FAULT_KINDS, "primary")
 # Poison kinds a worker's transport cannot decode: they must be dead-lettered.
 UNDECODABLE = ("garbage", "json", "base64")
 
@@ -62,6 +67,7 @@ class Observation:
     queued: list[str] = field(default_factory=list)
     retried: list[dict[str, Any]] = field(default_factory=list)
     stalls: list[dict[str, Any]] = field(default_factory=list)
+    cluster: bool = False  # the store was a Redis Cluster (the `primary` fault is one of the run's)
 
 
 @dataclass
@@ -311,6 +317,11 @@ def _holds(entry: str, mark: str) -> bool:
 # ----------------------------------------------------------------------------- figures
 
 
+def fault_kinds(cluster: bool) -> tuple[str, ...]:
+    """The fault kinds a run on this store counts (and, with every kind scheduled, applies)."""
+    return CLUSTER_FAULT_KINDS if cluster else FAULT_KINDS
+
+
 def percentile(values: list[float], p: float) -> float | None:
     """Nearest-rank percentile (None for no values)."""
     if not values:
@@ -338,7 +349,7 @@ def counts(obs: Observation) -> dict[str, Any]:
         "takeovers": events["session.takeover"],
         "fenced": events["session.fenced"],
         "tool_reruns": events["tool.rerun"],
-        "faults": {kind: faults[kind] for kind in FAULT_KINDS},
+        "faults": {kind: faults[kind] for kind in fault_kinds(obs.cluster)},
         "oom_replies": sum(int(f.get("oom_replies") or 0) for f in obs.faults if f["fault"] == "restored"),
         "retried": dict(Counter(f"{r.get('status')} {r.get('code') or '-'}" for r in obs.retried)),
         "stalled_requests": len(obs.stalls),
@@ -358,7 +369,19 @@ def counts(obs: Observation) -> dict[str, Any]:
         figures[f"recover_{fault}_max_s"] = max(times, default=None)
         figures[f"recover_{fault}_unresolved"] = sum(1 for r in obs.recoveries
                                                      if r["fault"] == fault and r["seconds"] is None)
+    if obs.cluster:
+        figures.update(failovers(obs))
     return figures
+
+
+def failovers(obs: Observation) -> dict[str, Any]:
+    """Primaries killed, the seconds until a replica served their slots, and until the
+    restarted node was an online replica again (replica-acknowledged writes accepted)."""
+    failover = [float(f["failover_s"]) for f in obs.faults if f["fault"] == "primary"]
+    rejoin = [float(f["rejoin_s"]) for f in obs.faults if f["fault"] == "rejoined"]
+    return {"primaries_killed": len(failover), "failover_p50_s": percentile(failover, 50),
+            "failover_max_s": max(failover, default=None), "rejoin_p50_s": percentile(rejoin, 50),
+            "rejoin_max_s": max(rejoin, default=None)}
 
 
 def _took_over(recovery: dict[str, Any], taken: list[tuple[Any, int]]) -> bool:

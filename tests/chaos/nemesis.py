@@ -16,7 +16,13 @@ Every few seconds (a gap drawn from the seed) it does one of:
   of OOM replies the server sent meanwhile);
 - `stall`: the model's next stream goes silent past the workers' idle timeout, before its
   first chunk or after one; before it, sometimes twice in a row (the retry stalls too, and
-  the turn ends `error`); the script records each stream it stalled (`stalled`).
+  the turn ends `error`); the script records each stream it stalled (`stalled`);
+- `primary` (only on a cluster store, `System(cluster=True)`): kill -9 the cluster primary
+  serving a session whose lease is held (else any session's, else the first primary),
+  wait until its replica serves its slots (`failover_s`), then start the node again and
+  wait until it is an online replica (`rejoined`, `rejoin_s`): `FX_ACK=replica` writes of
+  that shard are refused until then. On a cluster `redis`, `clients` and `squeeze` act
+  on the AOF server, which is then the broker alone (`tests.chaos.system`).
 
 The first round does each kind once, in a seeded order, and always completes (even past
 `stop_at`), so every run has each; after that the kinds are drawn at random until
@@ -39,12 +45,15 @@ import redis
 
 from tests.chaos import poison
 from tests.chaos.history import History
-from tests.chaos.system import LEASE_S, MODEL_IDLE_TIMEOUT_S, System
+from tests.chaos.system import LEASE_S, MODEL_IDLE_TIMEOUT_S, STORE_ERRORS, System
 from tests.chaos.workload import STALL_WHERE, ModelScript, Stall
 from tests.support.workers import CeleryWorker
 
 KINDS = ("kill", "stop", "term", "redis", "clients", "poison", "squeeze", "stall")
-WEIGHTS = (3, 2, 1, 1, 2, 1, 1, 2)
+# The kinds of a run on a cluster store: the failover of a primary besides the others.
+CLUSTER_KINDS = (*KINDS, "primary")
+WEIGHTS = {"kill": 3, "stop": 2, "term": 1, "redis": 1, "clients": 2, "poison": 1, "squeeze": 1, "stall": 2,
+           "primary": 2}
 STOP_PAST_LEASE_S = LEASE_S + 1.5
 RECOVERY_WATCH_S = 30.0
 SQUEEZE_S = (2.0, 5.0)
@@ -62,7 +71,7 @@ class Nemesis:
         self.script = script
         self.sessions = sessions  # session tag (s<i>) -> session id, filled by the drivers
         self.seed = seed
-        self.kinds = tuple(k for k in KINDS if k in kinds)
+        self.kinds = tuple(k for k in CLUSTER_KINDS if k in kinds)
         self.rng = random.Random(f"nemesis-{seed}")
         self._poisoned = 0
         self.history = history
@@ -90,7 +99,7 @@ class Nemesis:
         self.rng.shuffle(first)
         yield from first
         while True:
-            yield self.rng.choices(self.kinds, [WEIGHTS[KINDS.index(k)] for k in self.kinds])[0]
+            yield self.rng.choices(self.kinds, [WEIGHTS[k] for k in self.kinds])[0]
 
     def run(self) -> None:
         for i, kind in enumerate(self.schedule()):
@@ -197,7 +206,7 @@ class Nemesis:
                 raw, variant = poison.message(kind, mark, self.rng)
                 raws.append(raw)
                 pushed.append({"queue": key, "kind": kind, "variant": variant, "marker": mark})
-            self.system.retrying(lambda r, k=key, v=tuple(raws): r.lpush(k, *v), timeout_s=5.0)
+            self.system.retrying(lambda r, k=key, v=tuple(raws): r.lpush(k, *v), timeout_s=5.0, broker=True)
         self.history.record("fault", fault="poison", messages=pushed)
 
     def fault_squeeze(self) -> None:
@@ -222,6 +231,18 @@ class Nemesis:
         self.script.arm_stall(Stall(where, ms, repeat))
         self.history.record("fault", fault="stall", where=where, ms=ms, repeat=repeat)
 
+    def fault_primary(self) -> None:
+        active = sorted(self._held()) or sorted(sid for sid in list(self.sessions.values()) if sid)
+        session_id = self.rng.choice(active) if active else None
+        node = self.system.primary_for(session_id)
+        try:
+            failover_s = self.system.kill_primary(node)
+            self.history.record("fault", fault="primary", port=node.port, session=session_id,
+                                failover_s=round(failover_s, 3))
+        finally:  # a failover that timed out still gets its node back
+            rejoin_s = self.system.rejoin(node)
+            self.history.record("fault", fault="rejoined", port=node.port, rejoin_s=round(rejoin_s, 3))
+
     # ------------------------------------------------------------------ recovery
 
     def _watch(self, fault: str, held: dict[str, tuple[int, int]], t0: float) -> None:
@@ -245,7 +266,7 @@ class Nemesis:
             try:
                 now = self.system.lease(session_id)
                 last = self.system.last_epoch(session_id)
-            except redis.RedisError:
+            except STORE_ERRORS:
                 time.sleep(0.05)
                 continue
             if now is not None and now[0] == epoch and (now[1] > expires or now[2] != "held"):

@@ -1,6 +1,6 @@
 """The chaos run: workload + nemesis + checker on real processes (`make chaos`).
 
-    python -m tests.chaos.run [--duration S] [--seed N] [--sessions S] [--workers N]
+    python -m tests.chaos.run [--duration S] [--seed N] [--sessions S] [--workers N] [--cluster]
 
 Starts the system (`tests.chaos.system`), runs the session drivers and the nemesis for
 `--duration` seconds, stops the faults, lets every acknowledged input run to its end (at
@@ -13,6 +13,16 @@ checks the run itself: no worker process exited that no fault killed or stopped,
 poison messages ended in the broker's dead-letter list (`tests.chaos.checker`).
 The seed fixes every choice (the workload's prompts and pauses, the nemesis's faults,
 victims and gaps, the model's delays); the machine's timing does not repeat exactly.
+
+`--cluster` puts the store on a Redis Cluster of its own (3 primaries, each with a
+replica) with `FX_ACK=replica`; the AOF server stays, as the Celery broker alone (where
+the tools also record their starts and diagnostics). The nemesis then also has the fault
+`primary`: kill -9 the primary of an active session's keys, wait for its replica to take
+over, restart the node and wait until it is an online replica again. Its `redis` restart,
+`clients` (CLIENT KILL) and `squeeze` (maxmemory) faults act on the broker, not on the
+cluster. Every store read of the run (the checker's streams, the nemesis's leases and
+epochs, the API key scan of each primary) goes to the cluster; queues, dead letters and
+the tools' records are read from the broker. The invariants are the same.
 
 `--plant duplicate-effects` starts the workers with the test-only switch
 `FXENGINE_TEST_DUPLICATE_EFFECTS=1` (fxengine/tools/runner.py), which starts every call of
@@ -30,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from fxworker.keys import session_keys
-from tests.chaos.checker import FAULT_KINDS, Observation, Verdict, check
+from tests.chaos.checker import Observation, Verdict, check, fault_kinds
 from tests.chaos.history import History
-from tests.chaos.nemesis import KINDS, Nemesis
+from tests.chaos.nemesis import CLUSTER_KINDS, KINDS, Nemesis
 from tests.chaos.system import System
 from tests.chaos.tooling import events_key, runs_key
 from tests.chaos.workload import Driver, ModelScript, SessionDriver
@@ -53,20 +63,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gap", type=float, nargs=2, default=(2.5, 5.0), metavar=("MIN", "MAX"),
                    help="seconds between two faults (default 2.5 5)")
     p.add_argument("--no-faults", action="store_true", help="run the workload without the nemesis")
-    p.add_argument("--faults", type=_kinds, default=KINDS, metavar="KIND,...",
-                   help=f"the fault kinds of the schedule (default all: {','.join(KINDS)})")
+    p.add_argument("--cluster", action="store_true",
+                   help="the store on a Redis Cluster (3 primaries + 3 replicas, FX_ACK=replica), the AOF "
+                        "Redis as the broker; adds the fault kind primary")
+    p.add_argument("--faults", type=_kinds, default=None, metavar="KIND,...",
+                   help=f"the fault kinds of the schedule (default all: {','.join(KINDS)}; "
+                        "with --cluster also primary)")
     p.add_argument("--no-slow", action="store_true",
                    help="no session opens with the call every delivery cuts off (shorter, but §11.6 goes unexercised)")
     p.add_argument("--plant", choices=sorted(PLANTS), default=None, help="plant a fault the checker must catch")
     p.add_argument("--out", type=Path, default=RESULTS, help=f"where the JSON goes (default {RESULTS})")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    allowed = CLUSTER_KINDS if args.cluster else KINDS
+    if args.faults is None:
+        args.faults = allowed
+    elif not set(args.faults) <= set(allowed):
+        p.error(f"--faults {','.join(sorted(set(args.faults) - set(allowed)))}: only with --cluster")
+    return args
 
 
 def _kinds(value: str) -> tuple[str, ...]:
     kinds = tuple(k.strip() for k in value.split(",") if k.strip())
-    unknown = sorted(set(kinds) - set(KINDS))
+    unknown = sorted(set(kinds) - set(CLUSTER_KINDS))
     if unknown or not kinds:
-        raise argparse.ArgumentTypeError(f"unknown fault kind(s) {unknown}: choose from {','.join(KINDS)}")
+        raise argparse.ArgumentTypeError(f"unknown fault kind(s) {unknown}: choose from {','.join(CLUSTER_KINDS)}")
     return kinds
 
 
@@ -76,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     verdict, obs, history = run(args, seed)
     elapsed = time.monotonic() - started
-    print(table(verdict, seed, elapsed))
+    print(table(verdict, seed, elapsed, cluster=args.cluster))
     path = write_results(args, seed, verdict, obs, history, elapsed)
     print(f"results: {path}")
     if verdict.passed:
@@ -96,10 +116,11 @@ def run(args: argparse.Namespace, seed: int) -> tuple[Verdict, Observation, Hist
     api_key = f"sk-chaos-{uuid.uuid4().hex}"
     script = ModelScript(seed, api_key, history)
     system = System(workers=args.workers, prefix=f"fxc{seed}", api_key=api_key, responder=script,
-                    worker_env=PLANTS.get(args.plant or "", {}))
+                    worker_env=PLANTS.get(args.plant or "", {}), cluster=args.cluster)
     try:
         system.start()
-        history.record("started", workers=args.workers, sessions=args.sessions, seed=seed, plant=args.plant)
+        history.record("started", workers=args.workers, sessions=args.sessions, seed=seed, plant=args.plant,
+                       cluster=args.cluster)
         assert system.web is not None
         stop_at = time.monotonic() + args.duration
         drivers = [Driver(i, system.web.url, seed, history, stop_at, prompts=args.prompts,
@@ -171,8 +192,9 @@ def observe(system: System, drivers: list[SessionDriver], history: History, seed
             script: ModelScript) -> Observation:
     """Reads what the store holds and gathers what the run recorded."""
     sessions = [d.session_id for d in drivers if d.session_id]
-    runs = [json.loads(v) for v in system.retrying(lambda r: r.lrange(runs_key(system.prefix), 0, -1))]
-    events = [json.loads(v) for v in system.retrying(lambda r: r.lrange(events_key(system.prefix), 0, -1))]
+    # The tools record on REDIS_URL: the broker (on a standalone store, the same server).
+    runs = [json.loads(v) for v in system.entries(runs_key(system.prefix))]
+    events = [json.loads(v) for v in system.entries(events_key(system.prefix))]
     readers = {d.session_id: d.reader.seen for d in drivers if d.session_id and d.reader is not None}
     stopped = {f["pid"] for f in history.of("fault") if f["fault"] in ("kill", "term")}
     exits = system.exits(except_pids=stopped)
@@ -197,6 +219,7 @@ def observe(system: System, drivers: list[SessionDriver], history: History, seed
         queued=[_text(v) for key in system.queue_keys() for v in system.entries(key)],
         retried=history.of("retried"),
         stalls=history.of("stalled"),
+        cluster=system.cluster is not None,
     )
 
 
@@ -205,7 +228,8 @@ def _text(raw: bytes) -> str:
 
 
 def key_hits(system: System) -> list[str]:
-    """Where the API key is found: any Redis key name or value of any type, or the AOF files."""
+    """Where the API key is found: any Redis key name or value of any type (on the broker
+    and each cluster primary), or the servers' files (the AOF)."""
     needle = system.api_key.encode()
 
     def scan(r: Any) -> list[str]:
@@ -215,11 +239,11 @@ def key_hits(system: System) -> list[str]:
                 hits.append(key.decode(errors="replace"))
         return hits
 
-    hits = system.retrying(scan)
-    assert system.redis is not None
-    for path in system.redis.dir.rglob("*"):
-        if path.is_file() and needle in path.read_bytes():
-            hits.append(f"file {path.name}")
+    hits = system.each_server(scan)
+    for directory in system.data_dirs():
+        for path in directory.rglob("*"):
+            if path.is_file() and needle in path.read_bytes():
+                hits.append(f"file {path.name}")
     return hits
 
 
@@ -247,9 +271,12 @@ def _s(value: Any) -> str:
     return "-" if value is None else f"{value:.2f} s"
 
 
-def table(verdict: Verdict, seed: int, elapsed_s: float) -> str:
+def table(verdict: Verdict, seed: int, elapsed_s: float, *, cluster: bool = False) -> str:
     f = verdict.figures
     faults = f["faults"]
+    failovers = [("primaries killed: failover p50 / max; rejoined p50 / max",
+                  f"{f['primaries_killed']}: {_s(f['failover_p50_s'])} / {_s(f['failover_max_s'])}; "
+                  f"{_s(f['rejoin_p50_s'])} / {_s(f['rejoin_max_s'])}")] if cluster else []
     rows = [
         ("seed", seed),
         ("wall time", f"{elapsed_s:.0f} s"),
@@ -259,7 +286,8 @@ def table(verdict: Verdict, seed: int, elapsed_s: float) -> str:
         ("turns ended", f["turns"]),
         ("stop reasons", ", ".join(f"{k} {v}" for k, v in sorted(f["stop_reasons"].items(), key=str))),
         ("lines stored", f["lines"]),
-        *((f"faults: {kind}", faults[kind]) for kind in FAULT_KINDS),
+        *((f"faults: {kind}", faults[kind]) for kind in fault_kinds(cluster)),
+        *failovers,
         ("faults not applied", f["faults_not_applied"]),
         ("workers exited unprompted", f["worker_exits"]),
         ("poison messages (dead-lettered) / dead letters",
@@ -301,7 +329,7 @@ def write_results(args: argparse.Namespace, seed: int, verdict: Verdict, obs: Ob
         "settings": {"duration_s": args.duration, "sessions": args.sessions, "prompts": args.prompts,
                      "workers": args.workers, "gap_s": list(args.gap),
                      "faults": [] if args.no_faults else list(args.faults), "slow": not args.no_slow,
-                     "plant": args.plant},
+                     "plant": args.plant, "cluster": args.cluster},
         "figures": verdict.figures,
         "violations": verdict.violations,
     }

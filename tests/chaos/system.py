@@ -8,23 +8,37 @@
 - one web process (`fx web`, `tests.web._server.WebProcess`), which the workload talks HTTP to;
 - a pool of N Celery worker processes (`tests.chaos.faults.Pool`, agents of
   `tests.chaos.agents`), which the nemesis kills, freezes and stops and refills.
+
+With `cluster=True` the store is a Redis Cluster of its own (3 primaries, each with a
+replica: `tests.support.redis_topology.RedisClusterProcesses`, no persistence: a killed
+primary's data lives on in its replica) and the AOF server above is the Celery broker
+only: workers and web get `FX_STORE_URL` (the cluster's seed URL), `FX_BROKER_URL` and
+`REDIS_URL` (the broker, where the fault tools also record their starts and diagnostics:
+`tests.chaos.tooling`), and `FX_ACK=replica`, so an acknowledged write is on a replica
+before a primary can be killed. Store reads (`retrying`) go to the cluster, broker reads
+(`retrying(..., broker=True)`: queues, dead letters, tool records, memory) to the broker.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import redis
+from redis.exceptions import RedisClusterException
 
 from fxengine.testing import ScriptedModel
 from fxworker.keys import queue_name, session_keys
+from fxworker.store import store_clients
 from tests.chaos.faults import Pool, fault_env
 from tests.support.redis_server import RedisServer
-from tests.support.workers import ROOT, Workers
+from tests.support.redis_topology import RedisClusterProcesses, replica_online
+from tests.support.workers import ROOT, Workers, wait_until
 from tests.web._server import WebProcess
 
 T = TypeVar("T")
@@ -42,33 +56,49 @@ MODEL_IDLE_TIMEOUT_S = 2.0
 # (an entry the transport cannot decode is moved there).
 QUEUES = ("default",)
 DEAD_LETTER = "dead"
+# What a store read may raise while a node restarts or a cluster shard fails over (a slot
+# no node serves is a `RedisClusterException`, not a `RedisError`).
+STORE_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
+CLUSTER_PRIMARIES = 3  # each with one replica
+# A killed primary's replica takes over within a few cluster node timeouts (2 s each); the
+# restarted node's full sync of a small data set takes seconds more on a loaded machine.
+FAILOVER_TIMEOUT_S = 30.0
+REJOIN_TIMEOUT_S = 60.0
 
 
 class System:
     """Starts and stops the parts; answers the store questions the nemesis and the run ask."""
 
     def __init__(self, *, workers: int, prefix: str, api_key: str, responder: Callable[[Any], Any],
-                 worker_env: dict[str, str] | None = None) -> None:
+                 worker_env: dict[str, str] | None = None, cluster: bool = False) -> None:
         self.size = workers
         self.prefix = prefix
         self.api_key = api_key
         self.responder = responder
         self.worker_env = dict(worker_env or {})
         self.redis: RedisServer | None = None
+        self.cluster: RedisClusterProcesses | None = None
+        self._cluster_wanted = cluster
         self.model: ScriptedModel | None = None
         self.web: WebProcess | None = None
         self.pool: Pool | None = None
         self._workers: Workers | None = None
-        self._client: redis.Redis | None = None
+        self._client: Any = None
+        self._broker: redis.Redis | None = None
+        self._client_lock = threading.Lock()
 
     def start(self) -> System:
         # noeviction stated, not assumed: a squeeze must refuse writes, never drop keys.
         self.redis = RedisServer(appendonly=True, args=("--maxmemory-policy", "noeviction"))
+        store: dict[str, str] = {}
+        if self._cluster_wanted:
+            self.cluster = RedisClusterProcesses(primaries=CLUSTER_PRIMARIES, replicas=1)
+            store = {"FX_STORE_URL": self.cluster.seed_url, "FX_BROKER_URL": self.redis.url, "FX_ACK": "replica"}
         self.model = ScriptedModel(responder=self.responder).start()
         env = fault_env(self.model, FX_LEASE_S=str(LEASE_S), FX_SWEEP_S=str(SWEEP_S), FX_RESERVE_S=str(RESERVE_S),
                         FX_DELIVERY_TIMEOUT_S=str(DELIVERY_TIMEOUT_S), FX_TEST_API_KEY=self.api_key,
                         FX_MODEL_IDLE_TIMEOUT_S=str(MODEL_IDLE_TIMEOUT_S), FX_LOG_LEVEL="WARNING",
-                        **self.worker_env)
+                        **store, **self.worker_env)
         self._workers = Workers(redis_url=self.redis.url, prefix=self.prefix)
         self.pool = Pool(self._workers, env, size=self.size, concurrency=8)
         self.pool.fill()
@@ -92,27 +122,80 @@ class System:
             self.model.close()
         if self._client is not None:
             self._client.close()
+        if self._broker is not None:
+            self._broker.close()
+        if self.cluster is not None:
+            self.cluster.close()
         if self.redis is not None:
             self.redis.close()
 
     # ------------------------------------------------------------------ store reads
 
-    def client(self) -> redis.Redis:
+    def client(self) -> Any:
+        """The store's client: a `redis.Redis`, or on a cluster a `RedisCluster` (one
+        session's keys share a slot, so a single-key command or a pipeline of them works)."""
         assert self.redis is not None
-        if self._client is None:
-            self._client = redis.Redis.from_url(self.redis.url, socket_timeout=5.0)
-        return self._client
+        with self._client_lock:
+            if self._client is None:
+                if self.cluster is not None:
+                    self._client = store_clients(self.cluster.seed_url, max_connections=32)[1]()
+                else:
+                    self._client = redis.Redis.from_url(self.redis.url, socket_timeout=5.0)
+            return self._client
 
-    def retrying(self, read: Callable[[redis.Redis], T], timeout_s: float = 30.0) -> T:
-        """`read(client)`, run again on a fresh connection while Redis restarts or drops us."""
+    def broker(self) -> redis.Redis:
+        """The broker's client (on a standalone store, `client()`: the same server)."""
+        assert self.redis is not None
+        if self.cluster is None:
+            return self.client()  # type: ignore[no-any-return]
+        with self._client_lock:
+            if self._broker is None:
+                self._broker = redis.Redis.from_url(self.redis.url, socket_timeout=5.0)
+            return self._broker
+
+    def retrying(self, read: Callable[[Any], T], timeout_s: float = 30.0, *, broker: bool = False) -> T:
+        """`read(client)` on the store (or the broker), run again on a fresh connection while
+        Redis restarts or drops us, or a cluster shard fails over."""
         deadline = time.monotonic() + timeout_s
         while True:
+            client = self.broker() if broker else self.client()
             try:
-                return read(self.client())
-            except redis.RedisError:
+                return read(client)
+            except STORE_ERRORS:
                 if time.monotonic() > deadline:
                     raise
+                if client is self._client and self.cluster is not None:
+                    self._drop_store_client(client)
                 time.sleep(0.1)
+
+    def _drop_store_client(self, client: Any) -> None:
+        """Forgets a cluster client whose view of the slots failed it: the next read builds
+        one from the seed nodes (another thread still using the old one fails and retries)."""
+        with self._client_lock:
+            if self._client is client:
+                self._client = None
+        try:
+            client.close()
+        except Exception:  # its connections to a dead node may fail to close: nothing to keep
+            pass
+
+    def each_server(self, read: Callable[[redis.Redis], list[T]]) -> list[T]:
+        """`read` on every server that holds keys of this run, concatenated: the broker,
+        and on a cluster each primary (a plain client of a node reads the keys of its slots)."""
+        found = list(self.retrying(read, broker=True))
+        if self.cluster is not None:
+            for node in self.cluster.primaries():
+                client = redis.Redis(host="127.0.0.1", port=node.port, socket_timeout=5.0)
+                try:
+                    found.extend(read(client))
+                finally:
+                    client.close()
+        return found
+
+    def data_dirs(self) -> list[Path]:
+        """The directories the servers write to (AOF files, cluster node configs, logs)."""
+        assert self.redis is not None
+        return [self.redis.dir, *(n.dir for n in (self.cluster.nodes if self.cluster is not None else ()))]
 
     def lines(self, session_id: str) -> list[dict[str, Any]]:
         """Every line the store holds for the session, in cursor order."""
@@ -165,23 +248,61 @@ class System:
         return self.broker_key(DEAD_LETTER)
 
     def entries(self, key: str) -> list[bytes]:
-        return list(self.retrying(lambda r: r.lrange(key, 0, -1)))
+        """A broker list's entries."""
+        return list(self.retrying(lambda r: r.lrange(key, 0, -1), broker=True))
 
     # ------------------------------------------------------------------ memory
+    # The AOF server's: the store and the broker, or on a cluster the broker alone.
 
     def memory(self) -> tuple[int, int]:
         """(used_memory, maxmemory) of the server, in bytes."""
-        info = self.retrying(lambda r: r.info("memory"), timeout_s=5.0)
+        info = self.retrying(lambda r: r.info("memory"), timeout_s=5.0, broker=True)
         return int(info["used_memory"]), int(info["maxmemory"])
 
     def set_maxmemory(self, limit: int) -> None:
         """`CONFIG SET maxmemory` (0: no limit); not in the AOF, so a restart clears it."""
-        self.retrying(lambda r: r.config_set("maxmemory", limit), timeout_s=10.0)
+        self.retrying(lambda r: r.config_set("maxmemory", limit), timeout_s=10.0, broker=True)
 
     def oom_replies(self) -> int:
         """How many commands the server has refused with an OOM error reply since it started."""
-        stats = self.retrying(lambda r: r.info("errorstats"), timeout_s=5.0)
+        stats = self.retrying(lambda r: r.info("errorstats"), timeout_s=5.0, broker=True)
         return int((stats.get("errorstat_OOM") or {}).get("count", 0))
+
+    # ------------------------------------------------------------------ cluster
+
+    def primary_for(self, session_id: str | None) -> RedisServer:
+        """The cluster primary serving `session_id`'s keys (None: the first primary)."""
+        assert self.cluster is not None
+        if session_id is None:
+            return self.cluster.primaries()[0]
+        return self.cluster.primary_of(session_keys(self.prefix, session_id).lease)
+
+    def kill_primary(self, node: RedisServer) -> float:
+        """kill -9 of a cluster primary; returns the seconds until its replica served its
+        slots and every live node said the cluster is ok."""
+        assert self.cluster is not None
+        return self.cluster.kill(node, timeout_s=FAILOVER_TIMEOUT_S)
+
+    def rejoin(self, node: RedisServer) -> float:
+        """Starts a killed node again (its port and directory: its node config makes it
+        rejoin, as a replica of its old shard's new primary) and waits until every primary
+        has an online replica: until then `FX_ACK=replica` refuses that shard's writes.
+        Returns the seconds it took."""
+        assert self.cluster is not None
+        started = time.monotonic()
+        if node.proc is None:
+            node.start()
+        cluster = self.cluster
+
+        def replicated() -> bool:
+            try:
+                primaries = cluster.primaries()
+                return len(primaries) == CLUSTER_PRIMARIES and all(replica_online(p.port) for p in primaries)
+            except STORE_ERRORS:  # a node still loading, or one the cluster is reconfiguring
+                return False
+
+        wait_until(replicated, REJOIN_TIMEOUT_S, interval_s=0.05, what=f"{node!r} replicating again")
+        return time.monotonic() - started
 
     # ------------------------------------------------------------------ workers
 

@@ -1,7 +1,7 @@
 """The chaos harness end to end (`python -m tests.chaos.run`), as a subprocess.
 
-A short seeded schedule passes with every kind of fault applied at least once, and the
-same harness fails, naming §11.2 and the seed, when the workers run with the test-only
+A short seeded schedule passes with every kind of fault applied at least once (also on a
+Redis Cluster store, where the nemesis kills primaries), and the same harness fails, naming §11.2 and the seed, when the workers run with the test-only
 switch that starts each non-idempotent call twice (the checker is shown to catch a fault).
 The checker's rules are also run on small hand-made histories, and the nemesis's poison
 messages and model stalls are checked to be what they claim.
@@ -21,7 +21,7 @@ import pytest
 from fxengine.testing import Reply, delay, text, tool_call
 from fxengine.testing.script import Delay, Text
 from tests.chaos import poison
-from tests.chaos.checker import FAULT_KINDS, Observation, check
+from tests.chaos.checker import CLUSTER_FAULT_KINDS, FAULT_KINDS, Observation, check
 from tests.chaos.workload import Stall
 from tests.support.workers import ROOT
 
@@ -51,6 +51,24 @@ def test_a_short_seeded_schedule_applies_every_fault_and_passes(tmp_path: Path) 
     assert figures["effect_calls"] > 0 and figures["reader_lines"] == figures["lines"]
     assert figures["worker_exits"] == 0 and figures["poison_messages"] == len(poison.KINDS) * figures["faults"]["poison"]
     assert "chaos: passed (seed 11)" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.celery
+@pytest.mark.redis
+@pytest.mark.cluster
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_a_short_schedule_on_a_cluster_store_kills_a_primary_and_passes(tmp_path: Path) -> None:
+    proc, result = _run(tmp_path, "--cluster", "--duration", "25", "--seed", "13", "--sessions", "5",
+                        "--workers", "2", "--gap", "1.5", "3", "--no-slow")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert result["passed"] and result["violations"] == [] and result["settings"]["cluster"]
+    figures = result["figures"]
+    assert all(figures["faults"][kind] >= 1 for kind in CLUSTER_FAULT_KINDS), figures["faults"]
+    assert figures["faults_not_applied"] == 0
+    assert figures["primaries_killed"] == figures["faults"]["primary"] and figures["failover_max_s"] > 0
+    assert figures["prompts"] > 0 and figures["reader_lines"] == figures["lines"]
+    assert "chaos: passed (seed 13)" in proc.stdout
 
 
 @pytest.mark.slow
@@ -106,6 +124,18 @@ def test_each_rule_names_its_invariant() -> None:
     for rule, obs in cases.items():
         violations = check(obs).violations
         assert violations and all(v.startswith(rule) for v in violations), (rule, violations)
+
+
+def test_primary_kills_are_counted_only_on_a_cluster_store() -> None:
+    faults = [{"fault": "primary", "failover_s": 4.0}, {"fault": "rejoined", "rejoin_s": 2.5},
+              {"fault": "primary", "failover_s": 6.0}, {"fault": "rejoined", "rejoin_s": 3.5}]
+    standalone = check(_observation(GOOD, faults=faults)).figures
+    assert tuple(standalone["faults"]) == FAULT_KINDS and "primaries_killed" not in standalone
+    cluster = check(_observation(GOOD, faults=faults, cluster=True))
+    assert cluster.violations == []
+    assert tuple(cluster.figures["faults"]) == CLUSTER_FAULT_KINDS and cluster.figures["faults"]["primary"] == 2
+    assert (cluster.figures["primaries_killed"], cluster.figures["failover_p50_s"], cluster.figures["failover_max_s"],
+            cluster.figures["rejoin_max_s"]) == (2, 4.0, 6.0, 3.5)
 
 
 def test_a_resent_push_of_one_start_is_not_a_duplicate() -> None:

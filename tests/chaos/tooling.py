@@ -17,6 +17,10 @@ window a fault can hit). Each start of either also pushes one JSON object to
 `{"x": execution id, "tool", "epoch", "pid", "token": a fresh id of this start, "intent":
 whether the session's stored journal held the call's id when it started}`. The token tells
 a start that ran twice from one push a client library resent.
+
+These records live on `REDIS_URL`; the journal a start looks its intent up in lives in the
+store, which `FX_STORE_URL` names when it is another (the chaos run on a Redis Cluster:
+`REDIS_URL` is then its broker, a standalone server that survives the store's failovers).
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ from fxengine.tools import Tool
 
 PREFIX = os.environ.get("FX_PREFIX", "fx")
 REDIS_URL = os.environ.get("REDIS_URL", "")
+STORE_URL = os.environ.get("FX_STORE_URL", "")
 MODEL_URL = os.environ.get("FX_TEST_MODEL_URL", "http://127.0.0.1:9/v1")
 POLL_S = 0.02
 
 _client: aioredis.Redis | None = None
+_store_client: Any = None
 _events_client: redis_sync.Redis | None = None
 
 
@@ -79,6 +85,18 @@ def _redis() -> aioredis.Redis:
     return _client
 
 
+def _store() -> Any:
+    """The store's client (a cluster client on a cluster), on the worker's process loop."""
+    global _store_client
+    if not STORE_URL:
+        return _redis()
+    if _store_client is None:
+        from fxworker.store import store_clients
+
+        _store_client = store_clients(STORE_URL)[0]()
+    return _store_client
+
+
 async def _held(name: str, ctx: Any) -> bool:
     """Waits for the release of `name`; False when the turn aborted first."""
     r = _redis()
@@ -95,7 +113,7 @@ async def _intent_stored(execution_id: str) -> bool:
 
     session_id, call_id = execution_id.split(":", 1)[0], execution_id.rsplit(":", 1)[-1].encode()
     keys = session_keys(PREFIX, session_id)
-    r = _redis()
+    r = _store()
     if any(call_id in fields.get(b"d", b"") for _, fields in await r.xrange(keys.log)):
         return True
     return call_id in (await r.hget(keys.ckpt, "data") or b"")
