@@ -7,12 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .credentials import mask
+from .credentials import GATEWAY_BASE_URL, mask
 
 if TYPE_CHECKING:
     from .auth import CredentialSource
-
-GATEWAY_BASE_URL = "https://ai-gateway.vercel.sh/v1"
 
 # The two request shapes: OpenAI Chat Completions, and the Responses API the Codex
 # backend speaks (`models/responses.py` converts the request and decodes the stream).

@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 
 from ..errors import FxProviderError
-from .base import GATEWAY_BASE_URL, ModelEntry
-from .credentials import gateway_key, mask_secret
+from .base import ModelEntry
+from .credentials import gateway_base_url, gateway_key, mask_secret
 from .custom import parse_models
 
 REASONING_EFFORTS = ("minimal", "low", "medium", "high")
@@ -86,7 +86,7 @@ def fetch_catalog(*, api_key: str | None = None, base_url: str | None = None,
             masked in its message); `FX_PROVIDER_UNREACHABLE` when it cannot be reached.
     """
     key = gateway_key(api_key, env)
-    url = (base_url or GATEWAY_BASE_URL).rstrip("/") + "/models"
+    url = (base_url or gateway_base_url(env)).rstrip("/") + "/models"
     try:
         response = httpx.get(url, headers={"authorization": f"Bearer {key}", "accept": "application/json"},
                              timeout=timeout)

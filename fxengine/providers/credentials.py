@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from ..errors import FxProviderError
 
+GATEWAY_BASE_URL = "https://ai-gateway.vercel.sh/v1"
 # AI Gateway's key, then the OIDC token Vercel injects into deployments (docs/design.md §8).
 GATEWAY_KEY_VARIABLES = ("AI_GATEWAY_API_KEY", "VERCEL_OIDC_TOKEN")
 _PREFIX_CHARS = 6
@@ -30,6 +31,12 @@ def gateway_key(api_key: str | None, env: Mapping[str, str] | None = None) -> st
         "no AI Gateway key: pass api_key= or set AI_GATEWAY_API_KEY (or VERCEL_OIDC_TOKEN)",
         code="FX_PROVIDER_NO_CREDENTIALS",
     )
+
+
+def gateway_base_url(env: Mapping[str, str] | None = None) -> str:
+    """Where AI Gateway requests go: `AI_GATEWAY_BASE_URL` (a proxy, a test server), else the Gateway."""
+    source = os.environ if env is None else env
+    return source.get("AI_GATEWAY_BASE_URL") or GATEWAY_BASE_URL
 
 
 def mask(secret: str) -> str:

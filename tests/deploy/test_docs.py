@@ -95,3 +95,33 @@ def test_shell_lines_name_what_exists(where: str, words: list[str]) -> None:
                 assert set(extra.split(",")) <= _extras(), f"{where}: no extra {extra}"
     elif command == "docker" and "-f" in words:
         assert (ROOT / words[words.index("-f") + 1]).is_file(), f"{where}: {words}"
+
+
+def _block(doc: str, first_line: str, *, without: str = "\0") -> str:
+    sources = [source for where, source in blocks("python")
+               if where.startswith(doc + "#") and source.startswith(first_line) and without not in source]
+    assert len(sources) == 1, f"{doc}: expected one block starting {first_line!r}, found {len(sources)}"
+    return sources[0]
+
+
+def test_the_readme_script_runs_its_turn_without_redis(tmp_path: Path) -> None:
+    """The README's `myapp/agents.py` and `main.py`, as written, with no `REDIS_URL`: the
+    turn runs in the script's own process (the embedded worker) against a scripted model
+    over loopback (`AI_GATEWAY_BASE_URL`), and ends `end_turn` within 10 s."""
+    from fxengine.testing import ScriptedModel
+    from fxengine.testing.script import Reply, text, tool_call
+
+    (tmp_path / "myapp").mkdir()
+    (tmp_path / "myapp" / "agents.py").write_text(_block("README.md", "# myapp/agents.py", without="orders."))
+    (tmp_path / "main.py").write_text(_block("README.md", "# main.py"))
+    with ScriptedModel() as model:
+        model.script(Reply(tool_call("c1", "get_order", {"id": "42"})), Reply(text("Order 42 has shipped.")))
+        done = subprocess.run([sys.executable, "main.py"], cwd=tmp_path, capture_output=True, text=True, timeout=10,
+                              env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "AI_GATEWAY_API_KEY": "test-key",
+                                   "AI_GATEWAY_BASE_URL": model.base_url})
+        requests = model.requests
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1:] == ["end_turn"], done.stdout
+    assert "Order 42 has shipped." in done.stdout
+    assert len(requests) == 2, "the tool's result went back to the model"
+    assert "order 42: shipped" in str(requests[1].body)

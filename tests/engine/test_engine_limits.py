@@ -152,6 +152,14 @@ def test_gateway_key_order() -> None:
     assert "sk-secret-value-123" not in repr(provider)
 
 
+def test_gateway_base_url_order() -> None:
+    env = {"AI_GATEWAY_API_KEY": "k", "AI_GATEWAY_BASE_URL": "http://127.0.0.1:9/v1"}
+    assert gateway_provider(api_key=None, env=env).base_url == "http://127.0.0.1:9/v1"
+    assert gateway_provider(api_key=None, env=env, base_url="https://proxy.internal/v1").base_url == "https://proxy.internal/v1"
+    with pytest.raises(FxInputError):
+        gateway_provider(api_key=None, env={**env, "AI_GATEWAY_BASE_URL": "ftp://nope"})
+
+
 @pytest.mark.parametrize(
     ("model_setting", "code"),
     [

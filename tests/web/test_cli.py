@@ -450,6 +450,26 @@ def test_a_busy_port_is_exit_2_with_a_hint(redis_url: str, command: str) -> None
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr and "pass --port" in result.stderr
 
 
+def test_fx_web_says_its_agents_store_and_address_at_start(redis_url: str) -> None:
+    web = WebProcess(env={"REDIS_URL": redis_url, "FX_PREFIX": f"fxcli{uuid.uuid4().hex[:8]}",
+                          "FX_AGENTS": "tests.durable.agents"})
+    try:
+        web.wait_ready()
+        first = web.log_tail().splitlines()[0]
+    finally:
+        web.close()
+    assert first.startswith("fx web: agents ") and "(tests.durable.agents)" in first, first
+    assert "store redis at redis://" in first and f"http://127.0.0.1:{web.port}/" in first, first
+
+
+@pytest.mark.parametrize("command", ["web", "worker"])
+def test_an_unreachable_store_is_named_by_host_and_port_never_by_password(command: str) -> None:
+    result = fx("http://127.0.0.1:9", command, REDIS_URL="redis://:hunter2-secret@127.0.0.1:9/0",
+                FX_AGENTS="tests.durable.agents")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "127.0.0.1:9" in result.stderr and "hunter2-secret" not in result.stdout + result.stderr, result.stderr
+
+
 def test_prompt_names_its_session_at_once_and_says_when_no_worker_takes_it(
     running: list[Running], redis_url: str
 ) -> None:
