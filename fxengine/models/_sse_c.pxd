@@ -75,6 +75,7 @@ cdef class ChatStreamDecoder:
     cdef public object error
     cdef public object model
     cdef public Py_ssize_t malformed_chunks
+    cdef bint _refused
 
     @cython.locals(events=list, buf=bytes)
     cpdef list feed(self, object data)
@@ -95,12 +96,20 @@ cdef class ChatStreamDecoder:
     @cython.locals(text=object, calls=object)
     cdef _delta(self, dict delta, list events)
 
+    @cython.locals(kind=object, text=object)
+    cdef _parts(self, list parts, list events)
+
     @cython.locals(builder=_ToolCallBuilder)
     cdef _tool_call(self, dict call, list events)
 
     @cython.locals(events=list, calls=list, builder=_ToolCallBuilder)
     cpdef StreamOutcome finish(self)
 
+
+@cython.locals(index=object)
+cdef object _first_choice(list choices)
+
+cdef _reasoning(object value, list events)
 
 cdef object _parse(bytes payload)
 

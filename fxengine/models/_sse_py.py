@@ -74,7 +74,8 @@ class StreamOutcome:
     """What a finished stream said, beyond its deltas.
 
     Attributes:
-        finish_reason: the last `choices[0].finish_reason` sent, or None.
+        finish_reason: the last finish reason of choice 0, or None; ``"content_filter"``
+            when the model refused (it sent a `refusal`, whose text came as text deltas).
         tool_calls: the calls assembled by index, in index order.
         usage: camelCase token counts (only the keys the provider sent), or None.
         done: whether `data: [DONE]` arrived.
@@ -132,6 +133,11 @@ class ChatStreamDecoder:
     `feed(data)` returns a list (maybe empty) of ``("text_delta", str)``,
     ``("reasoning_delta", str)`` and ``("tool_call", index, id, name)`` (the first sight
     of a call). `finish()` returns the `StreamOutcome`.
+
+    Only choice 0 is read (the one whose `index` is 0, or the first with no index; the
+    engine never asks for more). Its `delta` (or a whole `message`) may carry `content` as
+    a string or as a list of parts (``text``, ``thinking``/``reasoning``, ``refusal``), and
+    a `refusal` string: a refusal's text is given as text and the stream ends refused.
     """
 
     def __init__(self) -> None:
@@ -148,6 +154,7 @@ class ChatStreamDecoder:
         self.error: dict[str, Any] | None = None
         self.model: str | None = None
         self.malformed_chunks = 0
+        self._refused = False
 
     def feed(self, data: bytes) -> list[tuple[Any, ...]]:
         """Decodes the next piece of the body; returns the events it completed."""
@@ -246,9 +253,11 @@ class ChatStreamDecoder:
                 self.model = model
         choices = obj.get("choices")
         if type(choices) is list and choices:
-            choice = choices[0]
-            if type(choice) is dict:
+            choice = _first_choice(choices)
+            if choice is not None:
                 delta = choice.get("delta")
+                if delta is None:
+                    delta = choice.get("message")  # a whole message (a non-streamed reply)
                 if type(delta) is dict and delta:
                     self._delta(delta, events)
                 finish = choice.get("finish_reason")
@@ -268,13 +277,44 @@ class ChatStreamDecoder:
         if type(text) is str and text:
             events.append(("reasoning_delta", text))
         text = delta.get("content")
+        if type(text) is str:
+            if text:
+                events.append(("text_delta", text))
+        elif type(text) is list:
+            self._parts(text, events)
+        text = delta.get("refusal")
         if type(text) is str and text:
+            self._refused = True
             events.append(("text_delta", text))
         calls = delta.get("tool_calls")
         if type(calls) is list:
             for call in calls:
                 if type(call) is dict:
                     self._tool_call(call, events)
+
+    def _parts(self, parts: list[Any], events: list[tuple[Any, ...]]) -> None:
+        """`content` given as a list of parts, in order: text, reasoning, refusals."""
+        for part in parts:
+            if type(part) is str:
+                if part:
+                    events.append(("text_delta", part))
+                continue
+            if type(part) is not dict:
+                continue
+            kind = part.get("type")
+            if kind == "text" or kind == "output_text":
+                text = part.get("text")
+                if type(text) is str and text:
+                    events.append(("text_delta", text))
+            elif kind == "thinking" or kind == "reasoning":
+                _reasoning(part.get(kind), events)
+                if kind not in part:
+                    _reasoning(part.get("text"), events)
+            elif kind == "refusal":
+                text = part.get("refusal")
+                if type(text) is str and text:
+                    self._refused = True
+                    events.append(("text_delta", text))
 
     def _tool_call(self, call: dict[str, Any], events: list[tuple[Any, ...]]) -> None:
         index = call.get("index")
@@ -323,6 +363,8 @@ class ChatStreamDecoder:
             if not builder.id:
                 builder.id = f"call_{index}"
             calls.append(ToolCallOut(builder.id, builder.name, "".join(builder.pieces)))
+        if self._refused and self.finish_reason != "length":
+            self.finish_reason = "content_filter"
         self._outcome = StreamOutcome(
             self.finish_reason, calls, self.usage, self.done, self.error, self.model, events, self.malformed_chunks
         )
@@ -333,6 +375,29 @@ class ChatStreamDecoder:
             f"<ChatStreamDecoder calls={len(self._calls)} finish_reason={self.finish_reason!r} "
             f"done={self.done} buffered={len(self._buf)}>"
         )
+
+
+def _first_choice(choices: list[Any]) -> dict[str, Any] | None:
+    """Choice 0 of a chunk: the one whose `index` is 0, else the first with no integer index."""
+    for choice in choices:
+        if type(choice) is dict:
+            index = choice.get("index")
+            if type(index) is not int or index == 0:
+                return choice
+    return None
+
+
+def _reasoning(value: Any, events: list[tuple[Any, ...]]) -> None:
+    """A thinking part's text: a string, or a list of strings and ``{"text": ...}`` parts."""
+    if type(value) is str:
+        if value:
+            events.append(("reasoning_delta", value))
+    elif type(value) is list:
+        for item in value:
+            if type(item) is dict:
+                item = item.get("text")
+            if type(item) is str and item:
+                events.append(("reasoning_delta", item))
 
 
 def _parse(payload: bytes) -> Any:
@@ -377,9 +442,11 @@ def _may_differ(obj: dict[str, Any]) -> bool:
         return True
     choices = obj.get("choices")
     if type(choices) is list and choices:
-        choice = choices[0]
-        if type(choice) is dict:
+        choice = _first_choice(choices)
+        if choice is not None:
             delta = choice.get("delta")
+            if delta is None:
+                delta = choice.get("message")
             if type(delta) is dict:
                 calls = delta.get("tool_calls")
                 if type(calls) is list:
@@ -465,6 +532,8 @@ def _usage(usage: dict[str, Any]) -> dict[str, int]:
 # validating all of it as JSON, and keeps only the strings the decoder reads, without
 # building the dicts of a full parse. It gives up (returns False, having kept nothing) on
 # anything it does not recognise exactly: a non-null `usage` or `error`, tool calls, a
+# refusal, content that is not a string, a first choice whose `index` is not 0 or that
+# carries a `message`, a
 # repeated key the decoder reads, a key written with escapes, a value of an unexpected
 # type, NaN or Infinity, nesting deeper than `_MAX_DEPTH`, a lone surrogate, text that is
 # not strict UTF-8, malformed JSON. The full parse then decides, so the decoder's result
@@ -823,6 +892,13 @@ class _ChunkScan:
                     return -1
                 seen |= 1
                 i = self._delta(s, i + 1, n)
+            elif size == 5 and s.startswith(b"index", key):
+                # Choice 0 first, as providers send it; any other order goes to the full parse.
+                if c != 48 or _number(s, i, n) != i + 1:
+                    return -1
+                i += 1
+            elif size == 7 and s.startswith(b"message", key):
+                return -1
             elif size == 13 and s.startswith(b"finish_reason", key):
                 if seen & 2:
                     return -1
@@ -866,6 +942,11 @@ class _ChunkScan:
                 if _null(s, i, n) < 0:
                     return -1
                 field = 8
+            elif size == 7 and s.startswith(b"refusal", key):
+                # Only null here: a refusal is left to the full parse.
+                if _null(s, i, n) < 0:
+                    return -1
+                field = 16
             if field:
                 if seen & field:
                     return -1

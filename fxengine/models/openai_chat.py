@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -200,6 +200,14 @@ def _idle_timeout(client: httpx.AsyncClient, provider: Provider) -> httpx.Timeou
                          write=base.write, pool=base.pool)
 
 
+async def _as_event(response: httpx.Response) -> AsyncIterator[bytes]:
+    """A whole (non-streamed) Chat Completions reply as the one event of a stream: its
+    `choices[].message` reads as a delta (`_sse_py.ChatStreamDecoder`). JSON whitespace
+    may hold line ends; strings cannot, so flattening them keeps the value."""
+    raw = await response.aread()
+    yield b"data: " + raw.replace(b"\r", b" ").replace(b"\n", b" ") + b"\n\ndata: [DONE]\n\n"
+
+
 async def stream_attempt(
     client: httpx.AsyncClient,
     provider: Provider,
@@ -261,7 +269,8 @@ async def stream_attempt(
             total = 0
             chunk_bytes = 0
             last_activity = started
-            async for raw_chunk in response.aiter_raw():
+            whole = not responses and response.headers.get("content-type", "").startswith("application/json")
+            async for raw_chunk in (_as_event(response) if whole else response.aiter_raw()):
                 total += len(raw_chunk)
                 chunk_bytes += len(raw_chunk)
                 now = time.monotonic()

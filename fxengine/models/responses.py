@@ -99,6 +99,7 @@ class ResponsesDecoder:
         self._done = False
         self._error: Any = None
         self._model: str | None = None
+        self._refusal: list[str] = []
 
     def feed(self, data: bytes) -> list[tuple[str, str]]:
         self._buf += data
@@ -125,6 +126,13 @@ class ResponsesDecoder:
         elif kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta") \
                 and isinstance(event.get("delta"), str):
             events.append(("reasoning_delta", event["delta"]))
+        elif kind == "response.refusal.delta" and isinstance(event.get("delta"), str):
+            # A refusal reads as text, and the reply ends refused (as a content filter does).
+            self._refusal.append(event["delta"])
+            events.append(("text_delta", event["delta"]))
+        elif kind == "response.refusal.done" and not self._refusal and isinstance(event.get("refusal"), str):
+            self._refusal.append(event["refusal"])
+            events.append(("text_delta", event["refusal"]))
         elif kind == "response.output_item.done":
             item = event.get("item") or {}
             if item.get("type") == "function_call":
@@ -145,6 +153,8 @@ class ResponsesDecoder:
         reason = (response.get("incomplete_details") or {}).get("reason")
         if reason is not None:
             self._finish = _INCOMPLETE.get(reason, "length")
+        elif self._refusal:
+            self._finish = "content_filter"
         else:
             self._finish = "tool_calls" if self._calls else "stop"
 

@@ -48,6 +48,11 @@ REAL_CHUNKS = [
     BASE + b'"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"tool_calls"}],"usage":null}',
     BASE + b'"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":2}}}',
     b'{"error":{"message":"overloaded","code":529}}',
+    b'{"id":"f1","object":"chat.completion.chunk","model":"magistral-medium-2506","choices":[{"index":0,"delta":'
+    b'{"content":[{"type":"thinking","thinking":[{"type":"text","text":"Hm"}]},{"type":"text","text":"ok"}]},'
+    b'"finish_reason":null}]}',
+    BASE + b'"choices":[{"index":0,"delta":{"refusal":"I can\\u2019t help."},"logprobs":null,"finish_reason":null}]}',
+    b'{"model":"m","choices":[{"index":1,"delta":{"content":"B"}},{"index":0,"delta":{"content":"A"}}]}',
 ]
 
 
@@ -125,14 +130,20 @@ json_values = st.recursive(
 delta_members = st.one_of(
     st.tuples(st.sampled_from(["content", "reasoning_content", "reasoning"]), st.one_of(st.none(), texts, json_values)),
     st.tuples(st.just("role"), st.sampled_from(["assistant", None])),
-    st.tuples(st.just("refusal"), st.none()),
+    st.tuples(st.just("refusal"), st.one_of(st.none(), texts)),
+    st.tuples(st.just("content"), st.lists(st.one_of(
+        st.tuples(st.sampled_from(["text", "thinking", "reasoning", "refusal", "image_url"]),
+                  st.sampled_from(["text", "thinking", "reasoning", "refusal"]), st.one_of(texts, st.lists(texts, max_size=2)))
+        .map(lambda t: Obj([("type", t[0]), (t[1], t[2])])),
+        texts, json_values), max_size=3)),
     st.tuples(st.just("tool_calls"), st.one_of(st.none(), st.just([Obj([("index", 0), ("id", "c"), ("function", Obj([("name", "f"), ("arguments", "{}")]))])]))),
     st.tuples(texts, json_values),
 )
 choice_members = st.one_of(
     st.tuples(st.just("delta"), st.one_of(st.lists(delta_members, max_size=4).map(Obj), json_values)),
     st.tuples(st.just("finish_reason"), st.one_of(st.none(), st.sampled_from(["stop", "tool_calls", "length", ""]), json_values)),
-    st.tuples(st.sampled_from(["index", "logprobs"]), st.one_of(st.just(0), st.none())),
+    st.tuples(st.sampled_from(["index", "logprobs"]), st.one_of(st.sampled_from([0, 1, 2, -0, 0.0]), st.none())),
+    st.tuples(st.just("message"), st.lists(delta_members, max_size=3).map(Obj)),
     st.tuples(texts, json_values),
 )
 choices = st.lists(st.one_of(st.lists(choice_members, max_size=5).map(Obj), json_values), max_size=2)
@@ -199,7 +210,7 @@ def test_real_chunks_decode_the_same_on_every_path() -> None:
 def test_the_scan_takes_common_chunks_and_leaves_the_rest(module: ModuleType) -> None:
     scan = module._ChunkScan()
     taken = {i for i, chunk in enumerate(REAL_CHUNKS) if scan.scan(chunk, 0, len(chunk), True)}
-    assert taken == {0, 1, 2, 3, 4, 6}  # not tool calls, usage or an error
+    assert taken == {0, 1, 2, 3, 4, 6}  # not tool calls, usage, an error, list content, a refusal, choice 1 first
     assert scan.scan(REAL_CHUNKS[2], 0, len(REAL_CHUNKS[2]), True)
     assert (scan.model, scan.reasoning, scan.content, scan.finish) == ("gpt-4.1-mini-2025-04-14", None, 'Hé "q"\n😀 é', None)
     assert scan.scan(REAL_CHUNKS[4], 0, len(REAL_CHUNKS[4]), False)
@@ -212,6 +223,11 @@ def test_the_scan_takes_common_chunks_and_leaves_the_rest(module: ModuleType) ->
         b'{"choices":[{"delta":{"content":"\xed\xa0\x80"}}]}',  # not strict UTF-8
         b'{"choices":[{"delta":{"content":"a"}}],"created":NaN}',
         b'{"choices":[{"delta":{"content":"a"}}]}}',
+        b'{"choices":[{"index":1,"delta":{"content":"a"}}]}',  # not choice 0
+        b'{"choices":[{"index":0.0,"delta":{"content":"a"}}]}',
+        b'{"choices":[{"index":0,"message":{"content":"a"}}]}',  # a whole message
+        b'{"choices":[{"delta":{"refusal":"no"}}]}',
+        b'{"choices":[{"delta":{"content":[]}}]}',
         b'{"choices":[{"delta":{"content":"a"}},]}',
         b"[]",
     ):
