@@ -2,16 +2,19 @@
 
     from fxengine.providers import grok
 
-    device = await grok.start_device_sign_in(oauth_config=cfg)   # show device["user_code"]
-    creds = await grok.complete_device_sign_in(device, oauth_config=cfg)
+    sign_in = grok.start_sign_in()                   # send the user to sign_in["url"]
+    creds = await grok.finish_sign_in(sign_in, pasted_address)
 
-`start_sign_in()` / `finish_sign_in()` work as for ChatGPT, except that xAI opens a page
-at ``127.0.0.1``. Refreshed credentials must belong to the account of the ones they
-replace (`FX_PROVIDER_ACCOUNT_MISMATCH` otherwise; nothing is saved). Turns go to xAI's
+    device = await grok.start_device_sign_in()       # show device["user_code"]
+    creds = await grok.complete_device_sign_in(device)
+
+After signing in, xAI opens ``http://127.0.0.1:56121/callback?...``, a page that does not
+load: the user copies its whole address back. Sign-in and refresh use the fx CLI's public
+xAI client (`CLIENT_ID`) unless `config(client_id=...)` names your own; `config(issuer=...)`
+points every endpoint elsewhere (a test server, a proxy). The account is the `sub` of the
+id token, else of the user info endpoint; refreshed credentials must belong to the same
+account (`FX_PROVIDER_ACCOUNT_MISMATCH` otherwise; nothing is saved). Turns go to xAI's
 Chat Completions API (`XAI_BASE_URL`) with the user's access token.
-
-`config(client_id=...)` names the OAuth client your application registered with xAI
-(there is no default client) and may point every endpoint elsewhere.
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ from .custom import check_base_url
 
 PROVIDER = "grok"
 ISSUER = "https://auth.x.ai"
+# The fx CLI's public OAuth client for xAI (a public client: PKCE, no secret).
+CLIENT_ID = "b1a00492-073a-47ea-816f-4c329264a828"
 REDIRECT_URI = "http://127.0.0.1:56121/callback"
-SCOPE = "openid profile email offline_access"
+SCOPE = "openid profile email offline_access grok-cli:access api:access"
 XAI_BASE_URL = "https://api.x.ai/v1"
 
 
@@ -44,16 +49,17 @@ def account_of(tokens: Mapping[str, Any]) -> str | None:
     return None
 
 
-def config(*, client_id: str, issuer: str = ISSUER, redirect_uri: str = REDIRECT_URI,
+def config(*, client_id: str = CLIENT_ID, issuer: str = ISSUER, redirect_uri: str = REDIRECT_URI,
            **overrides: Any) -> oauth.OAuthConfig:
-    """The OAuth config of Grok sign-in, every endpoint under `issuer` unless overridden."""
+    """The OAuth config of Grok sign-in, every endpoint under `issuer` unless overridden
+    (`token_url=`, `authorize_url=`, `userinfo_url=`, ...; see `oauth.OAuthConfig`)."""
     if not isinstance(client_id, str) or not client_id:
         raise FxInputError("grok sign-in needs the client_id of your xAI OAuth client", code="FX_PROVIDER_INVALID")
     issuer = check_base_url(issuer).rstrip("/")
     base = oauth.OAuthConfig(
         provider=PROVIDER,
         client_id=client_id,
-        authorize_url=f"{issuer}/oauth2/auth",
+        authorize_url=f"{issuer}/oauth2/authorize",
         token_url=f"{issuer}/oauth2/token",
         redirect_uri=redirect_uri,
         scope=SCOPE,
@@ -62,44 +68,48 @@ def config(*, client_id: str, issuer: str = ISSUER, redirect_uri: str = REDIRECT
         device_style=oauth.DEVICE_RFC8628,
         account_of=account_of,
         same_account=True,
+        userinfo_url=f"{issuer}/oauth2/userinfo",
     )
     return dataclasses.replace(base, **overrides)
 
 
-def start_sign_in(*, oauth_config: oauth.OAuthConfig) -> dict[str, Any]:
+DEFAULT = config()
+
+
+def start_sign_in(*, oauth_config: oauth.OAuthConfig | None = None) -> dict[str, Any]:
     """Starts a PKCE sign-in (see `oauth.start_sign_in`); no request is sent."""
-    return oauth.start_sign_in(oauth_config)
+    return oauth.start_sign_in(oauth_config or DEFAULT)
 
 
-async def finish_sign_in(sign_in: Mapping[str, Any], pasted_url: str, *, oauth_config: oauth.OAuthConfig,
+async def finish_sign_in(sign_in: Mapping[str, Any], pasted_url: str, *, oauth_config: oauth.OAuthConfig | None = None,
                          http_client: httpx.AsyncClient | None = None) -> Credentials:
     """Credentials from the address the user pasted back."""
-    return await oauth.finish_sign_in(oauth_config, sign_in, pasted_url, http_client=http_client)
+    return await oauth.finish_sign_in(oauth_config or DEFAULT, sign_in, pasted_url, http_client=http_client)
 
 
-async def start_device_sign_in(*, oauth_config: oauth.OAuthConfig,
+async def start_device_sign_in(*, oauth_config: oauth.OAuthConfig | None = None,
                                http_client: httpx.AsyncClient | None = None) -> dict[str, Any]:
     """Starts a device-code sign-in (RFC 8628)."""
-    return await oauth.start_device_sign_in(oauth_config, http_client=http_client)
+    return await oauth.start_device_sign_in(oauth_config or DEFAULT, http_client=http_client)
 
 
-async def poll_device_sign_in(device: Mapping[str, Any], *, oauth_config: oauth.OAuthConfig,
+async def poll_device_sign_in(device: Mapping[str, Any], *, oauth_config: oauth.OAuthConfig | None = None,
                               http_client: httpx.AsyncClient | None = None) -> Credentials | None:
     """Checks a device sign-in once: credentials, or None while it is pending."""
-    return await oauth.poll_device_sign_in(oauth_config, device, http_client=http_client)
+    return await oauth.poll_device_sign_in(oauth_config or DEFAULT, device, http_client=http_client)
 
 
-async def complete_device_sign_in(device: Mapping[str, Any], *, oauth_config: oauth.OAuthConfig,
+async def complete_device_sign_in(device: Mapping[str, Any], *, oauth_config: oauth.OAuthConfig | None = None,
                                   http_client: httpx.AsyncClient | None = None,
                                   timeout_s: float | None = None) -> Credentials:
     """Waits until the user entered the device code; the credentials."""
-    return await oauth.complete_device_sign_in(oauth_config, device, http_client=http_client, timeout_s=timeout_s)
+    return await oauth.complete_device_sign_in(oauth_config or DEFAULT, device, http_client=http_client, timeout_s=timeout_s)
 
 
-async def refresh_credentials(creds: Mapping[str, Any], *, oauth_config: oauth.OAuthConfig,
+async def refresh_credentials(creds: Mapping[str, Any], *, oauth_config: oauth.OAuthConfig | None = None,
                               http_client: httpx.AsyncClient | None = None) -> Credentials:
     """New credentials of the same xAI account (`FX_PROVIDER_ACCOUNT_MISMATCH` otherwise)."""
-    return await oauth.refresh_credentials(oauth_config, creds, http_client=http_client)
+    return await oauth.refresh_credentials(oauth_config or DEFAULT, creds, http_client=http_client)
 
 
 def provider(
@@ -112,13 +122,11 @@ def provider(
     models: Mapping[str, ModelEntry] | None = None,
 ) -> Provider:
     """The Grok provider: Chat Completions at `base_url` with the user's credentials,
-    refreshed at `oauth_config`'s token endpoint (without one they are not refreshed)."""
-    refresh = None
-    if oauth_config is not None:
-        cfg = oauth_config
+    refreshed at `oauth_config`'s token endpoint (the default client's unless given)."""
+    cfg = oauth_config or DEFAULT
 
-        async def refresh(client: httpx.AsyncClient, creds: Credentials) -> Credentials:
-            return await oauth.refresh_credentials(cfg, creds, http_client=client)
+    async def refresh(client: httpx.AsyncClient, creds: Credentials) -> Credentials:
+        return await oauth.refresh_credentials(cfg, creds, http_client=client)
 
     source = CredentialSource(PROVIDER, credentials=credentials, on_credentials=on_credentials,
                               refresh_lock=refresh_lock, refresh=refresh, headers=bearer_headers)

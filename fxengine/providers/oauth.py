@@ -64,6 +64,8 @@ class OAuthConfig:
         authorize_params: extra query parameters of the authorization URL.
         account_of: the account id in a token response (None when it names none).
         same_account: refuse refreshed credentials of another account.
+        userinfo_url: the OpenID Connect user info endpoint, asked for the account (its
+            `sub`) when a token response names none: after a sign-in and a refresh.
     """
 
     provider: str
@@ -80,6 +82,7 @@ class OAuthConfig:
     authorize_params: Mapping[str, str] = field(default_factory=dict)
     account_of: AccountOf = _no_account
     same_account: bool = False
+    userinfo_url: str | None = None
 
 
 def _b64url(data: bytes) -> str:
@@ -127,6 +130,37 @@ async def _post(
     return response.status_code, body, mask_secrets(raw[:500], hide)
 
 
+async def _with_account(config: OAuthConfig, creds: dict[str, Any], http_client: httpx.AsyncClient | None,
+                        code: str) -> dict[str, Any]:
+    """`creds` with their `account_id` from the user info endpoint when the tokens named none.
+
+    Raises:
+        FxProviderError: `code` when the endpoint refuses the new access token or names no
+            account; `FX_PROVIDER_UNREACHABLE` when it cannot be reached.
+    """
+    if "account_id" in creds or config.userinfo_url is None:
+        return creds
+    client, own = _client(http_client)
+    try:
+        response = await client.get(config.userinfo_url, headers={"accept": "application/json",
+                                                                  "authorization": f"Bearer {creds['access_token']}"})
+    except httpx.HTTPError as exc:
+        raise FxProviderError(f"cannot reach {config.provider}'s user info endpoint ({type(exc).__name__})",
+                              code="FX_PROVIDER_UNREACHABLE") from None
+    finally:
+        if own:
+            await client.aclose()
+    try:
+        sub = response.json().get("sub") if response.status_code == 200 else None
+    except (ValueError, AttributeError):
+        sub = None
+    if not isinstance(sub, str) or not sub:
+        text = mask_secrets(response.text[:500], [creds["access_token"]])
+        raise FxProviderError(f"{config.provider}'s user info endpoint named no account "
+                              f"(HTTP {response.status_code}): {text}", code=code)
+    return {**creds, "account_id": sub}
+
+
 def _error_name(body: Any) -> str | None:
     if isinstance(body, Mapping):
         error = body.get("error")
@@ -166,8 +200,7 @@ async def _token_request(config: OAuthConfig, form: dict[str, str], http_client:
     if status != 200:
         raise FxProviderError(f"{config.provider}'s token endpoint answered HTTP {status}: {text}",
                               code="FX_SIGN_IN_FAILED")
-    creds = credentials_from(config, body)
-    return creds
+    return await _with_account(config, credentials_from(config, body), http_client, "FX_SIGN_IN_FAILED")
 
 
 # ------------------------------------------------------------------- authorization code
@@ -294,7 +327,7 @@ async def poll_device_sign_in(config: OAuthConfig, device: Mapping[str, Any], *,
     status, body, text = await _post(config, config.token_url, form=form, http_client=http_client,
                                      hide=[device["device_code"]])
     if status == 200:
-        return credentials_from(config, body)
+        return await _with_account(config, credentials_from(config, body), http_client, "FX_SIGN_IN_FAILED")
     error = _error_name(body)
     if error in ("authorization_pending", "slow_down"):
         return None
@@ -377,6 +410,8 @@ async def refresh_credentials(config: OAuthConfig, creds: Mapping[str, Any], *,
         raise FxProviderError(exc.message, code="FX_PROVIDER_AUTH") from None
     fresh.setdefault("refresh_token", refresh_token)
     old_account = creds.get("account_id")
+    if config.same_account and old_account:
+        fresh = await _with_account(config, fresh, http_client, "FX_PROVIDER_AUTH")
     if config.same_account and old_account and fresh.get("account_id") != old_account:
         raise FxProviderError(f"the refreshed {config.provider} credentials belong to another account",
                               code="FX_PROVIDER_ACCOUNT_MISMATCH")

@@ -2,7 +2,8 @@
 
 `FakePlan` is one threaded HTTP server playing a plan's three sides:
 
-- the OAuth issuer: ``/oauth/authorize`` (redirects to the redirect URI with a code),
+- the OAuth issuer: ``/oauth/authorize`` and ``/oauth2/authorize`` (redirect to the
+  redirect URI with a code), ``/oauth2/userinfo`` (the `sub` of an access token),
   ``/oauth/token`` (authorization code with PKCE, refresh token with rotation, RFC 8628
   device code), the Codex device flow (``/api/accounts/deviceauth/*``) and the RFC 8628
   device start (``/oauth2/device/code``);
@@ -145,6 +146,8 @@ class FakePlan(_Base):
         refreshes: refresh-token grants answered (200 or not).
         reject_all: the APIs refuse every token (a revoked grant).
         hold_refresh: when set, a refresh waits for it (bounded) before answering.
+        opaque: issue opaque access tokens and no id token (the account is known only
+            from ``/oauth2/userinfo``).
         reply: the model reply: ``("text", str)`` or ``("tool", name, arguments)`` then text.
     """
 
@@ -156,6 +159,8 @@ class FakePlan(_Base):
         self.refreshes = 0
         self.reject_all = False
         self.hold_refresh: threading.Event | None = None
+        self.opaque = False
+        self._subjects: dict[str, str] = {}  # access token -> account
         self.on_refresh: Callable[[], None] | None = None
         self._codes: dict[str, dict[str, str]] = {}
         self._refresh_tokens: dict[str, str] = {}  # live refresh token -> account
@@ -170,12 +175,14 @@ class FakePlan(_Base):
     def _tokens(self, account: str) -> dict[str, Any]:
         claims = {"sub": account, "https://api.openai.com/auth": {"chatgpt_account_id": account},
                   "exp": int(time.time()) + self.expires_in}
-        access = jwt(claims)
+        access = f"at-{secrets.token_hex(16)}" if self.opaque else jwt(claims)
         refresh = f"rt-{secrets.token_hex(16)}"
         self._access.add(access)
+        self._subjects[access] = account
         self._refresh_tokens[refresh] = account
-        tokens = {"access_token": access, "refresh_token": refresh, "id_token": jwt(claims),
-                  "expires_in": self.expires_in, "token_type": "Bearer"}
+        tokens = {"access_token": access, "refresh_token": refresh, "expires_in": self.expires_in, "token_type": "Bearer"}
+        if not self.opaque:
+            tokens["id_token"] = jwt(claims)
         self.issued.append(tokens)
         return tokens
 
@@ -183,9 +190,11 @@ class FakePlan(_Base):
         """Credentials as a finished sign-in would hold them, expiring in `expires_in_s`."""
         with self.lock:
             tokens = self._tokens(self.account)
-        return {"access_token": tokens["access_token"], "refresh_token": tokens["refresh_token"],
-                "id_token": tokens["id_token"], "account_id": self.account,
-                "expires_at": int((time.time() + expires_in_s) * 1000)}
+        creds = {"access_token": tokens["access_token"], "refresh_token": tokens["refresh_token"],
+                 "account_id": self.account, "expires_at": int((time.time() + expires_in_s) * 1000)}
+        if "id_token" in tokens:
+            creds["id_token"] = tokens["id_token"]
+        return creds
 
     def approve_device(self, user_code: str) -> None:
         """The user entered `user_code` on the verification page."""
@@ -203,8 +212,13 @@ class FakePlan(_Base):
     def handle(self, method: str, path: str, query: dict[str, list[str]], headers: dict[str, str],
                raw: bytes) -> tuple[int, dict[str, str], Any]:
         self.record(method, path, headers, raw)
-        if path == "/oauth/authorize":
+        if path in ("/oauth/authorize", "/oauth2/authorize"):
             return self._authorize(query)
+        if path == "/oauth2/userinfo":
+            token = headers.get("authorization", "").removeprefix("Bearer ")
+            with self.lock:
+                account = self._subjects.get(token) if token not in self.revoked else None
+            return (200, {}, {"sub": account, "email": f"{account}@example.test"}) if account else (401, {}, {})
         if path in ("/oauth/token", "/oauth2/token"):
             return self._token(_form(raw))
         if path == "/api/accounts/deviceauth/usercode":
