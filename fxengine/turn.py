@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -122,7 +122,11 @@ class Turn:
     """One prompt (or resume) and everything the engine does to answer it.
 
     Iterate it for model-facing events (dicts, docs/design.md §4 shapes plus `step`); await
-    `result()` for the `TurnResult`. Breaking out of the iteration does not cancel the turn.
+    `result()` for the `TurnResult`. Leaving an iteration before its end (`break`, an
+    exception, or `aclose()` on the iterator) cancels the turn, as `cancel()` does: the
+    model request is closed and the turn ends `cancelled`. To stop reading without
+    cancelling, await `result()` instead (events left unread no longer hold the turn back).
+    `async with engine.prompt(...) as turn:` cancels a turn still running at the block's end.
     """
 
     def __init__(self, runner: TurnDriver) -> None:
@@ -146,14 +150,26 @@ class Turn:
     def done(self) -> bool:
         return self._runner.result_future.done()
 
-    def __aiter__(self) -> Turn:
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[Event]:
+        ended = False
+        try:
+            while (event := await self._runner.events.get()) is not None:
+                yield event
+            ended = True
+        finally:
+            # Closed before the end: the caller broke out of its loop (or failed in it).
+            if not ended and not self.done:
+                self._runner.cancel()
+
+    async def __aenter__(self) -> Turn:
         return self
 
-    async def __anext__(self) -> Event:
-        event = await self._runner.events.get()
-        if event is None:
-            raise StopAsyncIteration
-        return event
+    async def __aexit__(self, *exc: object) -> None:
+        if not self.done:
+            self._runner.cancel()
 
     async def result(self) -> TurnResult:
         """Waits for the turn to end; events left unread no longer hold it back."""

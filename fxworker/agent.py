@@ -410,9 +410,15 @@ class Session:
 
     async def cancel(self) -> None:
         """Cancels the running or waiting turn; the running worker sees it within a second."""
-        await self.store.request_cancel(self.id)
+        await self._cancel(None)
+
+    async def _cancel(self, message_id: str | None) -> bool:
+        """Asks for the open (or next waiting) turn, or `message_id`'s, to end `cancelled`,
+        and wakes a worker to see it; whether a turn was targeted."""
+        target = await self.store.request_cancel(self.id, message_id=message_id)
         state = await self.state()
         await self._wake(state["agent"], "cancel")
+        return target is not None
 
     async def stream(self, cursor: int = 0, *, follow: bool = True) -> AsyncIterator[dict[str, Any]]:
         """Every stored line after `cursor` (each with `cursor`); with `follow`, stays open."""
@@ -469,7 +475,9 @@ class Turn:
 
     Iterate it for the model-facing events, `await result()` for the outcome, or
     `ndjson()` for every line of the turn as bytes. One reader per `Turn` object; a
-    turn nobody reads still runs to its end on a worker.
+    turn nobody reads still runs to its end on a worker, and leaving the iteration (or
+    the reader's task being cancelled) does not cancel it: the prompt is durable. Call
+    `cancel()` to stop it.
     """
 
     def __init__(
@@ -535,6 +543,16 @@ class Turn:
         async for line in self._line_source():
             yield json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
+    async def cancel(self) -> bool:
+        """Cancels this turn, whether it waits or runs: it ends `cancelled` (a running one
+        within a second) and the session's next prompt runs as usual. A no-op once the
+        turn ended; returns whether a cancel was requested."""
+        if self._idle or self._end is not None:
+            return False
+        if self.message_id is None:  # a resume not yet started: the turn it continues
+            return await self.session._cancel(None)
+        return await self.session._cancel(self.message_id)
+
     async def result(self) -> TurnResult:
         """Waits for the turn's end: `TurnResult(stop_reason, usage, error, repeated)`."""
         if self._end is None:
@@ -581,6 +599,9 @@ class BlockingTurn:
 
     def result(self) -> TurnResult:
         return _loop().run(self._turn.result())
+
+    def cancel(self) -> bool:
+        return _loop().run(self._turn.cancel())
 
 
 def _iterate(agen: AsyncIterator[Any]) -> Iterator[Any]:

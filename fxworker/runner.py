@@ -32,6 +32,7 @@ kills the process that loads it) is ended at the next death without loading the 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import deque
 from typing import Any
@@ -296,9 +297,15 @@ class Runner:
     def _on_input(self, entry: Any) -> None:
         """A new inbox entry while this runner holds the lease."""
         if entry.kind == "cancel":
-            if self.turn is not None:
+            # A cancel names its turn (cancel.lua): the running one, or one waiting here,
+            # which then ends `cancelled` as it starts. Any other turn is not this one's.
+            if self.turn is not None and entry.message_id == self.turn_id:
                 log.info("cancel of %s reached turn %s", self.session_id, self.turn_id)
                 self.turn.cancel()
+            else:
+                self.pending = deque(dataclasses.replace(waiting, cancelled=True)
+                                     if waiting.kind == "prompt" and waiting.message_id == entry.message_id
+                                     else waiting for waiting in self.pending)
             return
         if entry.kind == "steer" and self.turn is not None:
             try:

@@ -381,9 +381,10 @@ def save_checkpoint(
     return Call(SCRIPTS["save_checkpoint"], keys.names, [epoch, now_ms, through, data, max_bytes, ttl_ms])
 
 
-def cancel(keys: SessionKeys, *, now_ms: int) -> Call:
-    """cancel.lua: target the open (or next waiting) turn and notify the inbox."""
-    return Call(SCRIPTS["cancel"], keys.names, [now_ms])
+def cancel(keys: SessionKeys, *, now_ms: int, message_id: str | None = None) -> Call:
+    """cancel.lua: target the open (or next waiting) turn, or `message_id`'s while it is
+    open or waiting, and notify the inbox."""
+    return Call(SCRIPTS["cancel"], keys.names, [now_ms, message_id or ""])
 
 
 def state(keys: SessionKeys) -> Call:

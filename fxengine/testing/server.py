@@ -213,6 +213,13 @@ class ScriptedModel:
                 raise TimeoutError(f"{len(x.requests)} of {n} requests arrived within {timeout_s} s")
             return list(x.requests)
 
+    @property
+    def open_connections(self) -> int:
+        """How many client connections are open now (a client that closes a request
+        mid-response drops its connection; an idle keep-alive one stays)."""
+        with self._exchange.cond:
+            return len(self._exchange.connections)
+
     def release(self, name: str) -> None:
         """Lets every response paused at `hold(name)` continue, now and later."""
         with self._exchange.cond:

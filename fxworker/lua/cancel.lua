@@ -1,8 +1,9 @@
--- cancel.lua: ask for the open turn (or, with none, the next waiting one) to be cancelled.
+-- cancel.lua: ask for the open turn (or, with none, the next waiting one) to be cancelled;
+-- or, given a prompt's message id, that turn only, while it is open or waiting.
 --
 -- KEYS  1 meta (HASH)  2 lease  3 inbox (STREAM)  4 log  5 ui  6 msgs  7 pending (ZSET)
 --       8 keys  9 ckpt                                                     -- one session, one slot
--- ARGV  1 now_ms
+-- ARGV  1 now_ms  2 target message id ('' = the open turn, else the next waiting one)
 -- Returns {"ok", target message id, inbox seq} | {"none"} | {"unknown"}
 --
 -- Invariant: the request lands in the inbox stream, which a running worker polls (XREAD
@@ -11,8 +12,14 @@
 
 local meta, inbox, pending = KEYS[1], KEYS[3], KEYS[7]
 if redis.call('EXISTS', meta) == 0 then return {'unknown'} end
-local target = redis.call('HGET', meta, 'turn') or ''
-if target == '' then
+local open = redis.call('HGET', meta, 'turn') or ''
+local target = ARGV[2] or ''
+if target ~= '' then
+  -- One turn: the open one, or one still waiting; an ended (or unknown) one is left alone.
+  if target ~= open and not redis.call('ZSCORE', pending, target) then return {'none'} end
+elseif open ~= '' then
+  target = open
+else
   local first = redis.call('ZRANGE', pending, 0, 0)
   if #first == 0 then return {'none'} end
   target = first[1]

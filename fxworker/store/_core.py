@@ -246,8 +246,8 @@ class StoreCore:
 
         return Op(steps, parse)
 
-    def op_cancel(self, session_id: str, *, now_ms: int | None) -> Op[str | None]:
-        call = scripts.cancel(self.keys(session_id), now_ms=self.now(now_ms))
+    def op_cancel(self, session_id: str, *, now_ms: int | None, message_id: str | None = None) -> Op[str | None]:
+        call = scripts.cancel(self.keys(session_id), now_ms=self.now(now_ms), message_id=message_id)
         return Op([call], lambda replies: r.parse_cancel(replies[0], session_id=session_id))
 
     def op_mark_ready(self, session_id: str, *, now_ms: int | None) -> Op[None]:

@@ -180,13 +180,16 @@ class RedisStore:
         """
         return await self._exec(self._core.op_created_session(message_id, session_id, scope=scope))
 
-    async def request_cancel(self, session_id: str, *, now_ms: int | None = None) -> str | None:
-        """Asks for the open turn (or, with none, the next waiting one) to be cancelled.
+    async def request_cancel(self, session_id: str, *, now_ms: int | None = None,
+                             message_id: str | None = None) -> str | None:
+        """Asks for the open turn (or, with none, the next waiting one) to be cancelled;
+        with `message_id`, that prompt's turn only, while it is open or waiting.
 
-        Returns the targeted message id, or None when nothing runs or waits. A worker
-        running the session sees it on `watch_inbox()`; a later claim reports it.
+        Returns the targeted message id, or None when nothing (or not that turn) runs or
+        waits. A worker running the session sees it on `watch_inbox()`; a later claim
+        reports it.
         """
-        return await self._exec(self._core.op_cancel(session_id, now_ms=now_ms))
+        return await self._exec(self._core.op_cancel(session_id, now_ms=now_ms, message_id=message_id))
 
     async def mark_ready(self, session_id: str, *, now_ms: int | None = None) -> None:
         """Puts the session in the ready set (the sweeper's list; `accept` does it first)."""

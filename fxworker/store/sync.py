@@ -67,9 +67,9 @@ class SyncRedisStore:
         """See `RedisStore.session_for_message`."""
         return self._exec(self._core.op_created_session(message_id, session_id, scope=scope))
 
-    def request_cancel(self, session_id: str, *, now_ms: int | None = None) -> str | None:
+    def request_cancel(self, session_id: str, *, now_ms: int | None = None, message_id: str | None = None) -> str | None:
         """See `RedisStore.request_cancel`."""
-        return self._exec(self._core.op_cancel(session_id, now_ms=now_ms))
+        return self._exec(self._core.op_cancel(session_id, now_ms=now_ms, message_id=message_id))
 
     def claim(
         self, session_id: str, *, holder: str, lease_ms: int, now_ms: int | None = None, only_work: bool = False,

@@ -87,6 +87,27 @@ def test_cancel_reaches_the_running_worker_within_a_second(pool: Any, client: An
     assert elapsed_s < 1.0
 
 
+def test_turn_cancel_ends_that_turn_waiting_or_running_and_leaves_the_next(pool: Any, client: Any, model: Any) -> None:
+    session = client.agents["default"].blocking_session()
+    running = session.prompt("hold:tc1")
+    model.wait_held("tc1", timeout_s=15)
+    waiting = session.prompt("queued behind the held one")
+    after = session.prompt("runs after both")
+
+    assert waiting.cancel() is True  # waiting: it ends cancelled when its turn comes
+    assert running.cancel() is True  # running: the worker sees it within a second
+    assert running.result().stop_reason == "cancelled"
+    model.release("tc1")
+    assert waiting.result().stop_reason == "cancelled"
+    assert after.result().stop_reason == "end_turn"
+    assert after.cancel() is False and running.cancel() is False  # ended: no-ops
+    ends = [ln for ln in lines_of(client, session.id) if ln["type"] == "turn_end"]
+    assert [(e["messageId"], e["stopReason"]) for e in ends] == [
+        (running.message_id, "cancelled"), (waiting.message_id, "cancelled"), (after.message_id, "end_turn")]
+    texts = [json.dumps(r.body) for r in model.requests]
+    assert not any("queued behind the held one" in t for t in texts)  # the cancelled waiting turn never asked the model
+
+
 def test_a_lost_wake_is_run_by_the_sweeper(pool: Any, client: Any) -> None:
     class NoWaker:
         def wake(self, session_id: str, *, agent: str, reason: str) -> None:

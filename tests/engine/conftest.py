@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -75,6 +76,19 @@ async def wait_until(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.005)
+
+
+# Each turn's reader, kept open between calls: closing an iteration early cancels the turn.
+_readers: weakref.WeakKeyDictionary[Any, AsyncIterator[dict[str, Any]]] = weakref.WeakKeyDictionary()
+
+
+async def next_event(turn: Any, kind: str) -> dict[str, Any]:
+    """The turn's next event of `kind`, read without cancelling the turn."""
+    events = _readers.setdefault(turn, aiter(turn))
+    async for event in events:
+        if event["type"] == kind:
+            return event
+    raise AssertionError(f"no {kind}")
 
 
 def text_of(events: list[dict[str, Any]]) -> str:

@@ -10,16 +10,9 @@ import pytest
 from fxengine import FxInputError, FxLimitError, Tool, ToolContext
 from fxengine.testing import Reply, ScriptedModel, hold, text, tool_call
 
-from .conftest import run, text_of
+from .conftest import next_event, run, text_of, wait_until
 
 SCHEMA = {"type": "object", "properties": {}}
-
-
-async def next_event(turn: Any, kind: str) -> dict[str, Any]:
-    async for event in turn:
-        if event["type"] == kind:
-            return event
-    raise AssertionError(f"no {kind}")
 
 
 async def test_a_steer_mid_stream_cuts_the_reply_and_the_turn_goes_on(model: ScriptedModel, make_engine: Any) -> None:
@@ -159,3 +152,41 @@ async def test_one_prompt_at_a_time(model: ScriptedModel, make_engine: Any) -> N
     turn.cancel()
     model.release("h")
     assert (await turn.result()).stop_reason == "cancelled"
+
+
+@pytest.mark.parametrize("leave", ["break", "exception", "async with"])
+async def test_leaving_the_events_early_cancels_the_turn_and_closes_the_request(
+    model: ScriptedModel, make_engine: Any, leave: str
+) -> None:
+    model.script(Reply(text("Writing a long "), hold("h"), text("essay")))
+    engine = await make_engine()
+    turn = engine.prompt("write an essay")
+    if leave == "break":
+        async for event in turn:
+            assert event["delta"] == "Writing a long "
+            break
+    elif leave == "exception":
+        with pytest.raises(LookupError):
+            async for event in turn:
+                raise LookupError(event["delta"])
+    else:
+        async with turn:
+            await next_event(turn, "text_delta")
+    result = await asyncio.wait_for(turn.result(), 5)
+    assert result.stop_reason == "cancelled"
+    model.release("h")  # the rest of the reply goes to a closed connection
+    await wait_until(lambda: model.open_connections == 0)
+    assert len(model.requests) == 1
+
+
+async def test_reading_to_the_end_or_awaiting_the_result_cancels_nothing(model: ScriptedModel, make_engine: Any) -> None:
+    model.script(Reply(text("one")), Reply(text("two")))
+    engine = await make_engine()
+    async with engine.prompt("a") as turn:
+        assert text_of([e async for e in turn]) == "one"
+    assert (await turn.result()).stop_reason == "end_turn"
+    turn = engine.prompt("b")
+    events = aiter(turn)  # an iterator kept in hand may be left and taken up again
+    async for event in events:
+        break
+    assert (await asyncio.wait_for(turn.result(), 5)).stop_reason == "end_turn"

@@ -13,7 +13,7 @@ from fxengine import FxInputError, FxSteerDeferredError, MemoryPersistence, Tool
 from fxengine.limits import IMAGE_MAX_BYTES, prepare_prompt_input, stage_prompt_input
 from fxengine.testing import Reply, ScriptedModel, hold, text, tool_call
 
-from .conftest import run, wait_until
+from .conftest import next_event, run, wait_until
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
 JPEG = b"\xff\xd8\xff\xe0" + b"\x00" * 64
@@ -32,13 +32,6 @@ def image(data: bytes, mime: str, key: str = "mimeType") -> dict[str, Any]:
 def image_urls(body: dict[str, Any]) -> list[str]:
     return [part["image_url"]["url"] for message in body["messages"] if isinstance(message.get("content"), list)
             for part in message["content"] if part["type"] == "image_url"]
-
-
-async def first_text(turn: Any) -> dict[str, Any]:
-    async for event in turn:
-        if event["type"] == "text_delta":
-            return event
-    raise AssertionError("the turn ended without text")
 
 
 def no_images_provider(model: ScriptedModel) -> dict[str, Any]:
@@ -152,7 +145,7 @@ async def test_a_steer_with_images_ends_the_turn_and_runs_next(model: ScriptedMo
     model.script(Reply(text("a long "), hold("h"), text("answer")), Reply(text("a PNG")))
     engine = await make_engine()
     turn = engine.prompt("describe things")
-    assert (await asyncio.wait_for(first_text(turn), 5))["delta"] == "a long "
+    assert (await asyncio.wait_for(next_event(turn, "text_delta"), 5))["delta"] == "a long "
     steer = ["and this?", image(PNG, "image/png")]
     with pytest.raises(FxSteerDeferredError) as deferred:
         turn.steer(steer, id="str_img")
@@ -196,7 +189,7 @@ async def test_a_text_only_block_steer_joins_the_turn(model: ScriptedModel, make
     model.script(Reply(text("one "), hold("h"), text("two")), Reply(text("three")))
     engine = await make_engine()
     turn = engine.prompt("count")
-    await asyncio.wait_for(first_text(turn), 5)
+    await asyncio.wait_for(next_event(turn, "text_delta"), 5)
     turn.steer([{"type": "text", "text": "faster"}], id="str_t")
     model.release("h")
     events, _ = await run(turn)
