@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterable, Callable, Mapping
 from typing import Any
 
 import httpx
@@ -123,7 +123,8 @@ class EngineCore:
             loaded = await self.persistence.load()
             if loaded.checkpoint is not None:
                 seed = loaded.checkpoint.data
-            records = list(loaded.journal)
+            journal = loaded.journal
+            records = [r async for r in journal] if isinstance(journal, AsyncIterable) else list(journal)
             if loaded.head is not None:
                 head = loaded.head
             elif records:
@@ -161,7 +162,7 @@ class EngineCore:
         try:
             self.event_sink({"type": kind, "turnId": turn_id, **body})
         except Exception as exc:  # a failing sink must not break the turn
-            self.diag({"type": "sink.error", "error": type(exc).__name__})
+            self.diag({"type": "ui.error", "error": type(exc).__name__})
 
     def commit(self, kind: str, body: dict[str, Any], *, marks: list[Mark] | None = None, barrier: bool = False,
                want_ack: bool = False) -> Any:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from collections.abc import AsyncIterable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from .errors import FxFencedError
@@ -47,10 +48,11 @@ class Loaded:
 
     `head` is the cursor the next `append()` must name as `expected`; `None` means the
     last journal record's cursor (or the checkpoint's `through`, or a new session).
+    `journal` may be any iterable, or an async iterable (records read as they come).
     """
 
     checkpoint: StoredCheckpoint | None = None
-    journal: list[JournalRecord] = field(default_factory=list)
+    journal: Iterable[JournalRecord] | AsyncIterable[JournalRecord] = field(default_factory=list)
     head: str | None = None
 
 
@@ -70,6 +72,10 @@ class Persistence(Protocol):
         marks: list[Mark],
     ) -> str:
         """Stores one record after `expected` and returns its cursor.
+
+        `marks` is passed when the store takes it: a `marks` parameter (or ``**kwargs``),
+        unless the store sets ``marks = False``; a store whose `append` has no such
+        parameter gets none (or sets ``marks = True`` to ask for them, as in libfx).
 
         Raises `FxFencedError` when `expected` is not the last stored cursor. A repeated
         `idempotency_key` returns the cursor stored the first time and stores nothing.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ class TurnResult:
         error: ``{"code", "message", "cause"?}`` when `stop_reason` is `error`.
         repeated: True when the result is that of a turn that had already ended.
         detached: True when `detach()` stopped the turn and nothing more was written.
+        message_id: the turn's id (its prompt's message id), when known.
+        epoch: for a session turn, the lease epoch of the worker that ended it.
     """
 
     stop_reason: str
@@ -34,6 +37,8 @@ class TurnResult:
     error: dict[str, Any] | None = None
     repeated: bool = False
     detached: bool = False
+    message_id: str | None = None
+    epoch: int | None = None
 
 
 class TurnDriver(Protocol):
@@ -69,6 +74,7 @@ class EventBuffer:
         self._closed = False
         self._unbounded = False
         self._reported = False
+        self._discarding = False
 
     def __len__(self) -> int:
         return len(self._items)
@@ -82,7 +88,9 @@ class EventBuffer:
             try:
                 self._sink(event)
             except Exception as exc:  # a failing sink must not break the turn
-                self._diag({"type": "sink.error", "error": type(exc).__name__})
+                self._diag({"type": "ui.error", "error": type(exc).__name__})
+        if self._discarding:
+            return
         self._items.append(event)
         self._bytes += event_size(event)
         self._readable.set()
@@ -103,6 +111,17 @@ class EventBuffer:
     def close(self) -> None:
         self._closed = True
         self._readable.set()
+
+    def discard(self) -> None:
+        """Nobody will read on: drops what is buffered (and what comes until the turn
+        ends), with one `output.discarded` diagnostic, and lifts the bound."""
+        if self._discarding:
+            return
+        self._discarding = True
+        self._diag({"type": "output.discarded", "events": len(self._items), "bytes": self._bytes})
+        self._items.clear()
+        self._bytes = 0
+        self.unbound()
 
     async def get(self) -> Event | None:
         """The next event, or None once the turn ended and everything was read."""
@@ -162,6 +181,7 @@ class Turn:
         finally:
             # Closed before the end: the caller broke out of its loop (or failed in it).
             if not ended and not self.done:
+                self._runner.events.discard()
                 self._runner.cancel()
 
     async def __aenter__(self) -> Turn:
@@ -174,7 +194,8 @@ class Turn:
     async def result(self) -> TurnResult:
         """Waits for the turn to end; events left unread no longer hold it back."""
         self._runner.events.unbound()
-        return await asyncio.shield(self._runner.result_future)
+        result = await asyncio.shield(self._runner.result_future)
+        return result if result.message_id is not None else dataclasses.replace(result, message_id=self.turn_id)
 
     def steer(self, input: str | list[Any], *, id: str | None = None) -> None:
         """Steers the turn: cuts a streaming reply short, or waits for running tools, then

@@ -19,6 +19,7 @@ from .errors import (
     FxWorkerError,
 )
 from .ids import new_session_id
+from .info import backend_info
 from .refresh_lock import redis_refresh_lock
 from .registry import agents, get_agent
 from fxengine.turn import TurnResult
@@ -39,6 +40,7 @@ __all__ = [
     "redis_refresh_lock",
     # configuration
     "Settings",
+    "backend_info",
     # errors
     "FxAckUnsupportedError",
     "FxAgentExistsError",

@@ -48,7 +48,7 @@ from fxengine.tools import check_tools
 from fxengine.turn import TurnResult
 
 from . import metrics, registry
-from .embedded import InProcessWaker
+from .embedded import InProcessWaker, stop_embedded_workers
 from .errors import FxConfigError, FxInvalidCursorError, FxUnknownSessionError
 from .export import export_checkpoint
 from .ids import (
@@ -62,7 +62,7 @@ from .ids import (
 )
 from .runtime import LoopThread, SharedLoop
 from .settings import Settings
-from .store import default_store
+from .store import close_default_store, default_store
 from .store.timed import TimedStore
 from .wakers import CeleryWaker, Waker
 
@@ -262,9 +262,19 @@ class Agent:
         self.waker.wake(session_id, agent=agent or self.name, reason=reason)
 
     def close(self) -> None:
-        """Removes this agent from the process registry."""
+        """Removes this agent from the process registry. The last agent of the process to
+        close also closes what the agents shared: the embedded worker its first prompt
+        started (with its loop's HTTP clients) and the process's default store (the next
+        agent gets new ones). A `store` or `waker` passed in is the application's to close."""
         if registry.get_agent(self.name) is self:
             registry.unregister(self.name)
+        if registry.agents():
+            return
+        if isinstance(self._waker, InProcessWaker) and self._waker.started_workers:
+            stop_embedded_workers()
+            self._waker.started_workers = False
+        if self._store is not None and close_default_store(self._store):
+            self._store = None
 
 
 class Session:
@@ -554,7 +564,8 @@ class Turn:
         return await self.session._cancel(self.message_id)
 
     async def result(self) -> TurnResult:
-        """Waits for the turn's end: `TurnResult(stop_reason, usage, error, repeated)`."""
+        """Waits for the turn's end: `TurnResult(stop_reason, usage, error, repeated,
+        message_id, epoch)` (`epoch`: the lease epoch of the worker that wrote the end)."""
         if self._end is None:
             async for _ in self._line_source():
                 pass
@@ -566,6 +577,8 @@ class Turn:
             usage=end.get("usage") or {},
             error=end.get("error"),
             repeated=bool(self.repeated),
+            message_id=self.message_id,
+            epoch=end.get("epoch"),
         )
 
 

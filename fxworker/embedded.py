@@ -109,6 +109,7 @@ class InProcessWaker:
 
     def __init__(self, *, start_workers: bool = True) -> None:
         self.start_workers = start_workers
+        self.started_workers = False  # whether this waker started the embedded workers
         self._said = False
 
     def __repr__(self) -> str:
@@ -119,6 +120,7 @@ class InProcessWaker:
         if worker is None and self.start_workers:
             log.info("no embedded worker in this process: starting one (the embedded mode runs turns in-process)")
             start_embedded_workers(1)
+            self.started_workers = True
             worker = next_embedded_worker()
         if worker is None:
             if not self._said:

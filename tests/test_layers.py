@@ -43,7 +43,7 @@ LAYERS: list[list[str]] = [
     ["fxengine.testing"],
     # ------------------------------------------------------------------ fxworker
     ["fxworker.errors", "fxworker.settings", "fxworker.keys", "fxworker.ids", "fxworker.metrics", "fxworker.urls",
-     "fxworker.refresh_lock"],
+     "fxworker.refresh_lock", "fxworker.info"],
     ["fxworker.runtime"],
     ["fxworker.scripts", "fxworker.broker"],
     ["fxworker.store"],

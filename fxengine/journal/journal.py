@@ -12,6 +12,8 @@ queued events are dropped, and `on_failure` tells the turn to stop at once.
 from __future__ import annotations
 
 import asyncio
+import inspect
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +38,21 @@ class _Queued:
     future: asyncio.Future[str | None] | None = field(default=None)
 
 
+def wants_marks(persistence: Persistence | None) -> bool:
+    """Whether `persistence.append` takes `marks`: its `marks` attribute when it sets one
+    (libfx's opt-in), else whether `append` has a `marks` parameter (or ``**kwargs``)."""
+    if persistence is None:
+        return False
+    declared = getattr(persistence, "marks", None)
+    if isinstance(declared, bool):
+        return declared
+    try:
+        params = inspect.signature(persistence.append).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == "marks" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
 class Journal:
     """Appends engine events to a `Persistence`, or keeps nothing when there is none.
 
@@ -58,6 +75,7 @@ class Journal:
         self.detached = False
         self.on_failure = on_failure
         self._diag = diag or (lambda event: None)
+        self._marks = wants_marks(persistence)
         self._seq = 1
         self._queue: list[_Queued] = []
         self._pump: asyncio.Task[None] | None = None
@@ -137,14 +155,14 @@ class Journal:
                 barrier = any(queued.barrier for queued in batch)
                 data = encode_batch([queued.event for queued in batch], seq=seq)
                 assert self.persistence is not None
+                started = time.monotonic()
                 try:
-                    cursor = await self.persistence.append(
-                        expected=self.head,
-                        idempotency_key=f"{self.writer_id}:{seq}",
-                        data=data,
-                        barrier=barrier,
-                        marks=marks,
-                    )
+                    if self._marks:
+                        cursor = await self.persistence.append(expected=self.head, idempotency_key=f"{self.writer_id}:{seq}",
+                                                               data=data, barrier=barrier, marks=marks)
+                    else:
+                        cursor = await self.persistence.append(expected=self.head, idempotency_key=f"{self.writer_id}:{seq}",
+                                                               data=data, barrier=barrier)
                 except Exception as exc:  # fenced or not, a failed append stops the turn (§9)
                     self.failure = exc
                     for queued in batch:
@@ -156,6 +174,8 @@ class Journal:
                         self.on_failure(exc)
                     return
                 self.head = cursor
+                self._diag({"type": "journal.append", "events": len(batch), "bytes": len(data), "barrier": barrier,
+                            "elapsedMs": round((time.monotonic() - started) * 1000, 3)})
                 for queued in batch:
                     if queued.future is not None and not queued.future.done():
                         queued.future.set_result(cursor)

@@ -230,7 +230,7 @@ async def stream_attempt(
     def elapsed_ms() -> int:
         return int((time.monotonic() - started) * 1000)
 
-    diag({"type": "transport.request", "attempt": attempt, "method": "POST", "endpoint": provider.chat_url,
+    diag({"type": "transport.start", "attempt": attempt, "method": "POST", "endpoint": provider.chat_url,
           "model": body.get("model"), "step": step})
     headers = provider.request_headers()
     if provider.auth is not None:

@@ -127,15 +127,19 @@ def _image(entry: Any, index: int) -> dict[str, str]:
     return {"mimeType": mime, "data": data}
 
 
+TOOL_RESULT_TYPES = ("fx.tool-result", "libfx.tool-result")
+
+
 def format_result(value: Any) -> tuple[str, list[dict[str, str]], bool]:
     """(content, images, is_error) of a tool's return value.
 
     A string is sent as is; ``{"type": "fx.tool-result", "text", "images", "isError"?}``
-    carries images; anything else is sent as JSON (`None` becomes ``"null"``).
+    carries images (``"libfx.tool-result"``, libfx's tag, is the same); anything else is
+    sent as JSON (`None` becomes ``"null"``).
     """
     if isinstance(value, str):
         return value, [], False
-    if isinstance(value, Mapping) and value.get("type") == "fx.tool-result":
+    if isinstance(value, Mapping) and value.get("type") in TOOL_RESULT_TYPES:
         text = value.get("text") or ""
         if not isinstance(text, str):
             raise ValueError("fx.tool-result text must be a string")

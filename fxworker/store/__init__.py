@@ -200,6 +200,18 @@ def store_kind(url: str) -> str:
     return "cluster" if _detect_cluster(address) else address.kind
 
 
+def close_default_store(store: Any) -> bool:
+    """Closes `store` and forgets it if it is one of this process's default stores (the next
+    `default_store()` builds a new one); whether it was."""
+    with _default_lock:
+        keys = [key for key, value in _default_stores.items() if value is store]
+        for key in keys:
+            del _default_stores[key]
+    if keys:
+        store.close()
+    return bool(keys)
+
+
 def default_store(settings: Settings) -> RedisStore:
     """The store of this process for `settings`: the one `FX_STORE_URL` (else `REDIS_URL`)
     names, else the embedded one.

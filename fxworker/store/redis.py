@@ -371,6 +371,16 @@ class RedisStore:
         op = self._core.op_states(list(session_ids), now_ms=now_ms)
         return await retry_read(lambda: self._exec(op))
 
+    def close(self) -> None:
+        """Closes the blocking twin's client and asks every loop still running to close
+        its own async client (without waiting: this may run on one of them)."""
+        with self._runners_lock:
+            entries, self._runners = list(self._runners.values()), {}
+        for loop, runner, _ in entries:
+            if not loop.is_closed() and loop.is_running():
+                asyncio.run_coroutine_threadsafe(runner.client.aclose(), loop)
+        self.sync.close()
+
     async def aclose(self) -> None:
         """Closes the running loop's async client and the blocking twin's; the clients of
         other loops are dropped (a client can only be closed on its own loop)."""

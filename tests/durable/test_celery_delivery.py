@@ -99,7 +99,8 @@ def test_turn_cancel_ends_that_turn_waiting_or_running_and_leaves_the_next(pool:
     assert running.result().stop_reason == "cancelled"
     model.release("tc1")
     assert waiting.result().stop_reason == "cancelled"
-    assert after.result().stop_reason == "end_turn"
+    done = after.result()
+    assert done.stop_reason == "end_turn" and done.message_id == after.message_id and done.epoch >= 1
     assert after.cancel() is False and running.cancel() is False  # ended: no-ops
     ends = [ln for ln in lines_of(client, session.id) if ln["type"] == "turn_end"]
     assert [(e["messageId"], e["stopReason"]) for e in ends] == [

@@ -41,3 +41,36 @@ def test_a_script_with_no_redis_runs_its_turn(tmp_path: Path) -> None:
                               capture_output=True, text=True, timeout=10)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("end_turn "), (done.stdout, done.stderr[-2000:])
+
+
+CLOSE_SCRIPT = textwrap.dedent("""
+    import asyncio, sys, threading
+    from fxworker import Agent
+    from fxworker.embedded import embedded_workers
+    from fxworker.store import _default_stores
+
+    provider = {"name": "scripted", "base_url": sys.argv[1], "models": {"scripted": {}}}
+
+    async def main():
+        for round in (1, 2):  # closed, the next agent of the process starts afresh
+            support = Agent(name="support", model="scripted", provider=provider, api_key="k")
+            result = await (await support.session().prompt("hi")).result()
+            print(round, result.stop_reason, len(embedded_workers()), len(_default_stores))
+            support.close()
+            print(round, "closed", len(embedded_workers()), len(_default_stores),
+                  sorted(t.name for t in threading.enumerate() if t.name.startswith("fx-")))
+
+    asyncio.run(main())
+""")
+
+
+def test_closing_the_last_agent_stops_its_worker_and_closes_the_store(tmp_path: Path) -> None:
+    with ScriptedModel() as model:
+        (tmp_path / "script.py").write_text(CLOSE_SCRIPT)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FX_") and k != "REDIS_URL"}
+        env["PYTHONPATH"] = str(ROOT)
+        done = subprocess.run([sys.executable, "script.py", model.base_url], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=20)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["1 end_turn 1 1", "1 closed 0 0 []", "2 end_turn 1 1", "2 closed 0 0 []"], (
+        done.stdout, done.stderr[-2000:])

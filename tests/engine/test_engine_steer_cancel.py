@@ -10,7 +10,7 @@ import pytest
 from fxengine import FxInputError, FxLimitError, Tool, ToolContext
 from fxengine.testing import Reply, ScriptedModel, hold, text, tool_call
 
-from .conftest import next_event, run, text_of, wait_until
+from .conftest import Diagnostics, next_event, run, text_of, wait_until
 
 SCHEMA = {"type": "object", "properties": {}}
 
@@ -156,7 +156,7 @@ async def test_one_prompt_at_a_time(model: ScriptedModel, make_engine: Any) -> N
 
 @pytest.mark.parametrize("leave", ["break", "exception", "async with"])
 async def test_leaving_the_events_early_cancels_the_turn_and_closes_the_request(
-    model: ScriptedModel, make_engine: Any, leave: str
+    model: ScriptedModel, make_engine: Any, leave: str, diagnostics: Diagnostics
 ) -> None:
     model.script(Reply(text("Writing a long "), hold("h"), text("essay")))
     engine = await make_engine()
@@ -177,6 +177,9 @@ async def test_leaving_the_events_early_cancels_the_turn_and_closes_the_request(
     model.release("h")  # the rest of the reply goes to a closed connection
     await wait_until(lambda: model.open_connections == 0)
     assert len(model.requests) == 1
+    assert result.message_id == turn.turn_id
+    if leave != "async with":  # the reader left: what it did not read is dropped, once
+        assert len(diagnostics.of("output.discarded")) == 1
 
 
 async def test_reading_to_the_end_or_awaiting_the_result_cancels_nothing(model: ScriptedModel, make_engine: Any) -> None:

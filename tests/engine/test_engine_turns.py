@@ -177,6 +177,19 @@ async def test_event_sink_gets_every_event_in_order(model: ScriptedModel, make_e
     assert sunk[-1] == {"type": "turn_end", "turnId": turn.turn_id, "stopReason": "end_turn", "usage": result.usage}
 
 
+async def test_a_failing_event_sink_is_a_ui_error_and_the_turn_goes_on(model: ScriptedModel, make_engine: Any,
+                                                                       diagnostics: Diagnostics) -> None:
+    model.script(Reply(text("fine")))
+
+    def sink(event: dict[str, Any]) -> None:
+        raise OSError("the UI store is away")
+
+    engine = await make_engine(event_sink=sink)
+    events, result = await run(engine.prompt("q"))
+    assert result.stop_reason == "end_turn" and text_of(events) == "fine"
+    assert diagnostics.of("ui.error") and diagnostics.of("ui.error")[0]["error"] == "OSError"
+
+
 async def test_event_sink_hears_a_yield_before_the_yield_record_is_appended(
     model: ScriptedModel, make_engine: Any
 ) -> None:
@@ -246,7 +259,7 @@ async def test_transport_diagnostics(model: ScriptedModel, make_engine: Any, dia
     engine = await make_engine()
     await run(engine.prompt("q"))
     kinds = [e["type"] for e in diagnostics if e["type"].startswith("transport.")]
-    assert kinds[0] == "transport.request"
+    assert kinds[0] == "transport.start"
     response = diagnostics.of("transport.response")[0]
     assert response["status"] == 200 and isinstance(response["elapsedMs"], int)
     activity = diagnostics.of("transport.activity")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pytest
@@ -97,6 +98,9 @@ def test_results_are_strings_json_or_typed() -> None:
     assert format_result(None) == ("null", [], False)
     typed = format_result({"type": "fx.tool-result", "text": "t", "images": [], "isError": True})
     assert typed == ("t", [], True)
+    image = {"data": base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 32).decode(), "mimeType": "image/png"}
+    assert format_result({"type": "libfx.tool-result", "text": "t", "images": [image]}) == (
+        format_result({"type": "fx.tool-result", "text": "t", "images": [image]}))  # libfx's tag
     with pytest.raises(ValueError, match="at most 8"):
         format_result({"type": "fx.tool-result", "text": "t", "images": [{"data": ""}] * 9})
     with pytest.raises(TypeError):
