@@ -34,6 +34,7 @@ test: $(STAMP)
 	  echo "make test needs redis-server on PATH (Debian/Ubuntu: apt-get install redis-server;" \
 	       "macOS: brew install redis) or FX_TEST_REDIS_URL=redis://host:port/db"; exit 1; }
 	$(BIN)/python setup.py --quiet build_ext --inplace
+	$(BIN)/python -m mypy  # strict, both packages ([tool.mypy] in pyproject.toml)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	FXENGINE_NO_EXTENSIONS=1 $(BIN)/python -m pytest -m "not slow and not celery and not browser and not cluster" tests/engine $(PYTEST_ARGS)
 

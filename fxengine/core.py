@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from .codes import Code
 from .conversation import Conversation
 from .errors import FxInputError
 from .events import Event
@@ -99,7 +100,7 @@ class EngineCore:
     def check_images(self, blocks: list[dict[str, Any]]) -> None:
         """`FX_MODEL_NO_IMAGES` for blocks with an image when the model takes none."""
         if not self.takes_images and any(block.get("type") == "image" for block in blocks):
-            raise FxInputError(f"model {self.spec.id} does not take images", code="FX_MODEL_NO_IMAGES")
+            raise FxInputError(f"model {self.spec.id} does not take images", code=Code.MODEL_NO_IMAGES)
 
     # diagnostics
 

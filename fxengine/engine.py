@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from .codes import Code
 from .core import EngineCore, EventSink, OnEvent
 from .errors import FxError, FxInputError, FxJournalAppendError
 from .ids import new_turn_id
@@ -162,13 +163,13 @@ class Engine:
 
     def _check_usable(self) -> None:
         if self._closed:
-            raise FxError("the engine is closed", code="FX_ENGINE_CLOSED")
+            raise FxError("the engine is closed", code=Code.ENGINE_CLOSED)
         if self._broken is not None:
             raise self._broken
         if self._detached:
-            raise FxError("this engine detached from its session; create a new engine to continue", code="FX_DETACHED")
+            raise FxError("this engine detached from its session; create a new engine to continue", code=Code.DETACHED)
         if self._running is not None:
-            raise FxError("a turn is already running on this engine (one prompt at a time)", code="FX_TURN_RUNNING")
+            raise FxError("a turn is already running on this engine (one prompt at a time)", code=Code.TURN_RUNNING)
 
     def prompt(self, input: str | Sequence[Any], *, yield_at: float | None = None, turn_id: str | None = None) -> Turn:
         """Starts a turn and returns it at once.
@@ -327,7 +328,8 @@ class Engine:
     @property
     def messages(self) -> list[dict[str, Any]]:
         """A copy of the history (provider-neutral messages)."""
-        return json.loads(json.dumps(self.core.conversation.messages))
+        messages: list[dict[str, Any]] = json.loads(json.dumps(self.core.conversation.messages))
+        return messages
 
     @property
     def model_id(self) -> str:

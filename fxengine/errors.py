@@ -19,11 +19,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from .codes import Code
+
 
 class FxError(Exception):
     """Base class; `code` is the stable machine-readable `FX_` code."""
 
-    code = "FX_ERROR"
+    code: str = Code.ERROR
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
@@ -41,13 +43,13 @@ class FxError(Exception):
 class FxInputError(FxError, ValueError):
     """Raised for input refused before anything was sent to a model or stored."""
 
-    code = "FX_INVALID_INPUT"
+    code = Code.INVALID_INPUT
 
 
 class FxLimitError(FxInputError):
     """Raised when input exceeds a documented limit of docs/design.md §10."""
 
-    code = "FX_LIMIT"
+    code = Code.LIMIT
 
 
 class FxModelUnsupportedError(FxInputError):
@@ -59,7 +61,7 @@ class FxModelUnsupportedError(FxInputError):
         supported: for effort, the levels the model offers (else empty).
     """
 
-    code = "FX_MODEL_UNSUPPORTED"
+    code = Code.MODEL_UNSUPPORTED
 
     def __init__(self, message: str, *, code: str | None = None, model: str, capability: str,
                  supported: tuple[str, ...] = ()) -> None:
@@ -78,41 +80,41 @@ class FxModelUnsupportedError(FxInputError):
 class FxToolDefinitionError(FxInputError):
     """Raised at creation when a tool is malformed (for example, no `idempotent`)."""
 
-    code = "FX_TOOL_INVALID"
+    code = Code.TOOL_INVALID
 
 
 class FxSteerDeferredError(FxInputError):
     """Raised by `Turn.steer` for a steer with images: it cannot join the running turn, which
     ends at its next safe point; the caller runs the steer as the next prompt."""
 
-    code = "FX_STEER_NEXT_TURN"
+    code = Code.STEER_NEXT_TURN
 
 
 class FxProviderError(FxError):
     """Raised when the model provider fails in a way the turn cannot recover from."""
 
-    code = "FX_PROVIDER_ERROR"
+    code = Code.PROVIDER_ERROR
 
 
 class FxJournalError(FxError):
     """Raised when a journal record or checkpoint does not parse."""
 
-    code = "FX_JOURNAL_INVALID"
+    code = Code.JOURNAL_INVALID
 
 
 class FxJournalVersionError(FxJournalError):
     """Raised when a journal or checkpoint was written by a newer fxengine."""
 
-    code = "FX_JOURNAL_VERSION"
+    code = Code.JOURNAL_VERSION
 
 
 class FxFencedError(FxError):
     """Raised by a store when the writer no longer heads the session (stale `expected` or epoch)."""
 
-    code = "FX_FENCED"
+    code = Code.FENCED
 
 
 class FxJournalAppendError(FxError):
     """Raised by a turn whose journal append failed; `__cause__` is the store's error."""
 
-    code = "FX_JOURNAL_APPEND_FAILED"
+    code = Code.JOURNAL_APPEND_FAILED

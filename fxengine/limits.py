@@ -18,6 +18,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from .codes import Code
 from .errors import FxInputError, FxLimitError
 
 KIB = 1024
@@ -109,19 +110,19 @@ def check_prompt_input(input: str | list[Any] | tuple[Any, ...], *, json_only: b
                 raise FxInputError(f"text block {index} needs `text` as a string")
             text_bytes += _utf8_size(value, f"text block {index}")
             if text_bytes > PROMPT_TEXT_MAX_BYTES:
-                raise FxLimitError("prompt text is over 1 MiB", code="FX_LIMIT_PROMPT_TEXT")
+                raise FxLimitError("prompt text is over 1 MiB", code=Code.LIMIT_PROMPT_TEXT)
             has_content = has_content or bool(value.strip())
             out.append({"type": "text", "text": value})
         elif kind == "image":
             images += 1
             if images > PROMPT_IMAGES_MAX:
-                raise FxLimitError(f"a prompt takes at most {PROMPT_IMAGES_MAX} images", code="FX_LIMIT_IMAGE_COUNT")
+                raise FxLimitError(f"a prompt takes at most {PROMPT_IMAGES_MAX} images", code=Code.LIMIT_IMAGE_COUNT)
             raw = _image_bytes(block, index, json_only=json_only)
             if len(raw) > IMAGE_MAX_BYTES:
-                raise FxLimitError(f"image {index} is {len(raw)} bytes, over 3.75 MiB", code="FX_LIMIT_IMAGE_SIZE")
+                raise FxLimitError(f"image {index} is {len(raw)} bytes, over 3.75 MiB", code=Code.LIMIT_IMAGE_SIZE)
             image_bytes += len(raw)
             if image_bytes > IMAGES_TOTAL_MAX_BYTES:
-                raise FxLimitError("prompt images are over 6 MiB together", code="FX_LIMIT_IMAGES_TOTAL")
+                raise FxLimitError("prompt images are over 6 MiB together", code=Code.LIMIT_IMAGES_TOTAL)
             sniffed = sniff_image_type(raw)
             if sniffed is None:
                 raise FxInputError(f"image {index} is not PNG, JPEG, GIF or WebP")
@@ -167,7 +168,7 @@ def stage_prompt_input(input: object, *, json_only: bool = False) -> list[Any]:
         if isinstance(block, Mapping) and block.get("type") == "image":
             images += 1
             if images > PROMPT_IMAGES_MAX:
-                raise FxLimitError(f"a prompt takes at most {PROMPT_IMAGES_MAX} images", code="FX_LIMIT_IMAGE_COUNT")
+                raise FxLimitError(f"a prompt takes at most {PROMPT_IMAGES_MAX} images", code=Code.LIMIT_IMAGE_COUNT)
             raw = _image_bytes(block, index, json_only=json_only)
             claimed = block.get("mimeType", block.get("mime_type"))
             if claimed is not None and not isinstance(claimed, str):
@@ -256,7 +257,7 @@ async def prepare_prompt_input(
     blocks = resize_prompt_images(stage_prompt_input(input, json_only=json_only), resize_image)
     if inspect.isawaitable(blocks):
         blocks = await blocks
-    return check_prompt_input(blocks)  # type: ignore[arg-type]
+    return check_prompt_input(blocks)
 
 
 def prompt_text(blocks: list[Block]) -> str:
@@ -276,18 +277,18 @@ def check_steer_text(text: object, *, queued: int = 0, queued_bytes: int = 0) ->
         raise FxInputError("steer text must be a non-empty string")
     size = _utf8_size(text, "steer text")
     if size > STEER_TEXT_MAX_BYTES:
-        raise FxLimitError("a steer is at most 64 KiB", code="FX_LIMIT_STEER_SIZE")
+        raise FxLimitError("a steer is at most 64 KiB", code=Code.LIMIT_STEER_SIZE)
     if queued + 1 > STEER_QUEUE_MAX:
-        raise FxLimitError("steering queue is full (64 messages)", code="FX_LIMIT_STEER_QUEUE")
+        raise FxLimitError("steering queue is full (64 messages)", code=Code.LIMIT_STEER_QUEUE)
     if queued_bytes + size > STEER_QUEUE_MAX_BYTES:
-        raise FxLimitError("steering queue is full (1 MiB)", code="FX_LIMIT_STEER_QUEUE_BYTES")
+        raise FxLimitError("steering queue is full (1 MiB)", code=Code.LIMIT_STEER_QUEUE_BYTES)
     return text
 
 
 def check_message_id(message_id: object) -> str:
     """A message id: 1 to 128 of ``A-Z a-z 0-9 . _ : -`` (`FX_INVALID_INPUT` otherwise)."""
     if not isinstance(message_id, str) or not _MESSAGE_ID.fullmatch(message_id):
-        raise FxInputError("a message id is 1 to 128 of A-Z a-z 0-9 . _ : -", code="FX_INVALID_MESSAGE_ID")
+        raise FxInputError("a message id is 1 to 128 of A-Z a-z 0-9 . _ : -", code=Code.INVALID_MESSAGE_ID)
     return message_id
 
 
@@ -326,7 +327,7 @@ def check_instructions(instructions: object) -> str | None:
     if not isinstance(instructions, str):
         raise FxInputError(f"instructions must be a string or a list of strings, got {type(instructions).__name__}")
     if len(instructions.encode("utf-8", "surrogatepass")) > INSTRUCTIONS_MAX_BYTES:
-        raise FxLimitError("instructions are over 64 KiB", code="FX_LIMIT_INSTRUCTIONS")
+        raise FxLimitError("instructions are over 64 KiB", code=Code.LIMIT_INSTRUCTIONS)
     if not is_utf8(instructions):
         raise FxInputError("instructions contain a lone surrogate (text that is not valid Unicode)")
     return instructions or None
@@ -348,7 +349,7 @@ def check_context(context: object) -> Any:
     def walk(value: object, path: str, depth: int) -> Any:
         budget[0] -= 1
         if budget[0] < 0:
-            raise FxLimitError(f"context is over {CONTEXT_MAX_BYTES // KIB} KiB of JSON", code="FX_LIMIT_CONTEXT")
+            raise FxLimitError(f"context is over {CONTEXT_MAX_BYTES // KIB} KiB of JSON", code=Code.LIMIT_CONTEXT)
         if value is None or isinstance(value, bool):
             return value
         if isinstance(value, int):
@@ -363,7 +364,7 @@ def check_context(context: object) -> Any:
             return value
         if isinstance(value, (Mapping, list, tuple)):
             if depth >= CONTEXT_MAX_DEPTH:
-                raise FxLimitError(f"context nests deeper than {CONTEXT_MAX_DEPTH} levels", code="FX_LIMIT_CONTEXT")
+                raise FxLimitError(f"context nests deeper than {CONTEXT_MAX_DEPTH} levels", code=Code.LIMIT_CONTEXT)
             if isinstance(value, Mapping):
                 out: dict[str, Any] = {}
                 for key, item in value.items():
@@ -381,5 +382,5 @@ def check_context(context: object) -> Any:
     plain = walk(context, "", 0)
     size = len(json.dumps(plain, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8"))
     if size > CONTEXT_MAX_BYTES:
-        raise FxLimitError(f"context is {size} bytes of JSON, over {CONTEXT_MAX_BYTES // KIB} KiB", code="FX_LIMIT_CONTEXT")
+        raise FxLimitError(f"context is {size} bytes of JSON, over {CONTEXT_MAX_BYTES // KIB} KiB", code=Code.LIMIT_CONTEXT)
     return plain

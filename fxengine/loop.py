@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import events as ev
+from .codes import Code
 from .errors import FxError, FxInputError, FxJournalAppendError, FxSteerDeferredError
 from .ids import new_steer_id, now_ms
 from .journal.journal import JournalStopped
@@ -130,7 +131,7 @@ class TurnRunner:
 
     def steer(self, input: str | list[Any], steer_id: str | None) -> None:
         if not self._accepting or self.result_future.done():
-            raise FxInputError("no prompt is running", code="FX_TURN_ENDED")
+            raise FxInputError("no prompt is running", code=Code.TURN_ENDED)
         if not isinstance(input, str):
             blocks = check_prompt_input(input)
             if has_images(blocks):
@@ -216,7 +217,7 @@ class TurnRunner:
         except FxError as exc:
             outcome = ("error", exc.to_dict())
         except Exception as exc:  # a bug must end the turn visibly, not hang it
-            outcome = ("error", {"code": "FX_ERROR", "message": f"internal error: {type(exc).__name__}: {exc}"})
+            outcome = ("error", {"code": Code.ERROR, "message": f"internal error: {type(exc).__name__}: {exc}"})
         self._finishing = True
         self._accepting = False
         finisher = asyncio.get_running_loop().create_task(self._finish(outcome))
@@ -230,8 +231,8 @@ class TurnRunner:
 
     def _failure_result(self, usage: dict[str, int]) -> TurnResult:
         exc = self._failure
-        cause = exc.to_dict() if isinstance(exc, FxError) else {"code": "FX_ERROR", "message": str(exc)}
-        error = {"code": "FX_JOURNAL_APPEND_FAILED", "message": f"the journal append failed: {exc}", "cause": cause}
+        cause = exc.to_dict() if isinstance(exc, FxError) else {"code": Code.ERROR, "message": str(exc)}
+        error = {"code": Code.JOURNAL_APPEND_FAILED, "message": f"the journal append failed: {exc}", "cause": cause}
         return TurnResult("error", usage, error)
 
     async def _finish(self, outcome: tuple[str, dict[str, Any] | None] | None) -> None:
@@ -268,7 +269,7 @@ class TurnRunner:
                     result = TurnResult(stop, usage, error)
                     await core.save_checkpoint()
         except Exception as exc:  # never leave a caller waiting on result()
-            result = TurnResult("error", usage, {"code": "FX_ERROR", "message": f"internal error: {exc!r}"})
+            result = TurnResult("error", usage, {"code": Code.ERROR, "message": f"internal error: {exc!r}"})
         self._on_finish(self)
         self.events.close()
         self.result_future.set_result(result)
@@ -294,7 +295,7 @@ class TurnRunner:
                 return ("error", self._refused.to_dict())
             if conv.open is not None:
                 stale = {"stopReason": "cancelled", "usage": conv.open.usage, "error": {
-                    "code": "FX_TURN_INTERRUPTED", "message": "a new prompt ended this turn, which an earlier engine left open"}}
+                    "code": Code.TURN_INTERRUPTED, "message": "a new prompt ended this turn, which an earlier engine left open"}}
                 core.report_end("turn_end", conv.open.id, stale)
                 core.commit("turn_end", stale, marks=[{"end": True}])
             assert self._blocks is not None

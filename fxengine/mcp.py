@@ -57,7 +57,8 @@ def _dump(value: Any) -> dict[str, Any]:
     """An SDK object (pydantic, camelCase on the wire) or a dict, as a plain wire dict."""
     if isinstance(value, Mapping):
         return dict(value)
-    return value.model_dump(by_alias=True, mode="json", exclude_none=True)
+    dumped: dict[str, Any] = value.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return dumped
 
 
 def _server_instructions(session: Any) -> str:

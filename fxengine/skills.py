@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .codes import Code
 from .errors import FxToolDefinitionError
 from .tools.definition import Tool, ToolContext, check_tools
 
@@ -30,7 +31,7 @@ LOAD_TOOL = "load_skill"
 
 def _invalid(message: str) -> FxToolDefinitionError:
     """The error of a malformed `SKILL.md` or skill: `FX_SKILL_INVALID`."""
-    return FxToolDefinitionError(message, code="FX_SKILL_INVALID")
+    return FxToolDefinitionError(message, code=Code.SKILL_INVALID)
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,9 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
+from fxengine.codes import Code
 from fxengine.engine import check_max_model_turns
 from fxengine.errors import FxInputError
 from fxengine.limits import (
@@ -43,7 +44,8 @@ from fxengine.limits import (
     prepare_prompt_input,
     prompt_text,
 )
-from fxengine.providers import PROVIDER_NAMES, CatalogCache, Provider, resolve_provider
+from fxengine.providers import CatalogCache, Provider, resolve_provider
+from fxengine.providers.check import PROVIDER_NAMES
 from fxengine.tools import check_tools
 from fxengine.turn import TurnResult
 
@@ -67,6 +69,7 @@ from .store.timed import TimedStore
 from .wakers import CeleryWaker, Waker
 
 log = logging.getLogger("fxworker.agent")
+T = TypeVar("T")
 
 _AGENT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 MODEL_EVENT_TYPES = frozenset({"text_delta", "reasoning_delta", "tool_start", "tool_end", "user_message"})
@@ -148,7 +151,7 @@ class Agent:
             raise FxConfigError(f"agent name must be 1 to 64 of A-Z a-z 0-9 . _ -, got {name!r}")
         if provider is not None and not isinstance(provider, (dict, Provider)) and provider not in PROVIDER_NAMES:
             raise FxInputError("provider must be gateway, codex, grok or a custom provider dict {name, base_url, models}",
-                               code="FX_PROVIDER_INVALID")
+                               code=Code.PROVIDER_INVALID)
         if api_key is not None and not isinstance(api_key, str):
             raise FxInputError("api_key must be a string")
         if provider == "gateway":
@@ -335,7 +338,7 @@ class Session:
         if has_images(blocks):
             spec = self.agent.check_model(self.model if self.model is not None else self.agent.model)
             if spec.entry is not None and not spec.entry.supports_images:
-                raise FxInputError(f"model {spec.id} does not take images", code="FX_MODEL_NO_IMAGES")
+                raise FxInputError(f"model {spec.id} does not take images", code=Code.MODEL_NO_IMAGES)
         return blocks
 
     async def _wake(self, owner: str, reason: str) -> None:
@@ -617,11 +620,15 @@ class BlockingTurn:
         return _loop().run(self._turn.cancel())
 
 
+async def _anext(agen: AsyncIterator[T]) -> T:
+    return await agen.__anext__()
+
+
 def _iterate(agen: AsyncIterator[Any]) -> Iterator[Any]:
     loop = _loop()
     while True:
         try:
-            yield loop.run(agen.__anext__())
+            yield loop.run(_anext(agen))
         except StopAsyncIteration:
             return
 

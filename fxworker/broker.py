@@ -37,10 +37,12 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from queue import Empty
 from typing import Any
 from urllib.parse import parse_qs, quote
 
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
@@ -88,7 +90,7 @@ class QoS(kombu_redis.QoS):
             self._remove_from_indices(delivery_tag).execute()
         except ResponseError as exc:
             log.warning("acknowledging a message failed (%s): it will be delivered again", exc)
-        kombu_redis.virtual.QoS.ack(self, delivery_tag)
+        virtual.QoS.ack(self, delivery_tag)
 
     def reject(self, delivery_tag: Any, requeue: bool = False) -> None:
         try:
@@ -98,7 +100,7 @@ class QoS(kombu_redis.QoS):
                 self._remove_from_indices(delivery_tag).execute()
         except ResponseError as exc:
             log.warning("rejecting a message failed (%s): it will be delivered again", exc)
-        kombu_redis.virtual.QoS.ack(self, delivery_tag)
+        virtual.QoS.ack(self, delivery_tag)
 
     def restore_unacked(self, client: Any = None) -> None:
         try:
@@ -135,7 +137,7 @@ class Channel(kombu_redis.Channel):
                 self.client.connection.disconnect()
                 raise _reconnect(exc, "receiving") from exc
             if not dest__item:
-                raise kombu_redis.Empty()
+                raise Empty()
             dest, item = dest__item
             dest = bytes_to_str(dest).rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(dest)
@@ -149,7 +151,7 @@ class Channel(kombu_redis.Channel):
                 raise _reconnect(exc, "recording a received message") from exc
             return True
         finally:
-            self._in_poll = None
+            self._in_poll = None  # type: ignore[assignment]  # as kombu's own _brpop_read does
             flush = getattr(self, "_flush_brpop_reauth", None)
             if flush is not None:
                 flush()

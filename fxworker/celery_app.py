@@ -70,7 +70,7 @@ def make_celery_app(settings: Settings | None = None) -> Celery:
         accept_content=["json"],
         **broker.conf,
     )
-    app.fx_settings = settings  # type: ignore[attr-defined]
+    app.fx_settings = settings
     return app
 
 

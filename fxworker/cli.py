@@ -24,6 +24,8 @@ from typing import Any, NoReturn
 
 import click
 
+from fxengine.codes import Code
+
 from .errors import FxConfigError
 from .keys import queue_name
 from .settings import Settings
@@ -276,7 +278,7 @@ def _api_call(fn: Any, *, session: Any = None) -> Any:
         hint = ""
         if exc.status == 401:
             hint = " (set FX_API_TOKEN to the server's token)"
-        _fail(f"{exc.code}: {exc.message}{hint}", EXIT_UNREACHABLE if exc.code == "FX_CONNECT" else EXIT_REFUSED)
+        _fail(f"{exc.code}: {exc.message}{hint}", EXIT_UNREACHABLE if exc.code == Code.CONNECT else EXIT_REFUSED)
     except KeyboardInterrupt:
         followed = session() if session is not None else None
         hint = f"; follow it again with fx tail {followed}" if followed else ""

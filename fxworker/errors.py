@@ -43,73 +43,74 @@ no `FX_` code of its own; one that has ends the turn with that code).
 
 from __future__ import annotations
 
+from fxengine.codes import Code
 from fxengine.errors import FxError, FxFencedError, FxLimitError
 
 
 class FxWorkerError(FxError):
     """Base class of fxworker's own failures."""
 
-    code = "FX_WORKER_ERROR"
+    code = Code.WORKER_ERROR
 
 
 class FxInvalidSessionIdError(FxWorkerError, ValueError):
     """Raised when a session id does not match the store's id rule (§2)."""
 
-    code = "FX_INVALID_SESSION_ID"
+    code = Code.INVALID_SESSION_ID
 
 
 class FxInvalidMessageIdError(FxWorkerError, ValueError):
     """Raised when a message id is not 1-128 of `A-Z a-z 0-9 . _ : -` (§10)."""
 
-    code = "FX_INVALID_MESSAGE_ID"
+    code = Code.INVALID_MESSAGE_ID
 
 
 class FxInvalidCursorError(FxWorkerError, ValueError):
     """Raised when a stream cursor is not a non-negative integer (§10)."""
 
-    code = "FX_INVALID_CURSOR"
+    code = Code.INVALID_CURSOR
 
 
 class FxMessageIdInUseError(FxWorkerError):
     """Raised when a message id already names another kind of input (a steer reusing a prompt's id)."""
 
-    code = "FX_MESSAGE_ID_IN_USE"
+    code = Code.MESSAGE_ID_IN_USE
 
 
 class FxUnknownSessionError(FxWorkerError, LookupError):
     """Raised when the store holds no session with this id."""
 
-    code = "FX_UNKNOWN_SESSION"
+    code = Code.UNKNOWN_SESSION
 
 
 class FxStoreUnavailableError(FxWorkerError):
     """Raised when Redis cannot be reached or fails mid-call; the script either ran whole or not at all."""
 
-    code = "FX_STORE_UNAVAILABLE"
+    code = Code.STORE_UNAVAILABLE
 
 
 class FxStoreFullError(FxStoreUnavailableError):
     """Raised when Redis refuses a write because it reached `maxmemory` (an OOM reply); nothing was stored."""
 
-    code = "FX_STORE_FULL"
+    code = Code.STORE_FULL
 
 
 class FxSessionIncompleteError(FxWorkerError):
     """Raised when some of a session's keys are gone (evicted or deleted): it is not served on a half-gone history."""
 
-    code = "FX_SESSION_INCOMPLETE"
+    code = Code.SESSION_INCOMPLETE
 
 
 class FxAckUnsupportedError(FxWorkerError):
     """Raised when `ack="aof"` is asked of a Redis older than 7.2."""
 
-    code = "FX_ACK_UNSUPPORTED"
+    code = Code.ACK_UNSUPPORTED
 
 
 class FxAgentExistsError(FxWorkerError):
     """Raised when a second Agent is created with a name this process already has."""
 
-    code = "FX_AGENT_EXISTS"
+    code = Code.AGENT_EXISTS
 
 
 class FxNoAgentError(FxWorkerError):
@@ -117,7 +118,7 @@ class FxNoAgentError(FxWorkerError):
     `retry_at_ms`, when set, is when the store's backoff wants the session woken again, and
     `spare` says another wake is due then already (this one need not be delivered again)."""
 
-    code = "FX_NO_AGENT"
+    code = Code.NO_AGENT
 
     def __init__(self, message: str, *, retry_at_ms: int | None = None, spare: bool = False) -> None:
         super().__init__(message)
@@ -128,59 +129,59 @@ class FxNoAgentError(FxWorkerError):
 class FxQueueFullError(FxWorkerError, FxLimitError):
     """Raised when a steer would exceed the queued-steer limits of §6."""
 
-    code = "FX_LIMIT_QUEUE"
+    code = Code.LIMIT_QUEUE
 
 
 class FxConfigError(FxWorkerError):
     """Raised when a setting (usually an `FX_` variable) has a value that cannot be used."""
 
-    code = "FX_CONFIG"
+    code = Code.CONFIG
 
 
 class FxLeaseLostError(FxFencedError):
     """Raised when a write comes from a worker that no longer heads the epoch chain."""
 
-    code = "FX_FENCED"
+    code = Code.FENCED
 
 
 class FxUnknownAgentError(FxWorkerError, LookupError):
     """Raised by the web app when a request names an agent it does not serve."""
 
-    code = "FX_UNKNOWN_AGENT"
+    code = Code.UNKNOWN_AGENT
 
 
 class FxInvalidRequestError(FxWorkerError, ValueError):
     """Raised when an HTTP request body is not JSON or does not have the documented fields."""
 
-    code = "FX_INVALID_REQUEST"
+    code = Code.INVALID_REQUEST
 
 
 class FxBodyTooLargeError(FxWorkerError, FxLimitError):
     """Raised when an HTTP request body exceeds the 8 MiB cap; it is refused before parsing."""
 
-    code = "FX_LIMIT_BODY"
+    code = Code.LIMIT_BODY
 
 
 class FxStreamsFullError(FxWorkerError, FxLimitError):
     """Raised when a web process already has its most NDJSON streams open (503, try again shortly)."""
 
-    code = "FX_LIMIT_STREAMS"
+    code = Code.LIMIT_STREAMS
 
 
 class FxUnauthorizedError(FxWorkerError):
     """Raised when a request lacks the bearer token the web app requires, or carries a wrong one."""
 
-    code = "FX_UNAUTHORIZED"
+    code = Code.UNAUTHORIZED
 
 
 class FxForbiddenError(FxWorkerError):
     """Raised when the embedder's `authorize(request, session_id, action)` hook refuses a request."""
 
-    code = "FX_FORBIDDEN"
+    code = Code.FORBIDDEN
 
 
 class FxWakeRefusedError(FxWorkerError):
     """Raised for a wake delivery that is unsigned (FX_WAKE_UNSIGNED), signed wrong (FX_WAKE_SIGNATURE),
     too old or too far ahead (FX_WAKE_EXPIRED) or already seen (FX_WAKE_REPLAYED)."""
 
-    code = "FX_WAKE_SIGNATURE"
+    code = Code.WAKE_SIGNATURE

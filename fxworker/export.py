@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fxengine.codes import Code
 from fxengine.engine import create_engine
 from fxengine.errors import FxError
 from fxengine.persistence import Loaded, Mark
@@ -27,14 +28,16 @@ class SnapshotPersistence:
         self._loaded = loaded
 
     def __repr__(self) -> str:
-        return f"<SnapshotPersistence records={len(self._loaded.journal)} checkpoint={self._loaded.checkpoint is not None}>"
+        journal = self._loaded.journal
+        records = len(journal) if isinstance(journal, list) else "?"
+        return f"<SnapshotPersistence records={records} checkpoint={self._loaded.checkpoint is not None}>"
 
     async def load(self) -> Loaded:
         return self._loaded
 
     async def append(self, *, expected: str | None, idempotency_key: str, data: bytes, barrier: bool,
                      marks: list[Mark]) -> str:
-        raise FxError("a checkpoint export is read-only: nothing may be appended", code="FX_READ_ONLY")
+        raise FxError("a checkpoint export is read-only: nothing may be appended", code=Code.READ_ONLY)
 
 
 def _offline_provider(provider: Any) -> Any:

@@ -20,7 +20,8 @@ from __future__ import annotations
 import re
 
 # now_ms, new_ulid and new_steer_id are this module's public helpers as well.
-from fxengine.ids import CROCKFORD, STEER_PREFIX, new_steer_id, new_ulid, now_ms
+from fxengine.ids import CROCKFORD as CROCKFORD, STEER_PREFIX as STEER_PREFIX, new_steer_id as new_steer_id
+from fxengine.ids import new_ulid as new_ulid, now_ms as now_ms
 
 from .errors import FxInvalidMessageIdError, FxInvalidSessionIdError
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from fxengine.codes import Code
 from fxengine.errors import FxProviderError
 
 DEFAULT_PREFIX = "fx:refresh:"
@@ -75,7 +76,7 @@ def redis_refresh_lock(
         while not await _call(client.set(key, token, nx=True, px=max(1, int(ttl_s * 1000)))):
             if time.monotonic() >= deadline:
                 raise FxProviderError(f"the {ctx.get('provider')} refresh lock stayed taken for {wait_s:g} s",
-                                      code="FX_PROVIDER_REFRESH_LOCK")
+                                      code=Code.PROVIDER_REFRESH_LOCK)
             await asyncio.sleep(poll_s)
         try:
             return await fn()

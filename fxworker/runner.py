@@ -35,8 +35,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import deque
+from collections.abc import Awaitable
 from typing import Any
 
+from fxengine.codes import Code
 from fxengine.engine import create_engine
 from fxengine.errors import FxError, FxInputError
 from fxengine.limits import prompt_text
@@ -338,7 +340,7 @@ class Runner:
             if first and claim.open_turn is None and claim.deaths >= MAX_DEATHS:
                 # Its workers died (or failed past recording it) before its turn opened.
                 outcome = await self._settled(self._end_unstarted(entry, {
-                    "code": "FX_POISON_TURN",
+                    "code": Code.POISON_TURN,
                     "message": f"the worker taking this prompt died {claim.deaths} times before its turn "
                     "started; the prompt was dropped so the session can go on",
                 }))
@@ -348,7 +350,7 @@ class Runner:
             if outcome != "ended":
                 return outcome
 
-    async def _guarded(self, step: Any, entry: Any) -> str:
+    async def _guarded(self, step: Awaitable[str], entry: Any) -> str:
         """Awaits a turn's step; an exception that is not one of the runner's stops ends
         what it hit (`_end_failed`)."""
         try:
@@ -358,7 +360,7 @@ class Runner:
         except Exception as exc:  # noqa: BLE001 - every failure ends in a defined state
             return await self._end_failed(exc, entry)
 
-    async def _settled(self, ending: Any) -> str:
+    async def _settled(self, ending: Awaitable[str]) -> str:
         """Awaits the write that ends a turn or input; `Unsettled` when it cannot be stored."""
         try:
             return await ending
@@ -372,7 +374,7 @@ class Runner:
         if isinstance(exc, FxError):
             code, message = exc.code, str(exc)
         else:
-            code, message = "FX_TURN_FAILED", f"{type(exc).__name__}: {exc}"
+            code, message = Code.TURN_FAILED, f"{type(exc).__name__}: {exc}"
         return {"code": code, "message": mask_secret(message, self.agent.api_key)}
 
     def _session_error(self, error: dict[str, Any]) -> None:
@@ -445,7 +447,7 @@ class Runner:
         claim = self.claim
         waited_s = self.agent.settings.no_agent_give_up_s
         error = {
-            "code": "FX_NO_AGENT",
+            "code": Code.NO_AGENT,
             "message": f"no worker ran agent {claim.agent!r} for {waited_s:g} s; start a worker with that agent "
             "(FX_AGENTS) and prompt again",
         }
@@ -569,7 +571,7 @@ class Runner:
             # journal: end it in the store, without an engine.
             self.turn_id = open_turn.message_id
             error = {
-                "code": "FX_POISON_TURN",
+                "code": Code.POISON_TURN,
                 "message": f"the worker running this turn died {claim.deaths} times with no progress "
                 "between, the last one while loading it; the turn was cancelled so the session can go on",
             }
@@ -597,7 +599,7 @@ class Runner:
             return await self._end_open(
                 "cancelled",
                 {
-                    "code": "FX_POISON_TURN",
+                    "code": Code.POISON_TURN,
                     "message": f"the worker running this turn died {claim.deaths} times with no progress "
                     f"between (the last one {_poison_cause(in_flight)}); the turn was cancelled so the "
                     "session can go on",
@@ -609,7 +611,7 @@ class Runner:
                 return await self._end_open(
                     "cancelled",
                     {
-                        "code": "FX_DEADLINE_CUTOFFS",
+                        "code": Code.DEADLINE_CUTOFFS,
                         "message": f"the model request was cut off by the delivery deadline "
                         f"{claim.cutoffs} times in a row",
                     },
@@ -668,11 +670,11 @@ class Runner:
         if self.fenced:
             raise self._fenced_stop()
         error = result.error
-        if error and error.get("code") == "FX_JOURNAL_APPEND_FAILED":
+        if error and error.get("code") == Code.JOURNAL_APPEND_FAILED:
             if self._fenced_cause(result):
                 raise self._fenced_stop()
             cause = error.get("cause") if isinstance(error.get("cause"), dict) else {}
-            if cause.get("code") in ("FX_STORE_UNAVAILABLE", "FX_STORE_FULL"):
+            if cause.get("code") in (Code.STORE_UNAVAILABLE, Code.STORE_FULL):
                 # Redis went away (or is full) mid-turn: the turn stays open in the journal and the
                 # next delivery resumes it; nothing to write here.
                 log.warning("store lost mid-turn in %s; the turn resumes on the next delivery", self.session_id)
@@ -690,7 +692,7 @@ class Runner:
 
     def _fenced_cause(self, result: Any) -> bool:
         cause = result.error.get("cause") if isinstance(result.error, dict) else None
-        return bool(self.fenced or (isinstance(cause, dict) and cause.get("code") == "FX_FENCED"))
+        return bool(self.fenced or (isinstance(cause, dict) and cause.get("code") == Code.FENCED))
 
     async def _steps_seen(self, turn_id: str) -> set[int]:
         """The model steps of `turn_id` that have lines in the UI stream."""

@@ -94,6 +94,13 @@ class Settings:
             object.__setattr__(self, "store_url", self.redis_url)
         if self.broker_url is None and self.redis_url:
             object.__setattr__(self, "broker_url", self.redis_url)
+        # A turn must have time to run before it yields. (A sweep slower than the lease only
+        # delays a takeover, to lease_s + sweep_s: allowed.)
+        if self.reserve_s >= self.delivery_timeout_s:
+            raise FxConfigError(f"FX_RESERVE_S ({self.reserve_s:g}) must be less than FX_DELIVERY_TIMEOUT_S "
+                                f"({self.delivery_timeout_s:g}): a turn yields reserve_s before its deadline")
+        if self.ack not in ("primary", "aof", "replica"):
+            raise FxConfigError(f"FX_ACK must be primary, aof or replica, got {self.ack!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -122,36 +129,34 @@ class Settings:
             return raw in ("1", "true", "yes")
 
         ttl = text("FX_SESSION_TTL_S")
-        ack = text("FX_ACK") or "primary"
-        if ack not in ("primary", "aof", "replica"):
-            raise FxConfigError(f"FX_ACK must be primary, aof or replica, got {ack!r}")
+        default = cls()  # each default is written once, on its field
         return cls(
             redis_url=text("REDIS_URL"),
             store_url=text("FX_STORE_URL"),
             broker_url=text("FX_BROKER_URL"),
-            prefix=text("FX_PREFIX") or "fx",
+            prefix=text("FX_PREFIX") or default.prefix,
             agents_module=text("FX_AGENTS"),
-            delivery_timeout_s=number("FX_DELIVERY_TIMEOUT_S", 300.0, minimum=1.0),
-            reserve_s=number("FX_RESERVE_S", 30.0),
-            lease_s=number("FX_LEASE_S", 15.0, minimum=0.3),
+            delivery_timeout_s=number("FX_DELIVERY_TIMEOUT_S", default.delivery_timeout_s, minimum=1.0),
+            reserve_s=number("FX_RESERVE_S", default.reserve_s),
+            lease_s=number("FX_LEASE_S", default.lease_s, minimum=0.3),
             api_token=text("FX_API_TOKEN"),
             wake_secret=text("FX_WAKE_SECRET"),
-            web_request_timeout_s=number("FX_WEB_REQUEST_TIMEOUT_S", 30.0, minimum=0.1),
-            web_max_connections=int(number("FX_WEB_MAX_CONNECTIONS", 1000, minimum=1)),
+            web_request_timeout_s=number("FX_WEB_REQUEST_TIMEOUT_S", default.web_request_timeout_s, minimum=0.1),
+            web_max_connections=int(number("FX_WEB_MAX_CONNECTIONS", default.web_max_connections, minimum=1)),
             allowed_origins=tuple(o.strip() for o in (text("FX_ALLOWED_ORIGINS") or "").split(",") if o.strip()),
             ai_gateway_api_key=text("AI_GATEWAY_API_KEY"),
-            log_level=(text("FX_LOG_LEVEL") or "INFO").upper(),
+            log_level=(text("FX_LOG_LEVEL") or default.log_level).upper(),
             session_ttl_s=number("FX_SESSION_TTL_S", 0.0) if ttl else None,
-            ack=ack,
-            sweep_s=number("FX_SWEEP_S", 5.0, minimum=0.1),
-            worker_concurrency=int(number("FX_WORKER_CONCURRENCY", 100, minimum=1)),
-            url=(text("FX_URL") or "http://127.0.0.1:8000").rstrip("/"),
-            port=int(number("PORT", 8000, minimum=1)),
-            no_agent_retry_s=number("FX_NO_AGENT_RETRY_S", 30.0, minimum=0.1),
+            ack=text("FX_ACK") or default.ack,
+            sweep_s=number("FX_SWEEP_S", default.sweep_s, minimum=0.1),
+            worker_concurrency=int(number("FX_WORKER_CONCURRENCY", default.worker_concurrency, minimum=1)),
+            url=(text("FX_URL") or default.url).rstrip("/"),
+            port=int(number("PORT", default.port, minimum=1)),
+            no_agent_retry_s=number("FX_NO_AGENT_RETRY_S", default.no_agent_retry_s, minimum=0.1),
             metrics_port=int(number("FX_METRICS_PORT", 0, minimum=1)) if text("FX_METRICS_PORT") else None,
-            metrics_host=text("FX_METRICS_HOST") or "127.0.0.1",
-            redis_max_connections=int(number("FX_REDIS_MAX_CONNECTIONS", 200, minimum=1)),
+            metrics_host=text("FX_METRICS_HOST") or default.metrics_host,
+            redis_max_connections=int(number("FX_REDIS_MAX_CONNECTIONS", default.redis_max_connections, minimum=1)),
             allow_eviction=flag("FX_ALLOW_EVICTION"),
-            model_idle_timeout_s=number("FX_MODEL_IDLE_TIMEOUT_S", 120.0, minimum=0.1),
-            no_agent_give_up_s=number("FX_NO_AGENT_GIVE_UP_S", 86400.0, minimum=1.0),
+            model_idle_timeout_s=number("FX_MODEL_IDLE_TIMEOUT_S", default.model_idle_timeout_s, minimum=0.1),
+            no_agent_give_up_s=number("FX_NO_AGENT_GIVE_UP_S", default.no_agent_give_up_s, minimum=1.0),
         )

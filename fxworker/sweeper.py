@@ -16,6 +16,7 @@ import concurrent.futures
 import logging
 import os
 import threading
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .ids import now_ms
@@ -58,7 +59,7 @@ class Sweeper:
     its last renewal, not at the next full sweep (this needs `interval_s` < `lease_s`).
     """
 
-    def __init__(self, store: Any, *, interval_s: float, guard: Any, wake: Any) -> None:
+    def __init__(self, store: Any, *, interval_s: float, guard: Callable[[int], Awaitable[bool]], wake: Any) -> None:
         self.store = TimedStore(store)
         self.interval_s = interval_s
         self.guard = guard  # async callable(px_ms) -> bool: may this process sweep now?
@@ -168,7 +169,7 @@ class Sweeper:
 # ---------------------------------------------------------------- worker wiring (the embedded mode's: fxworker.embedded)
 
 
-def _redis_guard(settings: Settings) -> Any:
+def _redis_guard(settings: Settings) -> Callable[[int], Awaitable[bool]]:
     client: Any = None
     token = f"{os.getpid()}:{id(settings)}"
 

@@ -131,7 +131,7 @@ def _cancel_on_connection_loss_where_supported(sender: Any = None, **_: Any) -> 
 @signals.worker_init.connect
 def _import_agents(sender: Any = None, **_: Any) -> None:
     """Imports `FX_AGENTS` once per worker process, before it takes any task."""
-    settings: Settings = app.fx_settings  # type: ignore[attr-defined]
+    settings: Settings = app.fx_settings
     logging.getLogger("fxworker").setLevel(settings.log_level)
     for name in ("httpx", "httpcore"):
         # At the worker's INFO they would log a line per model request; a level set by
@@ -152,7 +152,7 @@ def _import_agents(sender: Any = None, **_: Any) -> None:
 def _on_ready(sender: Any = None, **_: Any) -> None:
     """Starts the process loop and the sweeper, then marks this worker ready in Redis."""
     global _sweeper
-    settings: Settings = app.fx_settings  # type: ignore[attr-defined]
+    settings: Settings = app.fx_settings
     loop = process_loop()
     loop.build_http_clients()  # off the first turns' path (each takes a few ms)
     if _sweeper is None:

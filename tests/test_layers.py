@@ -30,7 +30,7 @@ PACKAGES = ("fxengine", "fxworker")
 
 LAYERS: list[list[str]] = [
     # ------------------------------------------------------------------ fxengine
-    ["fxengine.errors", "fxengine._build", "fxengine.usage", "fxengine.ids"],
+    ["fxengine.codes", "fxengine.errors", "fxengine._build", "fxengine.usage", "fxengine.ids"],
     ["fxengine.limits", "fxengine.persistence"],
     ["fxengine.events", "fxengine.tools", "fxengine.providers", "fxengine.journal"],
     ["fxengine.models", "fxengine.mcp", "fxengine.skills"],

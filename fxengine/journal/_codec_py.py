@@ -25,7 +25,8 @@ _json_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 def encode_record(kind: str, body: dict[str, Any]) -> bytes:
     """Encodes one journal record (kind and a msgpack-ready body) with the version header."""
-    return _HEADER + msgpack.packb([kind, body], use_bin_type=True)
+    packed: bytes = msgpack.packb([kind, body], use_bin_type=True)
+    return _HEADER + packed
 
 
 def decode_record(data: bytes) -> tuple[str, dict[str, Any]]:

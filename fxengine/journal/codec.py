@@ -15,7 +15,7 @@ if extensions_disabled():
     BUILD = "pure"
 else:
     try:
-        from ._codec_c import JOURNAL_VERSION, decode_record, encode_line, encode_record  # type: ignore[no-redef]
+        from ._codec_c import JOURNAL_VERSION, decode_record, encode_line, encode_record  # type: ignore[no-redef, import-not-found]
     except ImportError:
         from ._codec_py import JOURNAL_VERSION, decode_record, encode_line, encode_record
 

@@ -160,9 +160,10 @@ class Journal:
                     if self._marks:
                         cursor = await self.persistence.append(expected=self.head, idempotency_key=f"{self.writer_id}:{seq}",
                                                                data=data, barrier=barrier, marks=marks)
-                    else:
-                        cursor = await self.persistence.append(expected=self.head, idempotency_key=f"{self.writer_id}:{seq}",
-                                                               data=data, barrier=barrier)
+                    else:  # a store written to libfx's interface: its append takes no marks
+                        store: Any = self.persistence
+                        cursor = await store.append(expected=self.head, idempotency_key=f"{self.writer_id}:{seq}",
+                                                    data=data, barrier=barrier)
                 except Exception as exc:  # fenced or not, a failed append stops the turn (§9)
                     self.failure = exc
                     for queued in batch:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from ..codes import Code
 from ..errors import FxJournalError, FxJournalVersionError
 from .codec import decode_record, encode_record
 
@@ -92,7 +93,7 @@ def encode_checkpoint(*, state: dict[str, Any], tools: str, model: str) -> bytes
         "checkpoint", {"v": FORMAT_VERSION, "engine": ENGINE_VERSION, "tools": tools, "model": model, "state": state}
     )
     if len(data) > CHECKPOINT_MAX_BYTES:
-        raise FxJournalError(f"the checkpoint is {len(data)} bytes, over 4 MiB", code="FX_JOURNAL_TOO_LARGE")
+        raise FxJournalError(f"the checkpoint is {len(data)} bytes, over 4 MiB", code=Code.JOURNAL_TOO_LARGE)
     return data
 
 
@@ -105,7 +106,7 @@ def decode_checkpoint(raw: bytes) -> dict[str, Any]:
     """
     raw = bytes(raw)
     if len(raw) > CHECKPOINT_MAX_BYTES:
-        raise FxJournalError(f"the checkpoint is {len(raw)} bytes, over 4 MiB", code="FX_JOURNAL_TOO_LARGE")
+        raise FxJournalError(f"the checkpoint is {len(raw)} bytes, over 4 MiB", code=Code.JOURNAL_TOO_LARGE)
     kind, body = decode_record(raw)
     if kind != "checkpoint":
         raise _invalid(f"record of kind {kind!r} is not a checkpoint", raw)

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from ..codes import Code
 from ..errors import FxInputError, FxProviderError
 from ..providers.base import MODEL_IDLE_TIMEOUT_S, WIRE_RESPONSES, ModelSpec, Provider
 from ..providers.credentials import mask_secrets
@@ -102,7 +103,7 @@ def build_request(
     """
     if spec.entry is not None and not spec.entry.supports_images and _holds_images(messages):
         raise FxInputError(f"model {spec.id} does not take images, and the conversation holds some",
-                           code="FX_MODEL_NO_IMAGES")
+                           code=Code.MODEL_NO_IMAGES)
     body: dict[str, Any] = {
         "model": spec.id,
         "messages": wire_messages(messages, instructions),
@@ -149,13 +150,13 @@ class AttemptFailed(Exception):
 
 def _status_error(status: int, message: str) -> FxProviderError:
     if status in (401, 403):
-        code = "FX_PROVIDER_AUTH"
+        code = Code.PROVIDER_AUTH
     elif status == 429:
-        code = "FX_PROVIDER_RATE_LIMITED"
+        code = Code.PROVIDER_RATE_LIMITED
     elif status >= 500:
-        code = "FX_PROVIDER_UNAVAILABLE"
+        code = Code.PROVIDER_UNAVAILABLE
     else:
-        code = "FX_PROVIDER_REJECTED"
+        code = Code.PROVIDER_REJECTED
     error = FxProviderError(f"the model provider answered HTTP {status}: {message}", code=code)
     error.status = status  # type: ignore[attr-defined]
     return error
@@ -168,8 +169,9 @@ def _error_message(body: bytes) -> str:
         return body.decode("utf-8", "replace")[:500].strip() or "no message"
     if isinstance(parsed, dict):
         inner = parsed.get("error", parsed)
-        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
-            return inner["message"][:2000]
+        message = inner.get("message") if isinstance(inner, dict) else None
+        if isinstance(message, str):
+            return message[:2000]
         if isinstance(inner, str):
             return inner[:2000]
     return json.dumps(parsed)[:500]
@@ -293,18 +295,18 @@ async def stream_attempt(
         raise
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         raise AttemptFailed(
-            FxProviderError(f"cannot reach the model provider ({type(exc).__name__})", code="FX_PROVIDER_UNREACHABLE"),
+            FxProviderError(f"cannot reach the model provider ({type(exc).__name__})", code=Code.PROVIDER_UNREACHABLE),
             retryable=True,
         ) from None
     except httpx.TimeoutException as exc:
         raise AttemptFailed(
-            FxProviderError(f"the model provider timed out ({type(exc).__name__})", code="FX_PROVIDER_TIMEOUT"),
+            FxProviderError(f"the model provider timed out ({type(exc).__name__})", code=Code.PROVIDER_TIMEOUT),
             retryable=True,
         ) from None
     except httpx.TransportError as exc:
         # The connection broke mid-body: the same as a cut stream.
         raise AttemptFailed(
-            FxProviderError(f"the model stream was cut ({type(exc).__name__})", code="FX_PROVIDER_STREAM_CUT"),
+            FxProviderError(f"the model stream was cut ({type(exc).__name__})", code=Code.PROVIDER_STREAM_CUT),
             retryable=True,
         ) from None
     outcome = decoder.finish()
@@ -314,7 +316,7 @@ async def stream_attempt(
         raise AttemptFailed(FxProviderError(f"the model provider failed: {message}"), retryable=False)
     if not outcome.done and outcome.finish_reason is None:
         raise AttemptFailed(
-            FxProviderError("the model stream ended before it finished", code="FX_PROVIDER_STREAM_CUT"), retryable=True
+            FxProviderError("the model stream ended before it finished", code=Code.PROVIDER_STREAM_CUT), retryable=True
         )
     out.finish_reason = outcome.finish_reason
     out.usage = clean_usage(outcome.usage)

@@ -20,7 +20,7 @@ if extensions_disabled():
     BUILD = "pure"
 else:
     try:
-        from ._sse_c import ChatStreamDecoder, StreamOutcome, ToolCallOut  # type: ignore[no-redef]
+        from ._sse_c import ChatStreamDecoder, StreamOutcome, ToolCallOut  # type: ignore[no-redef, import-not-found]
     except ImportError:
         from ._sse_py import ChatStreamDecoder, StreamOutcome, ToolCallOut
 

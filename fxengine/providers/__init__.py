@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..codes import Code
 from ..errors import FxInputError, FxProviderError
 from . import chatgpt, grok
 from .auth import CredentialSource
@@ -87,21 +88,25 @@ def resolve_provider(
     if isinstance(provider, Provider):
         if credentials is not None or on_credentials is not None or refresh_lock is not None:
             raise FxInputError("credentials callbacks go to the provider's own constructor, not with a Provider",
-                               code="FX_PROVIDER_INVALID")
+                               code=Code.PROVIDER_INVALID)
         return provider
     if provider is None or provider == "gateway":
         return gateway_provider(api_key=api_key, env=env, model_catalog=model_catalog)
     if isinstance(provider, str):
         if provider not in PLAN_PROVIDERS:
             raise FxInputError(f"provider must be one of {', '.join(PROVIDER_NAMES)} or a custom provider dict, "
-                               f"got {provider!r}", code="FX_PROVIDER_INVALID")
+                               f"got {provider!r}", code=Code.PROVIDER_INVALID)
         if credentials is None:
-            raise FxProviderError(f"provider {provider} needs credentials=", code="FX_PROVIDER_NO_CREDENTIALS")
+            raise FxProviderError(f"provider {provider} needs credentials=", code=Code.PROVIDER_NO_CREDENTIALS)
         models = parse_catalog(model_catalog) if model_catalog is not None else None
-        module = chatgpt if provider == "codex" else grok
-        return module.provider(credentials=credentials, models=models, **callbacks)
+        if provider == "codex":
+            return chatgpt.provider(credentials=credentials, models=models, on_credentials=on_credentials,
+                                    refresh_lock=refresh_lock)
+        return grok.provider(credentials=credentials, models=models, on_credentials=on_credentials,
+                             refresh_lock=refresh_lock)
     resolved = custom_provider(provider, api_key=api_key)
     if credentials is None:
         return resolved
-    source = CredentialSource(resolved.name, credentials=credentials, **callbacks)
+    source = CredentialSource(resolved.name, credentials=credentials, on_credentials=on_credentials,
+                              refresh_lock=refresh_lock)
     return dataclasses.replace(resolved, api_key=None, auth=source)

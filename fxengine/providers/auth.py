@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from ..codes import Code
 from ..errors import FxProviderError
 
 REFRESH_MARGIN_S = 120.0
@@ -77,17 +78,17 @@ def check_credentials(value: Any, provider: str) -> Credentials:
         return {"access_token": value}
     if not isinstance(value, Mapping):
         raise FxProviderError(f"credentials() gave no credentials for provider {provider}",
-                              code="FX_PROVIDER_NO_CREDENTIALS")
+                              code=Code.PROVIDER_NO_CREDENTIALS)
     creds = dict(value)
     if "access_token" not in creds and isinstance(creds.get("api_key"), str):
         creds["access_token"] = creds.pop("api_key")
     token = creds.get("access_token")
     if not isinstance(token, str) or not token:
         raise FxProviderError(f"credentials for provider {provider} have no access_token",
-                              code="FX_PROVIDER_NO_CREDENTIALS")
+                              code=Code.PROVIDER_NO_CREDENTIALS)
     expires_at = creds.get("expires_at")
     if expires_at is not None and (isinstance(expires_at, bool) or not isinstance(expires_at, (int, float))):
-        raise FxProviderError("credentials expires_at must be epoch milliseconds", code="FX_PROVIDER_NO_CREDENTIALS")
+        raise FxProviderError("credentials expires_at must be epoch milliseconds", code=Code.PROVIDER_NO_CREDENTIALS)
     return creds
 
 
@@ -118,10 +119,10 @@ class CredentialSource:
         clock: Callable[[], float] = time.time,
     ) -> None:
         if not callable(credentials):
-            raise FxProviderError("credentials must be a function credentials(ctx)", code="FX_PROVIDER_NO_CREDENTIALS")
+            raise FxProviderError("credentials must be a function credentials(ctx)", code=Code.PROVIDER_NO_CREDENTIALS)
         for name, fn in (("on_credentials", on_credentials), ("refresh_lock", refresh_lock)):
             if fn is not None and not callable(fn):
-                raise FxProviderError(f"{name} must be a function", code="FX_PROVIDER_INVALID")
+                raise FxProviderError(f"{name} must be a function", code=Code.PROVIDER_INVALID)
         self.provider = provider
         self._credentials = credentials
         self._on_credentials = on_credentials
@@ -182,7 +183,7 @@ class CredentialSource:
             raise
         except Exception as exc:  # noqa: BLE001 - the application's callback failed
             raise FxProviderError(f"credentials() raised {type(exc).__name__}",
-                                  code="FX_PROVIDER_NO_CREDENTIALS") from None
+                                  code=Code.PROVIDER_NO_CREDENTIALS) from None
         return self._remember(check_credentials(value, self.provider))
 
     async def headers(self, client: httpx.AsyncClient) -> dict[str, str]:
@@ -227,7 +228,7 @@ class CredentialSource:
                 return latest  # another server refreshed and saved them already
             if self._refresh is None:
                 raise FxProviderError(f"provider {self.provider} credentials cannot be refreshed",
-                                      code="FX_PROVIDER_AUTH")
+                                      code=Code.PROVIDER_AUTH)
             fresh = self._remember(await self._refresh(client, latest))
             if self._on_credentials is not None:
                 await call_back(self._on_credentials, dict(fresh), self.ctx)
@@ -237,4 +238,5 @@ class CredentialSource:
             return await refresh()
         ctx = {**self.ctx, "account_id": stale.get("account_id")}
         result = self._refresh_lock(ctx, refresh)
-        return await result if inspect.isawaitable(result) else result
+        creds: Credentials = await result if inspect.isawaitable(result) else result
+        return creds

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from ..codes import Code
 from ..errors import FxProviderError
 from .base import ModelEntry
 from .credentials import gateway_base_url, gateway_key, mask_secret
@@ -92,17 +93,17 @@ def fetch_catalog(*, api_key: str | None = None, base_url: str | None = None,
                              timeout=timeout)
     except httpx.HTTPError as exc:
         raise FxProviderError(f"cannot fetch the model catalog ({type(exc).__name__})",
-                              code="FX_PROVIDER_UNREACHABLE") from None
+                              code=Code.PROVIDER_UNREACHABLE) from None
     if response.status_code != 200:
-        code = ("FX_PROVIDER_AUTH" if response.status_code in (401, 403) else
-                "FX_PROVIDER_UNAVAILABLE" if response.status_code >= 500 else "FX_PROVIDER_REJECTED")
+        code = (Code.PROVIDER_AUTH if response.status_code in (401, 403) else
+                Code.PROVIDER_UNAVAILABLE if response.status_code >= 500 else Code.PROVIDER_REJECTED)
         text = mask_secret(response.text[:500], key)
         raise FxProviderError(f"the model catalog answered HTTP {response.status_code}: {text}", code=code)
     try:
         return parse_catalog(json.loads(response.text))
     except (ValueError, FxProviderError):
         raise FxProviderError("the model catalog is not JSON of the Gateway's shape",
-                              code="FX_PROVIDER_REJECTED") from None
+                              code=Code.PROVIDER_REJECTED) from None
 
 
 def list_models(api_key: str | None = None, *, base_url: str | None = None,

@@ -43,8 +43,9 @@ def account_of(tokens: Mapping[str, Any]) -> str | None:
     """The ChatGPT account id in a token response (the id or access token's auth claim)."""
     for key in ("id_token", "access_token"):
         auth = oauth.jwt_claims(tokens.get(key)).get(_AUTH_CLAIM)
-        if isinstance(auth, Mapping) and isinstance(auth.get("chatgpt_account_id"), str):
-            return auth["chatgpt_account_id"]
+        account = auth.get("chatgpt_account_id") if isinstance(auth, Mapping) else None
+        if isinstance(account, str):
+            return account
     return None
 
 

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from ..codes import Code
 from ..errors import FxInputError, FxModelUnsupportedError, FxProviderError
 from ..limits import is_utf8
 from .base import ModelEntry, ModelSpec, Provider
@@ -43,7 +44,7 @@ def catalog_of(
     if provider is None or isinstance(provider, str):
         if isinstance(provider, str) and provider not in PROVIDER_NAMES:
             raise FxInputError(f"provider must be one of {', '.join(PROVIDER_NAMES)} or a custom provider dict, "
-                               f"got {provider!r}", code="FX_PROVIDER_INVALID")
+                               f"got {provider!r}", code=Code.PROVIDER_INVALID)
         return _parsed(model_catalog) if model_catalog is not None else None
     return custom_provider(provider).models
 
@@ -104,7 +105,7 @@ def check_model(
         name = provider.name if isinstance(provider, Provider) else (
             provider.get("name") if isinstance(provider, Mapping) else provider or "gateway")
         if entry is None:
-            raise FxInputError(f"provider {name} has no model {model_id}", code="FX_MODEL_UNKNOWN")
+            raise FxInputError(f"provider {name} has no model {model_id}", code=Code.MODEL_UNKNOWN)
         _check_settings(model_id, entry, effort, fast, ultrafast)
     return ModelSpec(model_id, effort, fast, ultrafast, entry)
 
@@ -116,13 +117,13 @@ def _check_settings(model_id: str, entry: ModelEntry, effort: str | None, fast: 
         shown = ", ".join(supported) if supported else "none"
         raise FxModelUnsupportedError(
             f"model {model_id} does not support effort {effort!r} (supported: {shown})",
-            code="FX_MODEL_UNSUPPORTED_EFFORT", model=model_id, capability="effort", supported=supported)
+            code=Code.MODEL_UNSUPPORTED_EFFORT, model=model_id, capability="effort", supported=supported)
     if fast and not entry.supports_fast:
         raise FxModelUnsupportedError(f"model {model_id} does not support fast",
-                                      code="FX_MODEL_UNSUPPORTED_FAST", model=model_id, capability="fast")
+                                      code=Code.MODEL_UNSUPPORTED_FAST, model=model_id, capability="fast")
     if ultrafast and not entry.supports_ultrafast:
         raise FxModelUnsupportedError(f"model {model_id} does not support ultrafast",
-                                      code="FX_MODEL_UNSUPPORTED_ULTRAFAST", model=model_id, capability="ultrafast")
+                                      code=Code.MODEL_UNSUPPORTED_ULTRAFAST, model=model_id, capability="ultrafast")
 
 
 def resolve_model(model: str | Mapping[str, Any], provider: Provider) -> ModelSpec:

@@ -6,6 +6,7 @@ import os
 import re
 from collections.abc import Mapping
 
+from ..codes import Code
 from ..errors import FxProviderError
 
 GATEWAY_BASE_URL = "https://ai-gateway.vercel.sh/v1"
@@ -29,7 +30,7 @@ def gateway_key(api_key: str | None, env: Mapping[str, str] | None = None) -> st
             return value
     raise FxProviderError(
         "no AI Gateway key: pass api_key= or set AI_GATEWAY_API_KEY (or VERCEL_OIDC_TOKEN)",
-        code="FX_PROVIDER_NO_CREDENTIALS",
+        code=Code.PROVIDER_NO_CREDENTIALS,
     )
 
 

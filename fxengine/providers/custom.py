@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..codes import Code
 from ..errors import FxInputError
 from .base import ModelEntry, Provider
 
@@ -35,18 +36,18 @@ def _is_loopback(host: str) -> bool:
 def check_base_url(url: Any) -> str:
     """A provider base URL: HTTPS, or HTTP on loopback only (`FX_PROVIDER_INVALID`)."""
     if not isinstance(url, str) or not url or len(url) > URL_MAX_CHARS:
-        raise FxInputError("provider base_url must be a URL string", code="FX_PROVIDER_INVALID")
+        raise FxInputError("provider base_url must be a URL string", code=Code.PROVIDER_INVALID)
     parts = urlsplit(url)
     host = parts.hostname or ""
     if not host:
-        raise FxInputError(f"provider base_url {url!r} has no host", code="FX_PROVIDER_INVALID")
+        raise FxInputError(f"provider base_url {url!r} has no host", code=Code.PROVIDER_INVALID)
     if parts.scheme == "https":
         return url
     if parts.scheme == "http" and _is_loopback(host):
         return url
     raise FxInputError(
         f"provider base_url must be https (plain http only to a loopback host), got {parts.scheme}://{host}",
-        code="FX_PROVIDER_INVALID",
+        code=Code.PROVIDER_INVALID,
     )
 
 
@@ -54,7 +55,7 @@ def _positive_int(value: Any, what: str) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise FxInputError(f"{what} must be a positive integer", code="FX_PROVIDER_INVALID")
+        raise FxInputError(f"{what} must be a positive integer", code=Code.PROVIDER_INVALID)
     return value
 
 
@@ -62,23 +63,23 @@ def _bool(value: Any, what: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise FxInputError(f"{what} must be a boolean", code="FX_PROVIDER_INVALID")
+        raise FxInputError(f"{what} must be a boolean", code=Code.PROVIDER_INVALID)
     return value
 
 
 def parse_models(models: Any) -> dict[str, ModelEntry]:
     """Validates a `models` mapping of id -> entry."""
     if not isinstance(models, Mapping) or not models:
-        raise FxInputError("provider models must be a non-empty object of model id -> entry", code="FX_PROVIDER_INVALID")
+        raise FxInputError("provider models must be a non-empty object of model id -> entry", code=Code.PROVIDER_INVALID)
     out: dict[str, ModelEntry] = {}
     for model_id, raw in models.items():
         if not isinstance(model_id, str) or not model_id or len(model_id.encode()) > 1024:
-            raise FxInputError(f"model id {model_id!r} is invalid", code="FX_PROVIDER_INVALID")
+            raise FxInputError(f"model id {model_id!r} is invalid", code=Code.PROVIDER_INVALID)
         if not isinstance(raw, Mapping):
-            raise FxInputError(f"model {model_id} entry must be an object", code="FX_PROVIDER_INVALID")
+            raise FxInputError(f"model {model_id} entry must be an object", code=Code.PROVIDER_INVALID)
         efforts = raw.get("efforts")
         if efforts is not None and (not isinstance(efforts, (list, tuple)) or not all(isinstance(e, str) for e in efforts)):
-            raise FxInputError(f"model {model_id} efforts must be a list of strings", code="FX_PROVIDER_INVALID")
+            raise FxInputError(f"model {model_id} efforts must be a list of strings", code=Code.PROVIDER_INVALID)
         out[model_id] = ModelEntry(
             context_window=_positive_int(raw.get("context_window"), f"model {model_id} context_window"),
             max_output_tokens=_positive_int(raw.get("max_output_tokens"), f"model {model_id} max_output_tokens"),
@@ -94,19 +95,19 @@ def parse_models(models: Any) -> dict[str, ModelEntry]:
 def custom_provider(spec: Any, *, api_key: str | None = None) -> Provider:
     """A `Provider` from a custom-provider dict; `api_key` overrides the dict's own key."""
     if not isinstance(spec, Mapping):
-        raise FxInputError("provider must be a dict {name, base_url, models}", code="FX_PROVIDER_INVALID")
+        raise FxInputError("provider must be a dict {name, base_url, models}", code=Code.PROVIDER_INVALID)
     name = spec.get("name")
     if not isinstance(name, str) or not name:
-        raise FxInputError("provider name must be a non-empty string", code="FX_PROVIDER_INVALID")
+        raise FxInputError("provider name must be a non-empty string", code=Code.PROVIDER_INVALID)
     base_url = check_base_url(spec.get("base_url"))
     key = api_key or spec.get("api_key")
     if key is not None and not isinstance(key, str):
-        raise FxInputError("provider api_key must be a string", code="FX_PROVIDER_INVALID")
+        raise FxInputError("provider api_key must be a string", code=Code.PROVIDER_INVALID)
     headers = spec.get("headers") or {}
     if not isinstance(headers, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
-        raise FxInputError("provider headers must map strings to strings", code="FX_PROVIDER_INVALID")
+        raise FxInputError("provider headers must map strings to strings", code=Code.PROVIDER_INVALID)
     idle = spec.get("idle_timeout_s")
     if idle is not None and (isinstance(idle, bool) or not isinstance(idle, (int, float)) or not idle > 0):
-        raise FxInputError("provider idle_timeout_s must be a positive number of seconds", code="FX_PROVIDER_INVALID")
+        raise FxInputError("provider idle_timeout_s must be a positive number of seconds", code=Code.PROVIDER_INVALID)
     return Provider(name, base_url, key or None, parse_models(spec.get("models")), dict(headers),
                     idle_timeout_s=float(idle) if idle is not None else None)

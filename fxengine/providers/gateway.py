@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .base import GATEWAY_BASE_URL, ModelEntry, Provider
+from .base import ModelEntry, Provider
 from .catalog import parse_catalog
-from .credentials import gateway_base_url, gateway_key
+from .credentials import GATEWAY_BASE_URL, gateway_base_url, gateway_key
 from .custom import check_base_url
 
 __all__ = ["GATEWAY_BASE_URL", "gateway_provider"]

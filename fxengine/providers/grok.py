@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from ..codes import Code
 from ..errors import FxInputError
 from . import oauth
 from .auth import CredentialSource, Credentials, bearer_headers
@@ -54,7 +55,7 @@ def config(*, client_id: str = CLIENT_ID, issuer: str = ISSUER, redirect_uri: st
     """The OAuth config of Grok sign-in, every endpoint under `issuer` unless overridden
     (`token_url=`, `authorize_url=`, `userinfo_url=`, ...; see `oauth.OAuthConfig`)."""
     if not isinstance(client_id, str) or not client_id:
-        raise FxInputError("grok sign-in needs the client_id of your xAI OAuth client", code="FX_PROVIDER_INVALID")
+        raise FxInputError("grok sign-in needs the client_id of your xAI OAuth client", code=Code.PROVIDER_INVALID)
     issuer = check_base_url(issuer).rstrip("/")
     base = oauth.OAuthConfig(
         provider=PROVIDER,

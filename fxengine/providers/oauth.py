@@ -31,6 +31,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx
 
+from ..codes import Code
 from ..errors import FxProviderError
 from .credentials import mask_secrets
 
@@ -119,7 +120,7 @@ async def _post(
         raw = response.text
     except httpx.HTTPError as exc:
         raise FxProviderError(f"cannot reach {config.provider}'s sign-in server ({type(exc).__name__})",
-                              code="FX_PROVIDER_UNREACHABLE") from None
+                              code=Code.PROVIDER_UNREACHABLE) from None
     finally:
         if own:
             await client.aclose()
@@ -146,7 +147,7 @@ async def _with_account(config: OAuthConfig, creds: dict[str, Any], http_client:
                                                                   "authorization": f"Bearer {creds['access_token']}"})
     except httpx.HTTPError as exc:
         raise FxProviderError(f"cannot reach {config.provider}'s user info endpoint ({type(exc).__name__})",
-                              code="FX_PROVIDER_UNREACHABLE") from None
+                              code=Code.PROVIDER_UNREACHABLE) from None
     finally:
         if own:
             await client.aclose()
@@ -166,8 +167,9 @@ def _error_name(body: Any) -> str | None:
         error = body.get("error")
         if isinstance(error, str):
             return error
-        if isinstance(error, Mapping) and isinstance(error.get("code"), str):
-            return error["code"]
+        code = error.get("code") if isinstance(error, Mapping) else None
+        if isinstance(code, str):
+            return code
     return None
 
 
@@ -175,7 +177,7 @@ def credentials_from(config: OAuthConfig, tokens: Any, *, now_s: float | None = 
     """Credentials from a token endpoint's answer (`FX_SIGN_IN_FAILED` when it has no token)."""
     if not isinstance(tokens, Mapping) or not isinstance(tokens.get("access_token"), str):
         raise FxProviderError(f"{config.provider}'s token endpoint answered without an access token",
-                              code="FX_SIGN_IN_FAILED")
+                              code=Code.SIGN_IN_FAILED)
     now_s = time.time() if now_s is None else now_s
     creds: dict[str, Any] = {"access_token": tokens["access_token"]}
     for key in ("refresh_token", "id_token"):
@@ -199,8 +201,8 @@ async def _token_request(config: OAuthConfig, form: dict[str, str], http_client:
     status, body, text = await _post(config, config.token_url, form=form, http_client=http_client, hide=hide)
     if status != 200:
         raise FxProviderError(f"{config.provider}'s token endpoint answered HTTP {status}: {text}",
-                              code="FX_SIGN_IN_FAILED")
-    return await _with_account(config, credentials_from(config, body), http_client, "FX_SIGN_IN_FAILED")
+                              code=Code.SIGN_IN_FAILED)
+    return await _with_account(config, credentials_from(config, body), http_client, Code.SIGN_IN_FAILED)
 
 
 # ------------------------------------------------------------------- authorization code
@@ -244,17 +246,19 @@ async def finish_sign_in(config: OAuthConfig, sign_in: Mapping[str, Any], pasted
             exchange.
     """
     if not isinstance(sign_in, Mapping) or not isinstance(sign_in.get("code_verifier"), str):
-        raise FxProviderError("finish_sign_in needs the dict start_sign_in returned", code="FX_SIGN_IN_FAILED")
+        raise FxProviderError("finish_sign_in needs the dict start_sign_in returned", code=Code.SIGN_IN_FAILED)
     if not isinstance(pasted_url, str):
-        raise FxProviderError("the pasted address must be a string", code="FX_SIGN_IN_FAILED")
+        raise FxProviderError("the pasted address must be a string", code=Code.SIGN_IN_FAILED)
     query = parse_qs(urlsplit(pasted_url.strip()).query)
     if "error" in query:
-        raise FxProviderError(f"{config.provider} sign-in failed: {query['error'][0][:200]}", code="FX_SIGN_IN_FAILED")
-    code = (query.get("code") or [None])[0]
+        raise FxProviderError(f"{config.provider} sign-in failed: {query['error'][0][:200]}", code=Code.SIGN_IN_FAILED)
+    codes = query.get("code")
+    code = codes[0] if codes else None
     if not code:
-        raise FxProviderError("the pasted address holds no authorization code", code="FX_SIGN_IN_FAILED")
-    if (query.get("state") or [None])[0] != sign_in.get("state"):
-        raise FxProviderError("the pasted address is from another sign-in (state differs)", code="FX_SIGN_IN_FAILED")
+        raise FxProviderError("the pasted address holds no authorization code", code=Code.SIGN_IN_FAILED)
+    states = query.get("state")
+    if (states[0] if states else None) != sign_in.get("state"):
+        raise FxProviderError("the pasted address is from another sign-in (state differs)", code=Code.SIGN_IN_FAILED)
     form = {
         "grant_type": "authorization_code",
         "code": code,
@@ -288,7 +292,7 @@ async def start_device_sign_in(config: OAuthConfig, *, http_client: httpx.AsyncC
         user_code = body.get("user_code") if isinstance(body, Mapping) else None
     if status != 200 or not isinstance(device_code, str) or not isinstance(user_code, str):
         raise FxProviderError(f"{config.provider} did not start a device sign-in (HTTP {status}): {text}",
-                              code="FX_SIGN_IN_FAILED")
+                              code=Code.SIGN_IN_FAILED)
     interval = body.get("interval")
     try:
         interval_s = max(1.0, float(interval)) if interval is not None else 5.0
@@ -318,22 +322,22 @@ async def poll_device_sign_in(config: OAuthConfig, device: Mapping[str, Any], *,
     """
     if not isinstance(device, Mapping) or not isinstance(device.get("device_code"), str):
         raise FxProviderError("poll_device_sign_in needs the dict start_device_sign_in returned",
-                              code="FX_SIGN_IN_FAILED")
+                              code=Code.SIGN_IN_FAILED)
     if time.time() * 1000 >= float(device.get("expires_at") or 0):
-        raise FxProviderError(f"the {config.provider} device code expired", code="FX_SIGN_IN_EXPIRED")
+        raise FxProviderError(f"the {config.provider} device code expired", code=Code.SIGN_IN_EXPIRED)
     if config.device_style == DEVICE_OPENAI:
         return await _poll_openai(config, device, http_client)
     form = {"grant_type": DEVICE_GRANT, "device_code": device["device_code"], "client_id": config.client_id}
     status, body, text = await _post(config, config.token_url, form=form, http_client=http_client,
                                      hide=[device["device_code"]])
     if status == 200:
-        return await _with_account(config, credentials_from(config, body), http_client, "FX_SIGN_IN_FAILED")
+        return await _with_account(config, credentials_from(config, body), http_client, Code.SIGN_IN_FAILED)
     error = _error_name(body)
     if error in ("authorization_pending", "slow_down"):
         return None
     if error == "expired_token":
-        raise FxProviderError(f"the {config.provider} device code expired", code="FX_SIGN_IN_EXPIRED")
-    raise FxProviderError(f"{config.provider} device sign-in failed (HTTP {status}): {text}", code="FX_SIGN_IN_FAILED")
+        raise FxProviderError(f"the {config.provider} device code expired", code=Code.SIGN_IN_EXPIRED)
+    raise FxProviderError(f"{config.provider} device sign-in failed (HTTP {status}): {text}", code=Code.SIGN_IN_FAILED)
 
 
 async def _poll_openai(config: OAuthConfig, device: Mapping[str, Any],
@@ -350,7 +354,7 @@ async def _poll_openai(config: OAuthConfig, device: Mapping[str, Any],
     verifier = body.get("code_verifier") if isinstance(body, Mapping) else None
     if status != 200 or not isinstance(code, str) or not isinstance(verifier, str):
         raise FxProviderError(f"{config.provider} device sign-in failed (HTTP {status}): {text}",
-                              code="FX_SIGN_IN_FAILED")
+                              code=Code.SIGN_IN_FAILED)
     form = {
         "grant_type": "authorization_code",
         "code": code,
@@ -378,7 +382,7 @@ async def complete_device_sign_in(config: OAuthConfig, device: Mapping[str, Any]
             return creds
         if deadline is not None and time.monotonic() + interval_s > deadline:
             raise FxProviderError(f"the {config.provider} device sign-in did not finish in time",
-                                  code="FX_SIGN_IN_EXPIRED")
+                                  code=Code.SIGN_IN_EXPIRED)
         await asyncio.sleep(interval_s)
 
 
@@ -396,25 +400,25 @@ async def refresh_credentials(config: OAuthConfig, creds: Mapping[str, Any], *,
     """
     refresh_token = creds.get("refresh_token") if isinstance(creds, Mapping) else None
     if not isinstance(refresh_token, str) or not refresh_token:
-        raise FxProviderError(f"the {config.provider} credentials have no refresh_token", code="FX_PROVIDER_AUTH")
+        raise FxProviderError(f"the {config.provider} credentials have no refresh_token", code=Code.PROVIDER_AUTH)
     hide = [refresh_token, str(creds.get("access_token") or "")]
     form = {"grant_type": "refresh_token", "refresh_token": refresh_token, "client_id": config.client_id,
             "scope": config.scope}
     status, body, text = await _post(config, config.token_url, form=form, http_client=http_client, hide=hide)
     if status != 200:
         raise FxProviderError(f"refreshing the {config.provider} credentials failed (HTTP {status}): {text}",
-                              code="FX_PROVIDER_AUTH")
+                              code=Code.PROVIDER_AUTH)
     try:
         fresh = credentials_from(config, body)
     except FxProviderError as exc:
-        raise FxProviderError(exc.message, code="FX_PROVIDER_AUTH") from None
+        raise FxProviderError(exc.message, code=Code.PROVIDER_AUTH) from None
     fresh.setdefault("refresh_token", refresh_token)
     old_account = creds.get("account_id")
     if config.same_account and old_account:
-        fresh = await _with_account(config, fresh, http_client, "FX_PROVIDER_AUTH")
+        fresh = await _with_account(config, fresh, http_client, Code.PROVIDER_AUTH)
     if config.same_account and old_account and fresh.get("account_id") != old_account:
         raise FxProviderError(f"the refreshed {config.provider} credentials belong to another account",
-                              code="FX_PROVIDER_ACCOUNT_MISMATCH")
+                              code=Code.PROVIDER_ACCOUNT_MISMATCH)
     if old_account and "account_id" not in fresh:
         fresh["account_id"] = old_account
     return fresh

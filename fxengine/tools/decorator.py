@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Callable
-from typing import Any
+from typing import Any, overload
 
 import pydantic
 
@@ -36,7 +36,7 @@ def _build(fn: Callable[..., Any], *, idempotent: bool, writes: bool | None, nam
             raise FxToolDefinitionError(f"tool {tool_name}: *args and **kwargs have no schema")
         default = ... if param.default is param.empty else param.default
         fields[param.name] = (annotation, default)
-    model = pydantic.create_model(f"{tool_name}_input", **fields)  # type: ignore[call-overload]
+    model = pydantic.create_model(f"{tool_name}_input", **fields)
     schema = model.model_json_schema()
     schema.pop("title", None)
 
@@ -64,6 +64,12 @@ def _build(fn: Callable[..., Any], *, idempotent: bool, writes: bool | None, nam
     return Tool(tool_name, doc, schema, idempotent, writes, execute)
 
 
+@overload
+def tool(fn: Callable[..., Any], *, idempotent: bool = ..., writes: bool | None = ..., name: str | None = ...,
+         description: str | None = ...) -> Tool: ...
+@overload
+def tool(fn: None = None, *, idempotent: bool = ..., writes: bool | None = ..., name: str | None = ...,
+         description: str | None = ...) -> Callable[[Callable[..., Any]], Tool]: ...
 def tool(
     fn: Callable[..., Any] | None = None,
     *,
@@ -71,7 +77,7 @@ def tool(
     writes: bool | None = None,
     name: str | None = None,
     description: str | None = None,
-) -> Any:
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Makes a `Tool` of a function; its parameters become the input schema.
 
     A parameter named `ctx` (or annotated `ToolContext`) receives the call's context.

@@ -84,7 +84,7 @@ from .types import (
 
 log = logging.getLogger("fxworker.store")
 
-_default_stores: dict[tuple[str | None, str], Any] = {}
+_default_stores: dict[tuple[str | None, str], RedisStore] = {}
 _default_lock = threading.Lock()
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import redis as redis_py
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -56,7 +56,8 @@ class _MapRedisErrors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
         if exc is None or isinstance(exc, FxError):
             return False
         # By class, not text: inside a pipeline redis-py rewrites the message ("Command # 1
@@ -199,7 +200,7 @@ def client_factories(
                     max_connections=max_connections, timeout=pool_timeout_s, **common,
                 ),
             )
-        auth = {"username": address.username, "password": address.password, "ssl": address.tls}
+        auth: dict[str, Any] = {"username": address.username, "password": address.password, "ssl": address.tls}
         return (
             lambda: async_cluster.RedisCluster(
                 startup_nodes=[async_cluster.ClusterNode(h, p) for h, p in address.nodes], **auth, **common),
@@ -238,6 +239,7 @@ def _sentinel_factories(
     import redis.sentinel as sync_sentinel
 
     assert address.master is not None
+    master = address.master
     sentinel_kwargs = {**common, "password": address.sentinel_password}
     data = {**common, "username": address.username, "password": address.password, "db": address.db,
             "ssl": address.tls, "max_connections": max_connections}
@@ -245,11 +247,11 @@ def _sentinel_factories(
 
     def make_async() -> Any:
         sentinels = async_sentinel.Sentinel(nodes, sentinel_kwargs=sentinel_kwargs, **common)
-        return sentinels.master_for(address.master, retry=_no_retry(True), **data)
+        return sentinels.master_for(master, retry=_no_retry(True), **data)
 
     def make_sync() -> Any:
         sentinels = sync_sentinel.Sentinel(nodes, sentinel_kwargs=sentinel_kwargs, **common)
-        return sentinels.master_for(address.master, retry=_no_retry(False), **data)
+        return sentinels.master_for(master, retry=_no_retry(False), **data)
 
     return make_async, make_sync
 

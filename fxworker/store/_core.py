@@ -13,8 +13,9 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
 
+from fxengine.codes import Code
 from fxengine.errors import FxLimitError
-from fxengine.persistence import JournalRecord, Loaded, StoredCheckpoint
+from fxengine.persistence import JournalRecord, Loaded, Mark, StoredCheckpoint
 
 from .. import scripts
 from ..errors import (
@@ -189,7 +190,7 @@ class StoreCore:
         input_json = r.dumps(input)
         json_bytes = len(input_json.encode())
         if json_bytes > INPUT_MAX_BYTES:
-            raise FxLimitError(f"an input is limited to {INPUT_MAX_BYTES} bytes of JSON", code="FX_LIMIT_INPUT")
+            raise FxLimitError(f"an input is limited to {INPUT_MAX_BYTES} bytes of JSON", code=Code.LIMIT_INPUT)
         # §6 limits a steer's text, not its JSON: quotes and escapes do not count.
         steer_bytes = None
         if code == "s":
@@ -287,6 +288,7 @@ class StoreCore:
         if idempotency_key is not None and (records or not idempotency_key):
             raise ValueError("idempotency_key= keys a call without records (its records carry their own keys)")
         encoded = []
+        record_marks: Sequence[Mark]
         for record in records:
             if isinstance(record, StoreRecord):
                 key, data, record_marks = record.idempotency_key, record.data, record.marks
@@ -329,7 +331,7 @@ class StoreCore:
     ) -> Op[int]:
         keys = self.keys(session_id)
         if len(data) > CHECKPOINT_MAX_BYTES:
-            raise FxLimitError(f"a checkpoint is limited to {CHECKPOINT_MAX_BYTES} bytes", code="FX_JOURNAL_TOO_LARGE")
+            raise FxLimitError(f"a checkpoint is limited to {CHECKPOINT_MAX_BYTES} bytes", code=Code.JOURNAL_TOO_LARGE)
         call = scripts.save_checkpoint(
             keys, epoch=int(epoch), now_ms=self.now(now_ms), through=int(through or 0), data=bytes(data),
             max_bytes=CHECKPOINT_MAX_BYTES, ttl_ms=self.ttl_ms,

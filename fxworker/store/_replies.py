@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fxengine.codes import Code
 from fxengine.errors import FxFencedError, FxLimitError
 from fxengine.persistence import JournalRecord, StoredCheckpoint
 
@@ -132,7 +133,7 @@ def parse_accept(reply: list[Any], session_id: str, message_id: str, kind: Input
     if word == b"incomplete":
         raise incomplete(session_id, reply[1])
     if word == b"too_large":
-        raise FxLimitError(f"a steer is limited to {reply[1]} bytes of text", code="FX_LIMIT_STEER_SIZE")
+        raise FxLimitError(f"a steer is limited to {reply[1]} bytes of text", code=Code.LIMIT_STEER_SIZE)
     if word == b"queue_full":
         what = "steers" if reply[1] == b"count" else "bytes of queued steers"
         raise FxQueueFullError(f"session {session_id} already holds the most {what} it may queue ({reply[2]})")
@@ -233,7 +234,7 @@ def parse_checkpoint(reply: list[Any], *, session_id: str, epoch: int) -> int:
     if word == b"fenced":
         raise fenced(session_id, epoch, reply)
     if word == b"too_large":
-        raise FxLimitError(f"a checkpoint is limited to {reply[1]} bytes", code="FX_JOURNAL_TOO_LARGE")
+        raise FxLimitError(f"a checkpoint is limited to {reply[1]} bytes", code=Code.JOURNAL_TOO_LARGE)
     if word == b"bad_through":
         raise ValueError(f"checkpoint through must lie between the stored one ({reply[2]}) and the head ({reply[1]})")
     raise FxStoreUnavailableError(f"unexpected checkpoint reply {reply!r}")

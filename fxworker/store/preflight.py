@@ -139,7 +139,7 @@ def broker_problems(settings: Settings) -> list[str]:
                 "FX_BROKER_URL to a standalone (or Sentinel-managed) Redis or to RabbitMQ (amqp://)"]
     if broker.kind == "memory":
         return []
-    from kombu import Connection
+    from kombu.connection import Connection
 
     conn = Connection(broker.url, transport=broker.transport, transport_options=broker.options,
                       connect_timeout=5)

@@ -16,7 +16,7 @@ import importlib
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -69,7 +69,10 @@ def _registry_agents() -> dict[str, Any]:
 
 
 def _fixed_agents(agents: Iterable[Any] | Mapping[str, Any]) -> Callable[[], dict[str, Any]]:
-    fixed = dict(agents) if isinstance(agents, Mapping) else {agent.name: agent for agent in agents}
+    if isinstance(agents, Mapping):
+        fixed = dict(agents)
+    else:
+        fixed = {agent.name: agent for agent in cast(Iterable[Any], agents)}
     return lambda: fixed
 
 
@@ -136,7 +139,7 @@ def create_app(
             BearerAuth, token=settings.api_token, open_off_loopback=authorize is not None,
             allowed_origins=tuple(settings.allowed_origins if allowed_origins is None else allowed_origins),
         )],
-        exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
+        exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )
     app.router.redirect_slashes = False

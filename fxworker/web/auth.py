@@ -41,6 +41,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fxworker.errors import FxForbiddenError
 
+from fxengine.codes import Code
+
 from .errors import error_response
 
 ACTIONS = ("create", "prompt", "steer", "cancel", "stream", "state", "list", "metrics")
@@ -122,7 +124,7 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         if sum(1 for name, _ in scope["headers"] if name == b"authorization") > 1:
-            await error_response("FX_INVALID_REQUEST", "more than one Authorization header", 400)(scope, receive, send)
+            await error_response(Code.INVALID_REQUEST, "more than one Authorization header", 400)(scope, receive, send)
             return
         headers = dict(scope["headers"])
         refused = self._refusal(scope, headers)
@@ -132,7 +134,7 @@ class BearerAuth:
         if refused is None and (_has_body(headers) or hook_post) and not _is_json(headers.get(b"content-type")):
             given = headers.get(b"content-type", b"").decode("latin-1") or "none"
             refused = error_response(
-                "FX_UNSUPPORTED_MEDIA_TYPE", f"request bodies are JSON: send Content-Type: application/json (got {given})", 415
+                Code.UNSUPPORTED_MEDIA_TYPE, f"request bodies are JSON: send Content-Type: application/json (got {given})", 415
             )
         if refused is not None:
             await refused(scope, receive, send)
@@ -145,19 +147,19 @@ class BearerAuth:
             given = headers.get(b"authorization", b"")
             if hmac.compare_digest(given, self.expected):
                 return None
-            return error_response("FX_UNAUTHORIZED", "missing bearer token" if not given else "wrong bearer token", 401)
+            return error_response(Code.UNAUTHORIZED, "missing bearer token" if not given else "wrong bearer token", 401)
         if self.open_off_loopback:
             return None  # the embedder's authorize hook decides
         if not self._loopback_only(scope):
             return error_response(
-                "FX_CONFIG", "this server is not on loopback: set FX_API_TOKEN (or pass authorize=) to serve the API", 403
+                Code.CONFIG, "this server is not on loopback: set FX_API_TOKEN (or pass authorize=) to serve the API", 403
             )
         if scope.get("server") is None:
             return None  # an in-process ASGI call: no browser can reach it
         host = headers.get(b"host", b"").decode("latin-1")
         if not is_loopback_host(host):
             return error_response(
-                "FX_FORBIDDEN_HOST",
+                Code.FORBIDDEN_HOST,
                 f"without FX_API_TOKEN this server answers requests addressed to localhost, 127.0.0.1 or [::1] only, "
                 f"not {host or 'no Host'!r}",
                 403,
@@ -165,7 +167,7 @@ class BearerAuth:
         origin = headers.get(b"origin")
         if origin is not None and not is_loopback_origin(origin.decode("latin-1")):
             return error_response(
-                "FX_FORBIDDEN_ORIGIN",
+                Code.FORBIDDEN_ORIGIN,
                 f"without FX_API_TOKEN this server answers pages served from this machine only, not {origin.decode('latin-1')!r}",
                 403,
             )
@@ -182,7 +184,7 @@ class BearerAuth:
         if given in self.allowed_origins or urlsplit(given).netloc == host:
             return None
         return error_response(
-            "FX_FORBIDDEN_ORIGIN",
+            Code.FORBIDDEN_ORIGIN,
             f"this server does not take requests from pages of {given!r}: list it in FX_ALLOWED_ORIGINS "
             "(create_app(allowed_origins=...)) if it should",
             403,

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from fxengine.codes import Code
 from fxengine.errors import FxError
 
 from ..ids import new_message_id
@@ -35,7 +36,7 @@ _ENDS = ("turn_end", "idle")
 class ApiError(FxError):
     """An error answer of the API (its `FX_` code and status), or no answer at all (`FX_CONNECT`)."""
 
-    code = "FX_API_ERROR"
+    code = Code.API_ERROR
 
     def __init__(self, message: str, *, code: str, status: int | None = None) -> None:
         super().__init__(message, code=code)
@@ -65,14 +66,14 @@ class ApiClient:
             error = response.json()["error"]
             code, message = error["code"], error["message"]
         except (ValueError, KeyError, TypeError):
-            code, message = "FX_HTTP", response.text[:200]
+            code, message = Code.HTTP, response.text[:200]
         raise ApiError(message, code=code, status=response.status_code)
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise ApiError(f"cannot reach {self.base_url}: {exc}", code="FX_CONNECT") from exc
+            raise ApiError(f"cannot reach {self.base_url}: {exc}", code=Code.CONNECT) from exc
         self._check(response)
         return response
 
@@ -105,7 +106,7 @@ class ApiClient:
                     if raw.strip():
                         yield json.loads(raw)
         except httpx.HTTPError as exc:
-            raise ApiError(f"stream of {session_id} broke: {exc}", code="FX_CONNECT") from exc
+            raise ApiError(f"stream of {session_id} broke: {exc}", code=Code.CONNECT) from exc
 
     def tail(self, session_id: str, *, cursor: int = 0, follow: bool = True) -> Iterator[dict[str, Any]]:
         """The session's lines after `cursor`; following, until its turns are over.
@@ -154,12 +155,12 @@ class ApiClient:
                     if done(line):
                         return
             except ApiError as exc:
-                if exc.code != "FX_CONNECT":
+                if exc.code != Code.CONNECT:
                     raise
                 why = exc.message
             failures += 1
             if failures >= RECONNECTS:
-                raise ApiError(f"lost the stream of {session_id} {failures} times in a row: {why}", code="FX_CONNECT")
+                raise ApiError(f"lost the stream of {session_id} {failures} times in a row: {why}", code=Code.CONNECT)
             _backoff(failures)
 
     def _state_retrying(self, session_id: str) -> dict[str, Any]:
@@ -168,7 +169,7 @@ class ApiClient:
             try:
                 return self.state(session_id)
             except ApiError as exc:
-                if exc.code != "FX_CONNECT" or attempt == RECONNECTS:
+                if exc.code != Code.CONNECT or attempt == RECONNECTS:
                     raise
                 _backoff(attempt)
         raise AssertionError("unreachable")
@@ -204,9 +205,9 @@ class ApiClient:
                         return
         except httpx.HTTPError as exc:
             if self.session_id is None:
-                raise ApiError(f"cannot reach {self.base_url}: {exc}", code="FX_CONNECT") from exc
+                raise ApiError(f"cannot reach {self.base_url}: {exc}", code=Code.CONNECT) from exc
         if self.session_id is None:  # a server that does not name the session: nothing to follow
-            raise ApiError("the prompt's stream ended before its turn did", code="FX_CONNECT")
+            raise ApiError("the prompt's stream ended before its turn did", code=Code.CONNECT)
         # The connection dropped before the turn ended: follow the session from the last cursor.
         yield from self._follow(
             self.session_id, cursor,

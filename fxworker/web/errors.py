@@ -15,39 +15,40 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Match
 
+from fxengine.codes import Code
 from fxengine.errors import FxError, FxInputError
 
 logger = logging.getLogger("fxworker.web")
 
 STATUS_BY_CODE: dict[str, int] = {
-    "FX_UNAUTHORIZED": 401,
-    "FX_WAKE_UNSIGNED": 401,
-    "FX_WAKE_SIGNATURE": 401,
-    "FX_WAKE_EXPIRED": 401,
-    "FX_FORBIDDEN": 403,
-    "FX_FORBIDDEN_HOST": 403,
-    "FX_FORBIDDEN_ORIGIN": 403,
-    "FX_UNKNOWN_SESSION": 404,
-    "FX_UNKNOWN_AGENT": 404,
-    "FX_SESSION_INCOMPLETE": 410,
-    "FX_NOT_FOUND": 404,
-    "FX_METHOD_NOT_ALLOWED": 405,
-    "FX_NOT_ACCEPTABLE": 406,
-    "FX_MESSAGE_ID_IN_USE": 409,
-    "FX_WAKE_REPLAYED": 409,
-    "FX_LIMIT_BODY": 413,
-    "FX_UNSUPPORTED_MEDIA_TYPE": 415,
-    "FX_LIMIT_QUEUE": 429,
-    "FX_CONFIG": 500,
-    "FX_ACK_UNSUPPORTED": 500,
-    "FX_INTERNAL": 500,
-    "FX_STORE_UNAVAILABLE": 503,
-    "FX_STORE_FULL": 503,
-    "FX_NO_AGENT": 503,
-    "FX_LIMIT_STREAMS": 503,
+    Code.UNAUTHORIZED: 401,
+    Code.WAKE_UNSIGNED: 401,
+    Code.WAKE_SIGNATURE: 401,
+    Code.WAKE_EXPIRED: 401,
+    Code.FORBIDDEN: 403,
+    Code.FORBIDDEN_HOST: 403,
+    Code.FORBIDDEN_ORIGIN: 403,
+    Code.UNKNOWN_SESSION: 404,
+    Code.UNKNOWN_AGENT: 404,
+    Code.SESSION_INCOMPLETE: 410,
+    Code.NOT_FOUND: 404,
+    Code.METHOD_NOT_ALLOWED: 405,
+    Code.NOT_ACCEPTABLE: 406,
+    Code.MESSAGE_ID_IN_USE: 409,
+    Code.WAKE_REPLAYED: 409,
+    Code.LIMIT_BODY: 413,
+    Code.UNSUPPORTED_MEDIA_TYPE: 415,
+    Code.LIMIT_QUEUE: 429,
+    Code.CONFIG: 500,
+    Code.ACK_UNSUPPORTED: 500,
+    Code.INTERNAL: 500,
+    Code.STORE_UNAVAILABLE: 503,
+    Code.STORE_FULL: 503,
+    Code.NO_AGENT: 503,
+    Code.LIMIT_STREAMS: 503,
 }
 
-_HTTP_CODES = {404: "FX_NOT_FOUND", 405: "FX_METHOD_NOT_ALLOWED", 406: "FX_NOT_ACCEPTABLE"}
+_HTTP_CODES = {404: Code.NOT_FOUND, 405: Code.METHOD_NOT_ALLOWED, 406: Code.NOT_ACCEPTABLE}
 
 
 def status_for(exc: FxError) -> int:
@@ -70,9 +71,9 @@ def error_response(
     """A JSON error response; 401 says how to authenticate, 503 and a full steer queue
     (429 `FX_LIMIT_QUEUE`) say when to come back."""
     headers = dict(headers or {})
-    if status == 401 and code == "FX_UNAUTHORIZED":
+    if status == 401 and code == Code.UNAUTHORIZED:
         headers["WWW-Authenticate"] = "Bearer"
-    if status == 503 or (status == 429 and code == "FX_LIMIT_QUEUE"):
+    if status == 503 or (status == 429 and code == Code.LIMIT_QUEUE):
         headers["Retry-After"] = "1"
     return JSONResponse(error_body(code, message), status_code=status, headers=headers)
 
@@ -105,7 +106,7 @@ def allowed_methods(request: Request) -> str:
 
 async def handle_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
-    code = _HTTP_CODES.get(exc.status_code, "FX_INVALID_REQUEST" if exc.status_code < 500 else "FX_INTERNAL")
+    code = _HTTP_CODES.get(exc.status_code, Code.INVALID_REQUEST if exc.status_code < 500 else Code.INTERNAL)
     headers = dict(exc.headers or {})
     if exc.status_code == 405:
         headers["Allow"] = allowed_methods(request) or headers.get("Allow", "")
@@ -114,7 +115,7 @@ async def handle_http_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("%s %s failed", request.method, request.url.path)
-    return error_response("FX_INTERNAL", "internal error", 500)
+    return error_response(Code.INTERNAL, "internal error", 500)
 
 
 EXCEPTION_HANDLERS = {

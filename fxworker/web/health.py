@@ -11,6 +11,8 @@ from starlette.responses import JSONResponse, Response
 from fxworker import metrics
 from fxworker.store._boundary import closed_connection, describe_redis_error
 
+from fxengine.codes import Code
+
 from .auth import check_access
 from .errors import error_response
 
@@ -41,7 +43,7 @@ async def healthz(request: Request) -> Response:
             # A pooled connection Redis closed is not Redis down: once more, on a fresh one.
             await asyncio.wait_for(client.ping(), timeout=PING_TIMEOUT_S)
     except Exception as exc:  # any failure to answer means "not healthy", whatever raised it
-        return error_response("FX_STORE_UNAVAILABLE", f"Redis did not answer: {describe_redis_error(exc)}", 503)
+        return error_response(Code.STORE_UNAVAILABLE, f"Redis did not answer: {describe_redis_error(exc)}", 503)
     ping_ms = round((time.perf_counter() - started_s) * 1000, 2)
     kind = getattr(request.app.state, "store_kind", "redis")
     return JSONResponse({"ok": True, "store": kind, "pingMs": ping_ms})

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from fxengine.codes import Code
 from fxengine.errors import FxError
 from fxworker import metrics
 from fxworker.errors import FxConfigError, FxUnknownSessionError, FxWakeRefusedError
@@ -54,16 +55,16 @@ def sign_wake(body: bytes, secret: str, *, now_s: float | None = None) -> dict[s
 def verify_wake(body: bytes, *, timestamp: str | None, signature: str | None, secret: str, now_s: float) -> str:
     """Check one signed body; return the signature (the replay key) or raise `FxWakeRefusedError`."""
     if not timestamp or not signature:
-        raise FxWakeRefusedError("wake is not signed: X-Fx-Timestamp and X-Fx-Signature are required", code="FX_WAKE_UNSIGNED")
+        raise FxWakeRefusedError("wake is not signed: X-Fx-Timestamp and X-Fx-Signature are required", code=Code.WAKE_UNSIGNED)
     try:
         sent_s = int(timestamp)
     except ValueError:
-        raise FxWakeRefusedError("X-Fx-Timestamp is not unix seconds", code="FX_WAKE_SIGNATURE") from None
+        raise FxWakeRefusedError("X-Fx-Timestamp is not unix seconds", code=Code.WAKE_SIGNATURE) from None
     expected = sign_wake(body, secret, now_s=sent_s)["X-Fx-Signature"]
     if not hmac.compare_digest(signature.encode(), expected.encode()):
-        raise FxWakeRefusedError("wake signature does not match the body", code="FX_WAKE_SIGNATURE")
+        raise FxWakeRefusedError("wake signature does not match the body", code=Code.WAKE_SIGNATURE)
     if abs(now_s - sent_s) > WINDOW_S:
-        raise FxWakeRefusedError(f"wake timestamp is more than {int(WINDOW_S)} s from this server's clock", code="FX_WAKE_EXPIRED")
+        raise FxWakeRefusedError(f"wake timestamp is more than {int(WINDOW_S)} s from this server's clock", code=Code.WAKE_EXPIRED)
     return signature
 
 
@@ -144,7 +145,7 @@ async def wake(request: Request) -> Response:
     )
     guard: ReplayGuard = request.app.state.replay_guard
     if not await guard.reserve(signature, WINDOW_S):
-        raise FxWakeRefusedError("this signed wake was already taken", code="FX_WAKE_REPLAYED")
+        raise FxWakeRefusedError("this signed wake was already taken", code=Code.WAKE_REPLAYED)
     try:
         wake_body = parse_body(body, WakeBody)
         outcome = await _deliver(wake_body.model_dump(by_alias=True, exclude_none=True))
@@ -153,7 +154,7 @@ async def wake(request: Request) -> Response:
         return JSONResponse({"outcome": "refused", **error_body(exc.code, exc.message)})
     except FxError as exc:
         metrics.WAKES.labels(outcome="error").inc()
-        if exc.code in ("FX_NO_AGENT", "FX_STORE_UNAVAILABLE", "FX_STORE_FULL"):
+        if exc.code in (Code.NO_AGENT, Code.STORE_UNAVAILABLE, Code.STORE_FULL):
             # The queue delivers this message again: let the same signature through then.
             await guard.forget(signature)
         raise
