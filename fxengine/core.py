@@ -18,7 +18,7 @@ import httpx
 from .codes import Code
 from .conversation import Conversation
 from .errors import FxInputError
-from .events import Event
+from .events import EndBody, Event
 from .journal.journal import Journal
 from .journal.records import ENGINE_VERSION, decode_batch, decode_checkpoint, encode_checkpoint
 from .persistence import Mark, Persistence
@@ -164,6 +164,16 @@ class EngineCore:
             self.event_sink({"type": kind, "turnId": turn_id, **body})
         except Exception as exc:  # a failing sink must not break the turn
             self.diag({"type": "ui.error", "error": type(exc).__name__})
+
+    def end_turn(self, turn_id: str, body: EndBody | None) -> None:
+        """Ends (`body`) or yields (None) the open turn: tells the event sink, then queues
+        the record with its store mark, so a sink can store its line with that record."""
+        if body is None:
+            self.report_end("turn_yield", turn_id, {})
+            self.commit("turn_yield", {}, marks=[{"yield": True}])
+        else:
+            self.report_end("turn_end", turn_id, dict(body))
+            self.commit("turn_end", dict(body), marks=[{"end": True}])
 
     def commit(self, kind: str, body: dict[str, Any], *, marks: list[Mark] | None = None, barrier: bool = False,
                want_ack: bool = False) -> Any:

@@ -24,6 +24,7 @@ import httpx
 from .codes import Code
 from .core import EngineCore, EventSink, OnEvent
 from .errors import FxError, FxInputError, FxJournalAppendError
+from .events import end_body
 from .ids import new_turn_id
 from .limits import (
     INSTRUCTIONS_MAX_BYTES,
@@ -274,11 +275,7 @@ class Engine:
         if open_turn is None:
             return None
         usage = dict(open_turn.usage)
-        body: dict[str, Any] = {"stopReason": stop_reason, "usage": usage}
-        if error is not None:
-            body["error"] = error
-        self.core.report_end("turn_end", open_turn.id, body)
-        self.core.commit("turn_end", body, marks=[{"end": True}])
+        self.core.end_turn(open_turn.id, end_body(stop_reason, usage, error))
         await self.core.journal.flush()
         self.core.journal.raise_failure()
         await self.core.save_checkpoint()

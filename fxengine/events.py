@@ -13,9 +13,27 @@ Diagnostics (`transport.*`, `tool.rerun`, `checkpoint.*`, `output.backpressure`)
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, Literal, NotRequired, TypedDict
 
 from .limits import TOOL_INPUT_PREVIEW_MAX_BYTES
+
+class EndBody(TypedDict):
+    """How a turn ended: `{stopReason, usage, error?}`, the body of its `turn_end` record,
+    of the event sink's `turn_end` and of a session's `turn_end` line."""
+
+    stopReason: str
+    usage: dict[str, int]
+    error: NotRequired[dict[str, Any]]
+
+
+def end_body(stop_reason: str, usage: Mapping[str, int] | None, error: Mapping[str, Any] | None) -> EndBody:
+    """`{stopReason, usage, error?}`: `usage` always present, `error` only when there is one."""
+    body: EndBody = {"stopReason": stop_reason, "usage": dict(usage or {})}
+    if error:
+        body["error"] = dict(error)
+    return body
+
 
 Event = dict[str, Any]
 EventType = Literal["text_delta", "reasoning_delta", "tool_start", "tool_end", "user_message"]

@@ -251,15 +251,7 @@ class TurnRunner:
             else:
                 stop, error = outcome if outcome is not None else ("cancelled", None)
                 self._record_partial()
-                if stop == "yielded":
-                    core.report_end("turn_yield", self.turn_id, {})
-                    core.commit("turn_yield", {}, marks=[{"yield": True}])
-                else:
-                    body: dict[str, Any] = {"stopReason": stop, "usage": usage}
-                    if error is not None:
-                        body["error"] = error
-                    core.report_end("turn_end", self.turn_id, body)
-                    core.commit("turn_end", body, marks=[{"end": True}])
+                core.end_turn(self.turn_id, None if stop == "yielded" else ev.end_body(stop, usage, error))
                 await core.journal.flush()
                 if self._failure is not None:
                     result = self._failure_result(usage)
@@ -294,10 +286,8 @@ class TurnRunner:
                 assert self._refused is not None
                 return ("error", self._refused.to_dict())
             if conv.open is not None:
-                stale = {"stopReason": "cancelled", "usage": conv.open.usage, "error": {
-                    "code": Code.TURN_INTERRUPTED, "message": "a new prompt ended this turn, which an earlier engine left open"}}
-                core.report_end("turn_end", conv.open.id, stale)
-                core.commit("turn_end", stale, marks=[{"end": True}])
+                core.end_turn(conv.open.id, ev.end_body("cancelled", conv.open.usage, {
+                    "code": Code.TURN_INTERRUPTED, "message": "a new prompt ended this turn, which an earlier engine left open"}))
             assert self._blocks is not None
             first_barrier = core.commit("turn_start", {"turn": self.turn_id, "input": self._blocks, "atMs": now_ms()},
                                          marks=[{"start": self.turn_id}], barrier=True)

@@ -64,8 +64,7 @@ from .ids import (
 )
 from .runtime import LoopThread, SharedLoop
 from .settings import Settings
-from .store import close_default_store, default_store
-from .store.timed import TimedStore
+from .store import RedisStore, close_default_store, default_store
 from .wakers import CeleryWaker, Waker
 
 log = logging.getLogger("fxworker.agent")
@@ -134,7 +133,7 @@ class Agent:
         tools: Sequence[Any] = (),
         provider: dict[str, Any] | Provider | str | None = None,
         api_key: str | None = None,
-        store: Any = None,
+        store: RedisStore | None = None,
         waker: Waker | None = None,
         reserve_s: float | None = None,
         lease_s: float | None = None,
@@ -205,7 +204,7 @@ class Agent:
         return self.settings.lease_s if self._lease_s is None else self._lease_s
 
     @property
-    def store(self) -> Any:
+    def store(self) -> RedisStore:
         """The session store (resolved on first use, so creating an agent does no I/O)."""
         if self._store is None:
             self._store = default_store(self.settings)
@@ -311,9 +310,9 @@ class Session:
         return f"<Session {self.id} agent={self.agent.name!r}>"
 
     @property
-    def store(self) -> Any:
-        """The agent's store, each call timed in `fxworker.metrics.STORE_LATENCY`."""
-        return TimedStore(self.agent.store)
+    def store(self) -> RedisStore:
+        """The agent's store (each call timed in `fxworker.metrics.STORE_LATENCY`)."""
+        return self.agent.store
 
     def _checked(self) -> tuple[Any, dict[str, Any] | None]:
         """(context, settings) as the store keeps them, after the engine's own checks:

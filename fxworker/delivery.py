@@ -7,8 +7,8 @@ store (a forged `agent` field cannot reroute a session): when it is another agen
 this process on the same store the turn runs as that one, else the lease is let go at
 once and the owner's agent is tried. After a yield it requeues a wake at once.
 
-Outcomes: "done" (the session was run until nothing was left),
-"yielded" (the deadline came first; a new wake is queued), "noop" (a live lease stands
+Outcomes (`protocol.Outcome`): `DONE` (the session was run until nothing was left),
+`YIELDED` (the deadline came first; a new wake is queued), `NOOP` (a live lease stands
 elsewhere — a duplicate or early wake —, nothing was left to run, or this worker was
 fenced).
 
@@ -23,17 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, NoReturn
 
 from . import metrics, registry
 from .errors import FxNoAgentError, FxUnknownSessionError
 from .ids import now_ms
+from .protocol import Outcome
 from .runner import Runner
 from .runtime import LoopThread
 from .settings import Settings
 from .store import default_store
 from .store.persistence import retry_unavailable
-from .store.timed import TimedStore
 
 log = logging.getLogger("fxworker.delivery")
 
@@ -54,7 +54,7 @@ async def handle_wake(
     deadline_ms: int | None = None,
     loop_thread: LoopThread | None = None,
     settings: Settings | None = None,
-) -> str:
+) -> Outcome:
     """Runs the session a wake names; see the module docstring for outcomes and errors.
 
     Args:
@@ -73,7 +73,7 @@ async def handle_wake(
         _refused(agent, None, "malformed wake")
         raise FxUnknownSessionError("a wake names no session")
     if agent is None:
-        return await _route_without_agents(session_id, settings or Settings.from_env())
+        await _route_without_agents(session_id, settings or Settings.from_env())
     if deadline_ms is None:
         deadline_ms = now_ms() + int(agent.settings.delivery_timeout_s * 1000)
 
@@ -90,54 +90,53 @@ async def handle_wake(
     # Claimed first, with no read before: the claim names the session's owning agent.
     runner = runner_for(agent)
     try:
-        outcome = await runner.run()
-        if outcome == "misrouted":
+        result = await runner.run()
+        if result.outcome is Outcome.MISROUTED:
             # Owned by another agent on another store of this process, or by one this
             # process does not run: the lease was let go at once.
-            owner = registry.get_agent(runner.owner) if runner.owner else None
+            owner = registry.get_agent(result.owner) if result.owner else None
             if owner is None:
                 metrics.NO_AGENT_REFUSALS.inc()
-                unserved = runner.unserved
+                unserved = result.unserved
                 raise FxNoAgentError(
-                    f"this process has no agent named {runner.owner!r} (session {session_id})",
+                    f"this process has no agent named {result.owner!r} (session {session_id})",
                     retry_at_ms=unserved.next_ms if unserved is not None else None,
                     spare=unserved is not None and unserved.spare,
                 )
             runner = runner_for(owner)
-            outcome = await runner.run()
-            if outcome == "misrouted":
+            result = await runner.run()
+            if result.outcome is Outcome.MISROUTED:
                 raise FxNoAgentError(f"session {session_id} is not {owner.name!r}'s in that agent's store")
     except FxUnknownSessionError:
         _refused(agent, session_id, "unknown session")
         raise
-    if outcome == "yielded":
+    if result.outcome is Outcome.YIELDED:
         try:
-            await asyncio.to_thread(runner.agent.wake, session_id, reason="yield")
+            await asyncio.to_thread(result.agent.wake, session_id, reason="yield")
         except Exception as exc:  # noqa: BLE001 - the broker is away too: the sweeper re-wakes it
             log.warning("requeueing %s failed (%s); the sweeper will wake it", session_id, exc)
-        return "yielded"
-    if outcome == "done":
+        return Outcome.YIELDED
+    if result.outcome is Outcome.DONE:
         # An input accepted after the last look and before the release found the lease
         # held and its wake was a no-op: wake once more rather than wait for the sweeper.
         # The release counted what was waiting at that moment; only when it failed, look.
         try:
-            released = runner.released
-            if released is not None:
-                more = released.pending > 0
+            if result.released is not None:
+                more = result.released.pending > 0
             else:
                 after = await runner.store.state(session_id)
                 more = after is not None and after.status == "waiting"
             if more:
-                await asyncio.to_thread(runner.agent.wake, session_id, reason="pending")
+                await asyncio.to_thread(result.agent.wake, session_id, reason="pending")
         except Exception as exc:  # noqa: BLE001 - the store or broker is away: the sweeper wakes it
             log.warning("looking for more work in %s failed (%s); the sweeper will wake it", session_id, exc)
-        return "done"
-    return "noop"
+        return Outcome.DONE
+    return Outcome.NOOP
 
 
-async def _route_without_agents(session_id: str, settings: Settings) -> str:
+async def _route_without_agents(session_id: str, settings: Settings) -> NoReturn:
     """A process with no agent at all: refuse an unknown session, else say no agent runs it."""
-    store = TimedStore(default_store(settings))
+    store = default_store(settings)
     started_ms = now_ms()
     try:
         # A read, safe to repeat: the first call on a connection a Redis restart closed fails.
@@ -162,7 +161,7 @@ def _refused(agent: Any, session_id: str | None, reason: str) -> None:
 
 def handle_wake_blocking(
     payload: dict[str, Any], *, loop_thread: LoopThread, settings: Settings, deadline_ms: int | None = None
-) -> str:
+) -> Outcome:
     """`handle_wake` on `loop_thread`, from a worker thread (the Celery task, on its process's
     loop); `deadline_ms` defaults to `settings.delivery_timeout_s` from now."""
     if deadline_ms is None:

@@ -44,13 +44,14 @@ from fxengine.errors import FxError, FxInputError
 from fxengine.limits import prompt_text
 from fxengine.providers.credentials import mask_secret
 
-from . import metrics, registry
+from . import metrics, protocol, registry
 from .deadline import Deadline
 from .errors import FxLeaseLostError, FxStoreUnavailableError
 from .ids import new_holder_id, now_ms
 from .leases import LeaseKeeper
-from .store.timed import TimedStore
+from .store import RedisStore
 from .store.persistence import LineWriter, StorePersistence, retry_unavailable
+from .protocol import Outcome, RunResult
 from .store.types import Idle, Serving, Unserved
 from .watch import InboxWatcher
 
@@ -70,7 +71,7 @@ _STOPS = (FxLeaseLostError, FxStoreUnavailableError)
 
 
 class Runner:
-    """Runs one session for one delivery. `run()` → "done" | "yielded" | "noop" | "fenced" | "misrouted"."""
+    """Runs one session for one delivery: `run()` returns a `RunResult` (protocol.py)."""
 
     def __init__(
         self,
@@ -83,7 +84,7 @@ class Runner:
         stopping: Any = None,
     ) -> None:
         self.agent = agent
-        self.store = TimedStore(agent.store)
+        self.store: RedisStore = agent.store
         self.session_id = session_id
         self.reason = reason
         self.http_client = http_client
@@ -104,7 +105,7 @@ class Runner:
         self.persistence: StorePersistence | None = None
         self.released: Any = None  # the store's answer to this delivery's release
         self._requeue = False  # the rest goes to a new delivery (not a deadline yield)
-        self.owner: str | None = None  # the owning agent, when run() answers "misrouted"
+        self.owner: str | None = None  # the owning agent, when run() answers MISROUTED
         self.unserved: Unserved | None = None  # and the store's backoff, when nothing was claimed
 
     def __repr__(self) -> str:
@@ -128,13 +129,17 @@ class Runner:
 
     # ------------------------------------------------------------------ the delivery
 
-    async def run(self) -> str:
-        """Claims the session and runs it; "misrouted" when it belongs to another agent
-        (`self.owner` names it; the lease was let go at once).
+    async def run(self) -> RunResult:
+        """Claims the session and runs it; `MISROUTED` when it belongs to another agent
+        (`owner` names it; the lease was let go at once).
 
         Raises `FxUnknownSessionError` for a session the store does not know, and
         `FxStoreUnavailableError` when the claim met an outage for `CLAIM_RETRY_MS`.
         """
+        outcome = await self._run()
+        return RunResult(outcome, self.agent, self.owner, self.unserved, self.released)
+
+    async def _run(self) -> Outcome:
         # A claim is retried under this runner's holder id: one that ran but lost its
         # reply answers the same epoch again (claim.lua), so nothing is counted twice.
         started_ms = now_ms()
@@ -149,16 +154,16 @@ class Runner:
         )
         if claim is None:
             self.emit("session.redelivered", reason=self.reason)
-            return "noop"
+            return Outcome.NOOP
         if isinstance(claim, Unserved):
             # Owned by an agent no agent of this store here is: nothing was taken (§7).
             self.owner, self.unserved = claim.agent, claim
-            return "misrouted"
+            return Outcome.MISROUTED
         if isinstance(claim, Idle):
             # A second wake of work done already (the release's own wake and the sender's
             # both fire): nothing to run, and the session is left exactly as it is.
             log.debug("wake of %s (%s): nothing to run at epoch %s", self.session_id, self.reason, claim.epoch)
-            return "noop"
+            return Outcome.NOOP
         self.epoch = claim.epoch
         misrouted = (
             bool(claim.agent) and claim.agent != self.agent.name and not claim.give_up
@@ -167,7 +172,7 @@ class Runner:
         if misrouted:
             self.owner = claim.agent
             await self._release(cutoff=False)
-            return "misrouted"
+            return Outcome.MISROUTED
         self.claim = claim
         self.epoch = claim.epoch
         if claim.taken_over:
@@ -185,13 +190,13 @@ class Runner:
         keeper.start()
         watcher.start()
         disarm = self.deadline.arm(on_hard_stop=self._hard_stop, on_shutdown=self._shut_down)
-        outcome = "done"
+        outcome: Outcome = Outcome.DONE
         try:
             outcome = await self._work()
         except FxLeaseLostError:
-            outcome = "fenced"
+            outcome = Outcome.FENCED
         except Unsettled:
-            outcome = "unsettled"
+            outcome = Outcome.UNSETTLED
         except FxStoreUnavailableError as exc:
             # Redis stayed away past the lease: whatever is stored stands, the turn stays
             # open, and the next delivery (the requeued wake, or the sweeper's) continues.
@@ -199,31 +204,31 @@ class Runner:
             if self.turn is not None:
                 self.turn.detach()
             self.store_lost = True
-            outcome = "yielded"
+            outcome = Outcome.YIELDED
         finally:
             disarm()
             await watcher.stop()
             await keeper.stop()
-            if self.fenced or outcome == "fenced":
+            if self.fenced or outcome == Outcome.FENCED:
                 self.emit("session.fenced", epoch=self.epoch)
-                outcome = "fenced"
+                outcome = Outcome.FENCED
                 if self.turn is not None:
                     self.turn.detach()
             await self._close_engine()
-        if outcome == "fenced":
+        if outcome == Outcome.FENCED:
             return outcome
-        if outcome == "unsettled":
+        if outcome == Outcome.UNSETTLED:
             # Not released: the lease expires unrenewed, the sweeper's next claim counts a
             # death, and the third one ends the turn or input (claim.lua).
             log.error("%s is left to its lease (%s ms) after a failure it could not record",
                       self.session_id, self.lease_ms)
-            return "noop"
+            return Outcome.NOOP
         released = self.released = await self._release(cutoff=self.cut_off)
         if self.cut_off:
             # The store's count: it restarts only when the turn moved on (append.lua).
             cutoffs = released.cutoffs if released is not None else int(self.claim.cutoffs) + 1
             self.emit("session.deadline", epoch=self.epoch, cutoffs=cutoffs)
-        if outcome == "yielded" and not (self.store_lost or self._requeue):
+        if outcome == Outcome.YIELDED and not (self.store_lost or self._requeue):
             metrics.YIELDS.inc()
         return outcome
 
@@ -319,13 +324,13 @@ class Runner:
 
     # ------------------------------------------------------------------ turns
 
-    async def _work(self) -> str:
+    async def _work(self) -> Outcome:
         claim = self.claim
         if claim.give_up:
             return await self._give_up()
         if claim.open_turn is not None:
             outcome = await self._guarded(self._continue_open_turn(), None)
-            if outcome != "ended":
+            if outcome != Outcome.ENDED:
                 return outcome
         first = True
         while True:
@@ -333,10 +338,10 @@ class Runner:
                 raise self._fenced_stop()
             entry = self._next_input()
             if entry is None:
-                return "done"
+                return Outcome.DONE
             if self.deadline.past_soft():
                 self.pending.appendleft(entry)
-                return "yielded"
+                return Outcome.YIELDED
             if first and claim.open_turn is None and claim.deaths >= MAX_DEATHS:
                 # Its workers died (or failed past recording it) before its turn opened.
                 outcome = await self._settled(self._end_unstarted(entry, {
@@ -347,10 +352,10 @@ class Runner:
             else:
                 outcome = await self._guarded(self._start_turn(entry), entry)
             first = False
-            if outcome != "ended":
+            if outcome != Outcome.ENDED:
                 return outcome
 
-    async def _guarded(self, step: Awaitable[str], entry: Any) -> str:
+    async def _guarded(self, step: Awaitable[Outcome], entry: Any) -> Outcome:
         """Awaits a turn's step; an exception that is not one of the runner's stops ends
         what it hit (`_end_failed`)."""
         try:
@@ -360,7 +365,7 @@ class Runner:
         except Exception as exc:  # noqa: BLE001 - every failure ends in a defined state
             return await self._end_failed(exc, entry)
 
-    async def _settled(self, ending: Awaitable[str]) -> str:
+    async def _settled(self, ending: Awaitable[Outcome]) -> Outcome:
         """Awaits the write that ends a turn or input; `Unsettled` when it cannot be stored."""
         try:
             return await ending
@@ -380,9 +385,9 @@ class Runner:
     def _session_error(self, error: dict[str, Any]) -> None:
         """`session.error` and a `session_error` line for the turn (or input) `turn_id`."""
         self.emit("session.error", epoch=self.epoch, turn=self.turn_id, error=error)
-        self._line("session_error", code=error.get("code"), message=error.get("message"), id=self.turn_id)
+        self._push(protocol.session_error(self.turn_id, error, self.turn_id))
 
-    async def _end_failed(self, exc: Exception, entry: Any) -> str:
+    async def _end_failed(self, exc: Exception, entry: Any) -> Outcome:
         """Ends the turn (or the input `entry` whose turn could not open) that `exc` hit:
         stop reason `error`, a `turn_end` and a `session_error` line. Raises `Unsettled`
         when even that cannot be stored."""
@@ -404,7 +409,7 @@ class Runner:
                 await self._close_engine()
                 self._requeue = True
 
-    async def _settle_failed(self, entry: Any, error: dict[str, Any]) -> str:
+    async def _settle_failed(self, entry: Any, error: dict[str, Any]) -> Outcome:
         # Queued first, so it is stored before the turn_end a follower of the turn stops at.
         self._session_error(error)
         engine = self.engine
@@ -416,32 +421,32 @@ class Runner:
             except Exception:  # noqa: BLE001 - a broken or detached engine: end it in the store
                 log.warning("the engine of %s could not end turn %s", self.session_id, self.turn_id, exc_info=True)
             else:
-                drop = [{"drop": entry.message_id}] if entry is not None else None
+                drop = [protocol.drop(entry.message_id)] if entry is not None else None
                 return await self._write_end("error", getattr(result, "usage", None) or {}, error, marks=drop)
         # No engine holds it: close the store's open turn (if any) and consume the input.
         marks: list[dict[str, Any]] = [{"end": True}]
         if entry is not None:
-            marks.append({"drop": entry.message_id})
+            marks.append(protocol.drop(entry.message_id))
         return await self._end_without_engine(error, marks)
 
-    async def _end_unstarted(self, entry: Any, error: dict[str, Any]) -> str:
+    async def _end_unstarted(self, entry: Any, error: dict[str, Any]) -> Outcome:
         """Ends an input without opening a turn for it (`drop`): its `turn_end` says why."""
         self.turn_id = entry.message_id
         self._session_error(error)
-        return await self._end_without_engine(error, [{"drop": entry.message_id}])
+        return await self._end_without_engine(error, [protocol.drop(entry.message_id)])
 
     async def _end_without_engine(
         self, error: dict[str, Any], marks: list[dict[str, Any]], *, stop_reason: str = "error"
-    ) -> str:
+    ) -> Outcome:
         """Writes the turn's `turn_end` with store `marks` (`end`, `drop`) in one fenced call."""
         assert self.writer is not None
-        self._line("turn_end", stopReason=stop_reason, usage={}, error=error)
+        self._push(protocol.turn_end(self.turn_id, protocol.end_body(stop_reason, {}, error)))
         await self.writer.flush(marks=marks)
         self.turn = None
         self.turn_id = None
-        return "ended"
+        return Outcome.ENDED
 
-    async def _give_up(self) -> str:
+    async def _give_up(self) -> Outcome:
         """Ends the open turn and every waiting input `error` FX_NO_AGENT: no process ran
         the session's agent for `FX_NO_AGENT_GIVE_UP_S` (claim.lua gave the lease for this)."""
         claim = self.claim
@@ -458,7 +463,7 @@ class Runner:
             await self._settled(self._end_without_engine(error, [{"end": True}]))
         while (entry := self._next_input()) is not None:
             await self._settled(self._end_unstarted(entry, error))
-        return "done"
+        return Outcome.DONE
 
     def _next_input(self) -> Any:
         while self.pending:
@@ -516,18 +521,16 @@ class Runner:
         if kind == "turn_end" or kind == "turn_yield":
             if event.get("turnId") != self.turn_id:
                 return  # an older turn the engine closed before starting this one: not ours
-            line = {key: value for key, value in event.items() if key != "turnId"}
-            if kind == "turn_end":
-                line["usage"] = line.get("usage") or {}
-                if not line.get("error"):
-                    line.pop("error", None)
-            self.persistence.ride_with_end({**line, "messageId": self.turn_id})
+            line: protocol.ControlLine = (
+                protocol.turn_end(self.turn_id, protocol.end_body(event["stopReason"], event.get("usage"), event.get("error")))
+                if kind == "turn_end" else protocol.turn_yield(self.turn_id))
+            self.persistence.ride_with_end(dict(line))
             return
         self.writer.push({**event, "messageId": self.turn_id})
 
-    def _line(self, type_: str, **fields: Any) -> None:
+    def _push(self, line: protocol.ControlLine) -> None:
         assert self.writer is not None
-        self.writer.push({"type": type_, "messageId": self.turn_id, **fields})
+        self.writer.push(dict(line))
 
     async def _flush(self) -> None:
         assert self.writer is not None
@@ -538,22 +541,22 @@ class Runner:
         stored = self.persistence.end_stored if self.persistence is not None else None
         return stored is not None and stored.get("type") == type_ and stored.get("messageId") == self.turn_id
 
-    async def _start_turn(self, entry: Any) -> str:
+    async def _start_turn(self, entry: Any) -> Outcome:
         if self._requeue:
             self.pending.appendleft(entry)
-            return "yielded"
+            return Outcome.YIELDED
         _check_readable(entry)
         engine = await self._open_engine(entry.context, entry.settings)
         if engine is None:
             self.pending.appendleft(entry)
             self._requeue = True
-            return "yielded"
+            return Outcome.YIELDED
         self.turn_id = entry.message_id
         text_input = entry.input if isinstance(entry.input, str) else None
         if text_input is None and isinstance(entry.input, list):
             text_input = prompt_text(entry.input)
         # The line rides with the engine's first record (the turn's start barrier).
-        self._line("turn_start", sessionId=self.session_id, input=text_input)
+        self._push(protocol.turn_start(self.turn_id, self.session_id, text_input))
         self.turn = engine.prompt(entry.input, yield_at=self.deadline.yield_at(), turn_id=entry.message_id)
         self._yield_if_stopping()
         # Steers accepted after this prompt and waiting join it (§6).
@@ -562,7 +565,7 @@ class Runner:
             self.turn.cancel()
         return await self._drive()
 
-    async def _continue_open_turn(self) -> str:
+    async def _continue_open_turn(self) -> Outcome:
         claim = self.claim
         open_turn = claim.open_turn
         turn_input = open_turn.input
@@ -590,10 +593,7 @@ class Runner:
         recorded = engine.recorded_steps(self.turn_id)
         retract = sorted(s for s in steps_seen if s not in recorded)
         next_step = max([*steps_seen, *recorded, 0]) + 1
-        line: dict[str, Any] = {"sessionId": self.session_id, "interrupted": interrupted}
-        if retract:
-            line["retract"] = retract
-        self._line("turn_resume", **line)
+        self._push(protocol.turn_resume(self.turn_id, self.session_id, interrupted=interrupted, retract=retract))
         await self._flush()
         if claim.deaths >= MAX_DEATHS:
             return await self._end_open(
@@ -636,7 +636,7 @@ class Runner:
                 return
             self.pending.remove(later)
 
-    async def _end_open(self, stop_reason: str, error: dict[str, Any] | None) -> str:
+    async def _end_open(self, stop_reason: str, error: dict[str, Any] | None) -> Outcome:
         assert self.engine is not None
         if error:
             self._session_error(error)  # stored with the end record, before its turn_end line
@@ -645,21 +645,18 @@ class Runner:
 
     async def _write_end(
         self, stop_reason: str, usage: Any, error: dict[str, Any] | None, *, marks: list[dict[str, Any]] | None = None
-    ) -> str:
+    ) -> Outcome:
         """Writes the `turn_end` line (unless it rode with the end record) and lets the turn
         go; store `marks` go in the same call."""
-        end: dict[str, Any] = {"stopReason": stop_reason, "usage": usage}
-        if error:
-            end["error"] = error
         if not self._end_written("turn_end"):
-            self._line("turn_end", **end)
+            self._push(protocol.turn_end(self.turn_id, protocol.end_body(stop_reason, usage, error)))
         assert self.writer is not None
         await self.writer.flush(marks=marks or ())
         self.turn = None
         self.turn_id = None
-        return "ended"
+        return Outcome.ENDED
 
-    async def _drive(self) -> str:
+    async def _drive(self) -> Outcome:
         """Waits for the running turn; writes its end, or its yield."""
         assert self.turn is not None
         metrics.TURNS_RUNNING.inc()
@@ -680,14 +677,14 @@ class Runner:
                 log.warning("store lost mid-turn in %s; the turn resumes on the next delivery", self.session_id)
                 self.turn = None
                 self.store_lost = True
-                return "yielded"
+                return Outcome.YIELDED
         if not self._end_written("turn_end") and (self.cut_off or result.stop_reason == "yielded"):
             # The turn stays open in the journal; the next delivery continues it.
             if not self._end_written("turn_yield"):
-                self._line("turn_yield")
+                self._push(protocol.turn_yield(self.turn_id))
             await self._flush()
             self.turn = None
-            return "yielded"
+            return Outcome.YIELDED
         return await self._write_end(result.stop_reason, result.usage or {}, error)
 
     def _fenced_cause(self, result: Any) -> bool:

@@ -23,8 +23,7 @@ from .ids import now_ms
 from .keys import sweeper_guard_key, worker_ready_key
 from .runtime import LoopThread
 from .settings import Settings
-from .store import default_store, store_clients
-from .store.timed import TimedStore
+from .store import RedisStore, default_store, store_clients
 from .wakers import Waker
 
 log = logging.getLogger("fxworker.sweeper")
@@ -59,8 +58,8 @@ class Sweeper:
     its last renewal, not at the next full sweep (this needs `interval_s` < `lease_s`).
     """
 
-    def __init__(self, store: Any, *, interval_s: float, guard: Callable[[int], Awaitable[bool]], wake: Any) -> None:
-        self.store = TimedStore(store)
+    def __init__(self, store: RedisStore, *, interval_s: float, guard: Callable[[int], Awaitable[bool]], wake: Any) -> None:
+        self.store = store
         self.interval_s = interval_s
         self.guard = guard  # async callable(px_ms) -> bool: may this process sweep now?
         self.wake = wake  # callable(session_id, agent) -> None

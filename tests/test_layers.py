@@ -47,7 +47,7 @@ LAYERS: list[list[str]] = [
     ["fxworker.runtime"],
     ["fxworker.scripts", "fxworker.broker"],
     ["fxworker.store"],
-    ["fxworker.leases", "fxworker.background", "fxworker.watch", "fxworker.registry", "fxworker.celery_app",
+    ["fxworker.protocol", "fxworker.leases", "fxworker.background", "fxworker.watch", "fxworker.registry", "fxworker.celery_app",
      "fxworker.deadline"],
     ["fxworker.wakers"],
     ["fxworker.export"],

@@ -67,12 +67,17 @@ def encode_line(line: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def encode_marks(marks: Sequence[Mark]) -> list[tuple[str, str]]:
-    """Engine marks (`{"start": id}`, `{"end": True}`, ...) as (name, value) pairs."""
+    """Engine marks (`{"start": id}`, `{"end": True}`, ...) as (name, value) pairs.
+
+    Raises:
+        ValueError: a mark name the store does not know (a misspelt mark fails where it is
+            written instead of vanishing).
+    """
     flat: list[tuple[str, str]] = []
     for mark in marks:
         for name, value in mark.items():
             if name not in _MARK_NAMES:
-                continue  # marks the store does not track stay in the record's JSON only
+                raise ValueError(f"unknown store mark {name!r} (known: {', '.join(_MARK_NAMES)})")
             flat.append((name, value if isinstance(value, str) else "1"))
     return flat
 

@@ -24,6 +24,7 @@ from redis.exceptions import RedisError
 
 from fxengine.persistence import Loaded
 
+from .. import metrics
 from ..errors import FxStoreUnavailableError
 from ..scripts import AsyncRunner
 from ._boundary import ServerCheck, client_factories, map_redis_errors, retry_read
@@ -120,7 +121,15 @@ class RedisStore:
             self._runners[id(loop)] = (loop, runner, slots)
             return runner, slots
 
-    async def _exec(self, op: Op[T]) -> T:
+    async def _exec(self, op: Op[T], name: str | None = None) -> T:
+        """Runs `op` on this loop's client; timed in `fxworker.metrics.STORE_LATENCY` under
+        `name` (the public method's: None for a blocking read, which measures a wait)."""
+        if name is None:
+            return await self._exec_untimed(op)
+        with metrics.store_timer(name):
+            return await self._exec_untimed(op)
+
+    async def _exec_untimed(self, op: Op[T]) -> T:
         runner, slots = self._loop_runner()
         if slots is None:
             return await self._run(runner, op)
@@ -167,7 +176,7 @@ class RedisStore:
         """
         return await self._exec(self._core.op_accept(
             session_id, agent=agent, kind=kind, message_id=message_id, input=input, context=context,
-            settings=settings, now_ms=now_ms, create=create))
+            settings=settings, now_ms=now_ms, create=create), "accept")
 
     async def session_for_message(self, message_id: str, session_id: str, *, scope: str = "") -> str:
         """The session a create with `message_id` names within `scope`: `session_id` if this
@@ -178,7 +187,7 @@ class RedisStore:
         prompts that session and its `accept` answers `repeated=True`. Call it before the
         session's first `accept`: if that accept never lands, the repeat creates the session.
         """
-        return await self._exec(self._core.op_created_session(message_id, session_id, scope=scope))
+        return await self._exec(self._core.op_created_session(message_id, session_id, scope=scope), "session_for_message")
 
     async def request_cancel(self, session_id: str, *, now_ms: int | None = None,
                              message_id: str | None = None) -> str | None:
@@ -189,11 +198,11 @@ class RedisStore:
         waits. A worker running the session sees it on `watch_inbox()`; a later claim
         reports it.
         """
-        return await self._exec(self._core.op_cancel(session_id, now_ms=now_ms, message_id=message_id))
+        return await self._exec(self._core.op_cancel(session_id, now_ms=now_ms, message_id=message_id), "request_cancel")
 
     async def mark_ready(self, session_id: str, *, now_ms: int | None = None) -> None:
         """Puts the session in the ready set (the sweeper's list; `accept` does it first)."""
-        await self._exec(self._core.op_mark_ready(session_id, now_ms=now_ms))
+        await self._exec(self._core.op_mark_ready(session_id, now_ms=now_ms), "mark_ready")
 
     # -- workers -------------------------------------------------------------------------
 
@@ -216,7 +225,7 @@ class RedisStore:
             self._core.op_claim(
                 session_id, holder=holder, lease_ms=lease_ms, now_ms=now_ms, only_work=only_work, serving=serving
             )
-        )
+        , "claim")
 
     async def append(
         self, session_id: str, epoch: int, *, records: Sequence[RecordLike] = (),
@@ -239,17 +248,17 @@ class RedisStore:
         """
         return await self._exec(self._core.op_append(
             session_id, epoch, records=records, lines=lines, marks=marks, expected=expected, durable=durable,
-            now_ms=now_ms, idempotency_key=idempotency_key))
+            now_ms=now_ms, idempotency_key=idempotency_key), "append")
 
     async def renew(self, session_id: str, epoch: int, *, lease_ms: int, now_ms: int | None = None) -> int:
         """Extends the lease to `now_ms + lease_ms` and returns that; `FxLeaseLostError` if it is gone."""
-        return await self._exec(self._core.op_renew(session_id, epoch, lease_ms=lease_ms, now_ms=now_ms))
+        return await self._exec(self._core.op_renew(session_id, epoch, lease_ms=lease_ms, now_ms=now_ms), "renew")
 
     async def release(
         self, session_id: str, epoch: int, *, cutoff: bool = False, now_ms: int | None = None
     ) -> Released:
         """Lets the session go. `cutoff=True` counts one more deadline cut-off of the open step (§6)."""
-        return await self._exec(self._core.op_release(session_id, epoch, cutoff=cutoff, now_ms=now_ms))
+        return await self._exec(self._core.op_release(session_id, epoch, cutoff=cutoff, now_ms=now_ms), "release")
 
     async def save_checkpoint(
         self, session_id: str, epoch: int, *, through: str | None, data: bytes, now_ms: int | None = None
@@ -257,7 +266,7 @@ class RedisStore:
         """Stores a checkpoint (<= 4 MiB) covering the log through `through`, trims the
         covered records and returns the log's remaining length. Fenced like `append`."""
         return await self._exec(self._core.op_save_checkpoint(
-            session_id, epoch, through=through, data=data, now_ms=now_ms))
+            session_id, epoch, through=through, data=data, now_ms=now_ms), "save_checkpoint")
 
     async def watch_inbox(
         self, session_id: str, after: int, *, block_ms: int | None = 1000, count: int | None = None
@@ -268,7 +277,7 @@ class RedisStore:
         within a second.
         """
         op = self._core.op_watch_inbox(session_id, after, block_ms=block_ms, count=count)
-        return await retry_read(lambda: self._exec(op))
+        return await retry_read(lambda: self._exec(op, None if block_ms else "watch_inbox"))
 
     async def watch_inboxes(self, after: Mapping[str, int]) -> dict[str, list[Input]]:
         """The inbox entries after `after[sid]` of each session, in one round trip (a
@@ -276,7 +285,7 @@ class RedisStore:
         if not after:
             return {}
         op = self._core.op_watch_inboxes(after)
-        return await retry_read(lambda: self._exec(op))
+        return await retry_read(lambda: self._exec(op, "watch_inboxes"))
 
     def persistence(self, session_id: str, epoch: int, claim: Claim) -> StorePersistence:
         """The engine-facing `Persistence` of this claim (fenced on `epoch`)."""
@@ -296,7 +305,7 @@ class RedisStore:
         past the stream's id space (2^64 - 1) is `FxInvalidCursorError`.
         """
         op = self._core.op_read_raw_lines(session_id, cursor, block_ms=block_ms, count=count)
-        return await retry_read(lambda: self._exec(op))
+        return await retry_read(lambda: self._exec(op, None if block_ms else "read_raw_lines"))
 
     async def read_lines(
         self, session_id: str, cursor: int = 0, *, block_ms: int | None = None, count: int | None = None
@@ -307,22 +316,22 @@ class RedisStore:
     async def state(self, session_id: str, *, now_ms: int | None = None) -> SessionState:
         """Agent, status (idle / waiting / running), last cursor, turns, epoch; `FxUnknownSessionError` if none."""
         op = self._core.op_state(session_id, now_ms=now_ms)
-        return await retry_read(lambda: self._exec(op))
+        return await retry_read(lambda: self._exec(op, "state"))
 
     async def load(self, session_id: str) -> Loaded:
         """The session's checkpoint and the log records after it (what a claim loads), read
         without a lease: `session.checkpoint()` exports from it. `FxUnknownSessionError` if none."""
-        return await self._exec(self._core.op_load(session_id))
+        return await self._exec(self._core.op_load(session_id), "load")
 
     async def list_sessions(self, limit: int = 100) -> list[str]:
         """Ids of the newest sessions the store still holds, newest first."""
         core = self._core
         index = core.op_index(core.index.sessions, limit, newest_first=True)
-        ids = [sid for sid, _ in await retry_read(lambda: self._exec(index))]
+        ids = [sid for sid, _ in await retry_read(lambda: self._exec(index, "list_sessions"))]
         if not ids:
             return []
         found = core.op_states(ids, now_ms=None)
-        states = await retry_read(lambda: self._exec(found))
+        states = await retry_read(lambda: self._exec(found, "list_sessions"))
         return [sid for sid, st in zip(ids, states) if st is not None]
 
     async def clear_ready(
@@ -334,12 +343,12 @@ class RedisStore:
         core = self._core
         now = core.now(now_ms)
         op = core.op_states([session_id], now_ms=now)
-        state = (await retry_read(lambda: self._exec(op)))[0]
+        state = (await retry_read(lambda: self._exec(op, "clear_ready")))[0]
         if state is not None and state.has_work:
             return False
         return (await self._exec(core.op_clear(
             [session_id], older_than_ms=now - core.grace(grace_ms), forget=[state is None]
-        )))[0]
+        ), "clear_ready"))[0]
 
     async def ready_sessions(
         self, *, now_ms: int | None = None, limit: int = 1000, grace_ms: int | None = None,
@@ -353,15 +362,15 @@ class RedisStore:
         core = self._core
         now = core.now(now_ms)
         index = core.op_index(core.index.ready, limit, newest_first=False)
-        marked = await retry_read(lambda: self._exec(index))
+        marked = await retry_read(lambda: self._exec(index, "ready_sessions"))
         ids = [sid for sid, _ in marked]
         found = core.op_states(ids, now_ms=now)
-        states = await retry_read(lambda: self._exec(found)) if ids else []
+        states = await retry_read(lambda: self._exec(found, "ready_sessions")) if ids else []
         idle = [(sid, st is None) for sid, st in zip(ids, states) if st is None or not st.has_work]
         if idle:
             await self._exec(core.op_clear(
                 [s for s, _ in idle], older_than_ms=now - core.grace(grace_ms), forget=[f for _, f in idle]
-            ))
+            ), "ready_sessions")
         return core.ready_from(marked, states, include_held=include_held)
 
     async def states(self, session_ids: Sequence[str], *, now_ms: int | None = None) -> list[SessionState | None]:
@@ -369,7 +378,7 @@ class RedisStore:
         if not session_ids:
             return []
         op = self._core.op_states(list(session_ids), now_ms=now_ms)
-        return await retry_read(lambda: self._exec(op))
+        return await retry_read(lambda: self._exec(op, "states"))
 
     def close(self) -> None:
         """Closes the blocking twin's client and asks every loop still running to close

@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fxengine.persistence import JournalRecord, Loaded, StoredCheckpoint
+from fxengine.persistence import Mark as Mark  # the store's marks are the engine's, plus `drop`
 
 InputKind = Literal["prompt", "steer"]
 InboxKind = Literal["prompt", "steer", "cancel"]
 MessageStatus = Literal["waiting", "running", "done"]
 SessionStatus = Literal["idle", "waiting", "running"]
-Mark = dict[str, Any]
 
 # The limits of docs/design.md §5 and §6, enforced inside the scripts.
 CHECKPOINT_MAX_BYTES = 4 * 1024 * 1024
