@@ -44,6 +44,7 @@ BENCHES: dict[str, tuple[str, list[str], int]] = {
     "failover": ("failover.py", ["--runs", "30", "--lease-s", "6"], 420),
     "peers": ("peers.py", ["--turns", "30"], 150),
     "cluster": ("cluster.py", ["--rounds", "3"], 300),
+    "tracing": ("tracing.py", ["--turns", "100", "--rounds", "3"], 300),
 }
 
 

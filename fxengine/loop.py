@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import events as ev
+from . import tracing
 from .codes import Code
 from .errors import FxError, FxInputError, FxJournalAppendError, FxSteerDeferredError
 from .ids import new_steer_id, now_ms
@@ -393,6 +394,8 @@ class TurnRunner:
             model_step(core.client, core.provider, body, on_delta=on_delta, diag=core.diag, step=step, out=out)
         )
         self._stream_task = stream
+        span = tracing.start_model_span(core.provider.name, core.spec.id, step)
+        cut, failure = False, None
         try:
             await stream
             return out, False
@@ -400,10 +403,16 @@ class TurnRunner:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise
+            cut = True
             return out, True  # a steer cut the reply short
+        except Exception as exc:
+            failure = exc
+            raise
         finally:
             self._stream_task = None
             self._in_flight = None
+            tracing.end_model_span(span, model=out.model, finish_reason=out.finish_reason, usage=out.usage, cut=cut,
+                                   error=failure)
 
     def _ctx(self, call: PlannedCall) -> ToolContext:
         core = self.core
@@ -413,7 +422,7 @@ class TurnRunner:
         return execution_id(self.core.session_id, self.turn_id, step, call_id)
 
     async def _run_tools(self, step: int, calls: list[dict[str, Any]],
-                         response_future: asyncio.Future[str | None] | None) -> None:
+                         response_future: asyncio.Future[str | None] | None, *, rerun: bool = False) -> None:
         core = self.core
         planned: list[PlannedCall] = []
         for call in calls:
@@ -422,12 +431,18 @@ class TurnRunner:
                                        self._execution_id(step, call["id"]), error))
         self._in_flight = {"kind": "tool", "step": step, "calls": []}
 
+        spans: dict[str, Any] = {}
+
         async def on_start(call: PlannedCall) -> None:
             self._running_calls[call.id] = {"id": call.id, "name": call.name, "executionId": call.execution_id}
+            tool = core.tools.get(call.name)
+            spans[call.id] = tracing.start_tool_span(call.name, call.id, call.execution_id, rerun=rerun,
+                                                     idempotent=tool.idempotent if tool is not None else None)
             await self.events.put(ev.tool_start(call.id, call.name, call.input, step))
 
         async def on_end(call: PlannedCall, outcome: ToolOutcome) -> None:
             self._running_calls.pop(call.id, None)
+            tracing.end_tool_span(spans.pop(call.id, None), is_error=outcome.is_error)
             if self.signal.aborted:
                 return  # a late result after a cancel is dropped (the turn end answers the call)
             content, images = outcome.content, outcome.images
@@ -475,9 +490,11 @@ class TurnRunner:
                               "id": call["id"], "name": call["name"], "step": step})
                 rerun.append(call)
                 continue
+            tracing.add_event("tool.ambiguous", {"gen_ai.tool.name": call["name"], "gen_ai.tool.call.id": call["id"],
+                                                 "fx.tool.execution_id": execution_id})
             core.commit("tool_result", {"step": step, "id": call["id"], "name": call["name"],
                                        "content": AMBIGUOUS_RESULT, "isError": True}, marks=[DONE])
             await self.events.put(ev.tool_end(call["id"], call["name"], is_error=True, content=AMBIGUOUS_RESULT,
                                               step=step))
         if rerun:
-            await self._run_tools(step, rerun, None)
+            await self._run_tools(step, rerun, None, rerun=True)

@@ -48,8 +48,9 @@ from fxengine.providers import CatalogCache, Provider, resolve_provider
 from fxengine.providers.check import PROVIDER_NAMES
 from fxengine.tools import check_tools
 from fxengine.turn import TurnResult
+from opentelemetry import trace
 
-from . import metrics, registry
+from . import metrics, registry, tracing
 from .embedded import InProcessWaker, stop_embedded_workers
 from .errors import FxConfigError, FxInvalidCursorError, FxUnknownSessionError
 from .export import export_checkpoint
@@ -65,6 +66,7 @@ from .ids import (
 from .runtime import LoopThread, SharedLoop
 from .settings import Settings
 from .store import RedisStore, close_default_store, default_store
+from .store.types import Accepted, InputKind
 from .wakers import CeleryWaker, Waker
 
 log = logging.getLogger("fxworker.agent")
@@ -367,17 +369,7 @@ class Session:
         """
         blocks = await self.prepare_input(input)
         message_id = validate_message_id(message_id) if message_id is not None else new_message_id()
-        context, settings = self._checked()
-        accepted = await self.store.accept(
-            self.id,
-            agent=self.agent.name,
-            kind="prompt",
-            message_id=message_id,
-            input=blocks,
-            context=context,
-            settings=settings,
-            now_ms=now_ms(),
-        )
+        accepted = await self._accept("prompt", message_id, blocks)
         metrics.ACCEPTED.inc()
         owner = self._forwarded(getattr(accepted, "agent", None))
         if not (accepted.repeated and accepted.status == "done"):
@@ -404,21 +396,26 @@ class Session:
             else:
                 text = check_steer_text(words)
         message_id = validate_message_id(message_id) if message_id is not None else new_steer_id()
-        context, settings = self._checked()
-        accepted = await self.store.accept(
-            self.id,
-            agent=self.agent.name,
-            kind="steer",
-            message_id=message_id,
-            input=text,
-            context=context,
-            settings=settings,
-            now_ms=now_ms(),
-        )
+        accepted = await self._accept("steer", message_id, text)
         metrics.ACCEPTED.inc()
         owner = self._forwarded(getattr(accepted, "agent", None))
         await self._wake(owner, "steer")
         return accepted
+
+    async def _accept(self, kind: InputKind, message_id: str, input: Any) -> Accepted:
+        """Stores one input with this object's context and settings; with tracing on, in a
+        `fx.accept` span whose context is stored with it (`fxworker.tracing`)."""
+        context, settings = self._checked()
+        span = tracing.start_accept(self.id, kind, message_id)
+        if span is None:
+            return await self.store.accept(self.id, agent=self.agent.name, kind=kind, message_id=message_id,
+                                           input=input, context=context, settings=settings, now_ms=now_ms())
+        with trace.use_span(span, end_on_exit=True):
+            accepted = await self.store.accept(self.id, agent=self.agent.name, kind=kind, message_id=message_id,
+                                               input=input, context=context, settings=settings, now_ms=now_ms(),
+                                               traceparent=tracing.current_traceparent())
+            span.set_attribute("fx.repeated", accepted.repeated)
+            return accepted
 
     async def cancel(self) -> None:
         """Cancels the running or waiting turn; the running worker sees it within a second."""

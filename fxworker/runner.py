@@ -32,27 +32,33 @@ kills the process that loads it) is ended at the next death without loading the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import threading
 from collections import deque
 from collections.abc import Awaitable
 from typing import Any
 
+import httpx
+from opentelemetry import trace
+
 from fxengine.codes import Code
-from fxengine.engine import create_engine
+from fxengine.engine import Engine, create_engine
 from fxengine.errors import FxError, FxInputError
 from fxengine.limits import prompt_text
 from fxengine.providers.credentials import mask_secret
+from fxengine.turn import Turn, TurnResult
 
-from . import metrics, protocol, registry
+from . import metrics, protocol, registry, tracing
 from .deadline import Deadline
 from .errors import FxLeaseLostError, FxStoreUnavailableError
 from .ids import new_holder_id, now_ms
 from .leases import LeaseKeeper
+from .protocol import Outcome, RunResult
 from .store import RedisStore
 from .store.persistence import LineWriter, StorePersistence, retry_unavailable
-from .protocol import Outcome, RunResult
-from .store.types import Idle, Serving, Unserved
+from .store.types import Claim, Idle, Input, Released, Serving, Unserved
 from .watch import InboxWatcher
 
 log = logging.getLogger("fxworker.runner")
@@ -80,8 +86,8 @@ class Runner:
         *,
         deadline_ms: int,
         reason: str = "wake",
-        http_client: Any = None,
-        stopping: Any = None,
+        http_client: httpx.AsyncClient | None = None,
+        stopping: threading.Event | None = None,
     ) -> None:
         self.agent = agent
         self.store: RedisStore = agent.store
@@ -91,19 +97,19 @@ class Runner:
         self.deadline = Deadline(deadline_ms, int(agent.reserve_s * 1000), stopping)  # stopping: set on warm shutdown
         self.holder = new_holder_id()
         self.lease_ms = int(agent.lease_s * 1000)
-        self.claim: Any = None
+        self.claim: Claim = None  # type: ignore[assignment]  # set by the claim, before any use
         self.epoch = 0
-        self.engine: Any = None
-        self.turn: Any = None
+        self.engine: Engine | None = None
+        self.turn: Turn | None = None
         self.turn_id: str | None = None
-        self.pending: deque[Any] = deque()
+        self.pending: deque[Input] = deque()
         self.fenced = False
         self.cut_off = False
         self.store_lost = False
         self.writer: LineWriter | None = None
         self._engine_key: tuple[Any, Any] | None = None
         self.persistence: StorePersistence | None = None
-        self.released: Any = None  # the store's answer to this delivery's release
+        self.released: Released | None = None  # the store's answer to this delivery's release
         self._requeue = False  # the rest goes to a new delivery (not a deadline yield)
         self.owner: str | None = None  # the owning agent, when run() answers MISROUTED
         self.unserved: Unserved | None = None  # and the store's backoff, when nothing was claimed
@@ -301,7 +307,7 @@ class Runner:
 
     # ------------------------------------------------------------------ inbox
 
-    def _on_input(self, entry: Any) -> None:
+    def _on_input(self, entry: Input) -> None:
         """A new inbox entry while this runner holds the lease."""
         if entry.kind == "cancel":
             # A cancel names its turn (cancel.lua): the running one, or one waiting here,
@@ -355,7 +361,7 @@ class Runner:
             if outcome != Outcome.ENDED:
                 return outcome
 
-    async def _guarded(self, step: Awaitable[Outcome], entry: Any) -> Outcome:
+    async def _guarded(self, step: Awaitable[Outcome], entry: Input | None) -> Outcome:
         """Awaits a turn's step; an exception that is not one of the runner's stops ends
         what it hit (`_end_failed`)."""
         try:
@@ -387,7 +393,7 @@ class Runner:
         self.emit("session.error", epoch=self.epoch, turn=self.turn_id, error=error)
         self._push(protocol.session_error(self.turn_id, error, self.turn_id))
 
-    async def _end_failed(self, exc: Exception, entry: Any) -> Outcome:
+    async def _end_failed(self, exc: Exception, entry: Input | None) -> Outcome:
         """Ends the turn (or the input `entry` whose turn could not open) that `exc` hit:
         stop reason `error`, a `turn_end` and a `session_error` line. Raises `Unsettled`
         when even that cannot be stored."""
@@ -409,7 +415,7 @@ class Runner:
                 await self._close_engine()
                 self._requeue = True
 
-    async def _settle_failed(self, entry: Any, error: dict[str, Any]) -> Outcome:
+    async def _settle_failed(self, entry: Input | None, error: dict[str, Any]) -> Outcome:
         # Queued first, so it is stored before the turn_end a follower of the turn stops at.
         self._session_error(error)
         engine = self.engine
@@ -429,7 +435,7 @@ class Runner:
             marks.append(protocol.drop(entry.message_id))
         return await self._end_without_engine(error, marks)
 
-    async def _end_unstarted(self, entry: Any, error: dict[str, Any]) -> Outcome:
+    async def _end_unstarted(self, entry: Input, error: dict[str, Any]) -> Outcome:
         """Ends an input without opening a turn for it (`drop`): its `turn_end` says why."""
         self.turn_id = entry.message_id
         self._session_error(error)
@@ -473,7 +479,7 @@ class Runner:
             # A cancel request applies to the turn open when it landed; none is open now.
         return None
 
-    async def _open_engine(self, context: Any, settings: dict[str, Any] | None) -> Any:
+    async def _open_engine(self, context: Any, settings: dict[str, Any] | None) -> Engine | None:
         key = (repr(context), repr(settings))
         if self.engine is not None and self._engine_key == key:
             return self.engine
@@ -541,7 +547,7 @@ class Runner:
         stored = self.persistence.end_stored if self.persistence is not None else None
         return stored is not None and stored.get("type") == type_ and stored.get("messageId") == self.turn_id
 
-    async def _start_turn(self, entry: Any) -> Outcome:
+    async def _start_turn(self, entry: Input) -> Outcome:
         if self._requeue:
             self.pending.appendleft(entry)
             return Outcome.YIELDED
@@ -557,17 +563,20 @@ class Runner:
             text_input = prompt_text(entry.input)
         # The line rides with the engine's first record (the turn's start barrier).
         self._push(protocol.turn_start(self.turn_id, self.session_id, text_input))
-        self.turn = engine.prompt(entry.input, yield_at=self.deadline.yield_at(), turn_id=entry.message_id)
+        span = self._trace_delivery(entry.traceparent, resumed=False)
+        with _current(span):  # the engine's turn task starts under it: its spans are the turn's
+            self.turn = engine.prompt(entry.input, yield_at=self.deadline.yield_at(), turn_id=entry.message_id)
         self._yield_if_stopping()
         # Steers accepted after this prompt and waiting join it (§6).
         self._join_waiting_steers()
         if entry.cancelled:
             self.turn.cancel()
-        return await self._drive()
+        return await self._traced(span, self._drive())
 
     async def _continue_open_turn(self) -> Outcome:
         claim = self.claim
         open_turn = claim.open_turn
+        assert open_turn is not None  # the claim found the turn open
         turn_input = open_turn.input
         if claim.deaths > MAX_DEATHS:
             # The delivery that was to end it as poison died too, loading or resuming its
@@ -617,14 +626,44 @@ class Runner:
                     },
                 )
             no_rerun = True
-        self.turn = engine.resume(yield_at=self.deadline.yield_at(), no_rerun=no_rerun, next_step=next_step)
+        span = self._trace_delivery(turn_input.traceparent if turn_input is not None else None, resumed=True)
+        with _current(span):
+            self.turn = engine.resume(yield_at=self.deadline.yield_at(), no_rerun=no_rerun, next_step=next_step)
         if self.turn is None:
-            return await self._end_open("unknown", None)
+            return await self._traced(span, self._end_open("unknown", None))
         self._yield_if_stopping()
         self._join_waiting_steers()
         if claim.cancel_requested:
             self.turn.cancel()
-        return await self._drive()
+        return await self._traced(span, self._drive())
+
+    def _trace_delivery(self, traceparent: str | None, *, resumed: bool) -> trace.Span | None:
+        """This delivery's part of the turn, in the trace of the request that sent its
+        input (`fxworker.tracing`); None when tracing is off."""
+        if not tracing.enabled():
+            return None
+        claim = self.claim
+        attributes = {"fx.session.id": self.session_id, "fx.turn.id": self.turn_id or "", "fx.epoch": self.epoch,
+                      "fx.worker": self.holder, "fx.agent": self.agent.name, "fx.turn.resumed": resumed}
+        takeover = ({"fx.deaths": claim.deaths, "fx.epoch": self.epoch}
+                    if resumed and claim.taken_over else None)
+        return tracing.start_delivery(traceparent, attributes, takeover=takeover)
+
+    async def _traced(self, span: trace.Span | None, step: Awaitable[Outcome]) -> Outcome:
+        """Awaits the rest of a turn's part here; ends its span with how it went."""
+        if span is None:
+            return await step
+        try:
+            outcome = await step
+        except BaseException as exc:
+            span.record_exception(exc)
+            span.set_status(trace.StatusCode.ERROR, type(exc).__name__)
+            raise
+        else:
+            span.set_attribute("fx.outcome", str(outcome))
+            return outcome
+        finally:
+            span.end()
 
     def _join_waiting_steers(self) -> None:
         """Steers accepted while this turn waited to start (or to resume) join it (§6)."""
@@ -670,8 +709,8 @@ class Runner:
         if error and error.get("code") == Code.JOURNAL_APPEND_FAILED:
             if self._fenced_cause(result):
                 raise self._fenced_stop()
-            cause = error.get("cause") if isinstance(error.get("cause"), dict) else {}
-            if cause.get("code") in (Code.STORE_UNAVAILABLE, Code.STORE_FULL):
+            cause = error.get("cause")
+            if isinstance(cause, dict) and cause.get("code") in (Code.STORE_UNAVAILABLE, Code.STORE_FULL):
                 # Redis went away (or is full) mid-turn: the turn stays open in the journal and the
                 # next delivery resumes it; nothing to write here.
                 log.warning("store lost mid-turn in %s; the turn resumes on the next delivery", self.session_id)
@@ -687,7 +726,7 @@ class Runner:
             return Outcome.YIELDED
         return await self._write_end(result.stop_reason, result.usage or {}, error)
 
-    def _fenced_cause(self, result: Any) -> bool:
+    def _fenced_cause(self, result: TurnResult) -> bool:
         cause = result.error.get("cause") if isinstance(result.error, dict) else None
         return bool(self.fenced or (isinstance(cause, dict) and cause.get("code") == Code.FENCED))
 
@@ -705,7 +744,12 @@ class Runner:
                     steps.add(line["step"])
 
 
-def _check_readable(entry: Any) -> None:
+def _current(span: trace.Span | None) -> contextlib.AbstractContextManager[Any]:
+    """`span` as the current span for the block (nothing when tracing is off)."""
+    return trace.use_span(span, end_on_exit=False) if span is not None else contextlib.nullcontext()
+
+
+def _check_readable(entry: Input) -> None:
     """Raises `FxInputError` (`FX_INVALID_INPUT`) for an input the store could not decode."""
     if entry.unreadable:
         raise FxInputError(f"input {entry.message_id} cannot run: {entry.unreadable}")

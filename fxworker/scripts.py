@@ -278,6 +278,7 @@ def accept(
     ready: IndexKeys | None = None,
     session_id: str = "",
     steer_bytes: int | None = None,
+    traceparent: str = "",
 ) -> Call:
     """accept.lua: store a prompt (`kind="p"`) or steer (`"s"`) once per message id.
 
@@ -291,10 +292,11 @@ def accept(
     args: list[Arg] = [kind, message_id, input_json, agent, now_ms, "1" if create else "0", session_id]
     # Trailing arguments are sent only when needed: most prompts carry no context or
     # settings, and only a steer is checked against the limits.
-    if kind == "s":
-        args += (context_json, settings_json, steer_max_bytes, steer_max_count, steer_max_total_bytes)
-        if steer_bytes is not None:
-            args.append(steer_bytes)
+    if kind == "s" or traceparent:
+        args += (context_json, settings_json, steer_max_bytes, steer_max_count, steer_max_total_bytes,
+                 steer_bytes if steer_bytes is not None else "")
+        if traceparent:
+            args.append(traceparent)
     elif context_json or settings_json:
         args += (context_json, settings_json)
     return Call(_ACCEPT, keys.names if ready is None else keys.names + ready.names, args)

@@ -32,7 +32,7 @@ from typing import Any
 from celery import signals
 from celery.exceptions import CPendingDeprecationWarning
 
-from . import embedded, metrics
+from . import embedded, metrics, tracing
 from .celery_app import app, pool_can_cancel
 from .delivery import handle_wake_blocking
 from .errors import FxNoAgentError, FxStoreUnavailableError, FxUnknownSessionError
@@ -144,6 +144,7 @@ def _import_agents(sender: Any = None, **_: Any) -> None:
         celery_log.critical("the worker cannot start: %s", "; ".join(problems))
         logging.shutdown()
         os._exit(2)
+    tracing.configure_from_env("fx-worker")
     names = import_agents_module(settings.agents_module)
     celery_log.info("worker agents: %s (module %s)", ", ".join(names) or "none", settings.agents_module)
 

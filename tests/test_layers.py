@@ -32,7 +32,7 @@ LAYERS: list[list[str]] = [
     # ------------------------------------------------------------------ fxengine
     ["fxengine.codes", "fxengine.errors", "fxengine._build", "fxengine.usage", "fxengine.ids"],
     ["fxengine.limits", "fxengine.persistence"],
-    ["fxengine.events", "fxengine.tools", "fxengine.providers", "fxengine.journal"],
+    ["fxengine.events", "fxengine.tools", "fxengine.providers", "fxengine.journal", "fxengine.tracing"],
     ["fxengine.models", "fxengine.mcp", "fxengine.skills"],
     ["fxengine.conversation"],
     ["fxengine.core"],
@@ -43,7 +43,7 @@ LAYERS: list[list[str]] = [
     ["fxengine.testing"],
     # ------------------------------------------------------------------ fxworker
     ["fxworker.errors", "fxworker.settings", "fxworker.keys", "fxworker.ids", "fxworker.metrics", "fxworker.urls",
-     "fxworker.refresh_lock", "fxworker.info"],
+     "fxworker.refresh_lock", "fxworker.info", "fxworker.tracing"],
     ["fxworker.runtime"],
     ["fxworker.scripts", "fxworker.broker"],
     ["fxworker.store"],

@@ -10,6 +10,7 @@
 --         given one becomes the session's)   9 settings (JSON text, "" or absent)
 --       10 steer max bytes   11 steer max queued count   12 steer max queued bytes
 --       13 the steer's size: UTF-8 bytes of its text, not of its JSON (10-13: steers only)
+--       14 the W3C trace context of the request that sent it ("" or absent: none)
 -- Returns {"ok", agent, state, seq, end_cursor, ui_cursor, created(0|1)}
 --         {"repeated", agent, state, seq, end_cursor, ui_cursor, 0}
 --         {"in_use", stored_kind} | {"unknown"} | {"too_large", limit} | {"queue_full", what, limit}
@@ -99,12 +100,12 @@ else
   context = m[9] or ''
 end
 redis.call('HSET', meta, unpack(fields))
--- Context and settings only when there are some: most inputs carry neither.
-if context == '' and (ARGV[9] or '') == '' then
-  redis.call('XADD', inbox, seq .. '-0', 'k', kind, 'id', mid, 'in', input, 'at', now_ms)
-else
-  redis.call('XADD', inbox, seq .. '-0', 'k', kind, 'id', mid, 'in', input, 'cx', context, 'st', ARGV[9] or '',
-    'at', now_ms)
+-- Context, settings and a trace context only when there are some: most inputs carry none.
+local entry = {'k', kind, 'id', mid, 'in', input, 'at', now_ms}
+if context ~= '' or (ARGV[9] or '') ~= '' then
+  entry[#entry + 1], entry[#entry + 2], entry[#entry + 3], entry[#entry + 4] = 'cx', context, 'st', ARGV[9] or ''
 end
+if (ARGV[14] or '') ~= '' then entry[#entry + 1], entry[#entry + 2] = 'tp', ARGV[14] end
+redis.call('XADD', inbox, seq .. '-0', unpack(entry))
 redis.call('ZADD', pending, seq, mid)
 return {'ok', owner, 'w', seq, 0, ui, m[1] and 0 or 1}

@@ -183,6 +183,7 @@ class StoreCore:
         settings: Any,
         now_ms: int | None,
         create: bool,
+        traceparent: str | None = None,
     ) -> Op[Accepted]:
         keys = self._keys.get(session_id) or self.keys(session_id)
         validate_message_id(message_id)
@@ -204,6 +205,7 @@ class StoreCore:
             agent=agent, now_ms=now, create=create, steer_max_bytes=STEER_MAX_BYTES,
             steer_max_count=STEER_MAX_QUEUED, steer_max_total_bytes=STEER_MAX_QUEUED_BYTES,
             ready=None if cluster else self.index, session_id=session_id, steer_bytes=steer_bytes,
+            traceparent=traceparent or "",
         )
         # The ready mark goes first (§5): a sender that dies after the acknowledgement
         # leaves the session for the sweeper. On one server the accept script marks it

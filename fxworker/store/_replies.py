@@ -117,6 +117,7 @@ def parse_input(fields: list[Any], *, cancel_target: str = "") -> Input:
         accepted_ms=int(values.get(b"at", 0) or 0),
         cancelled=bool(cancel_target) and message_id == cancel_target,
         unreadable=unreadable,
+        traceparent=_text(values[b"tp"]) if b"tp" in values else None,
         **decoded,
     )
 

@@ -163,6 +163,7 @@ class RedisStore:
     async def accept(
         self, session_id: str, *, agent: str, kind: InputKind = "prompt", message_id: str, input: Any,
         context: Any = None, settings: Any = None, now_ms: int | None = None, create: bool = True,
+        traceparent: str | None = None,
     ) -> Accepted:
         """Stores a prompt or steer; returns once Redis (and the `ack` level) has it.
 
@@ -172,11 +173,12 @@ class RedisStore:
         (`FxLimitError` / `FxQueueFullError`), appends to the inbox and records the owning
         agent on first input. `create=False` refuses an unknown session
         (`FxUnknownSessionError`). `Accepted.agent` is the owner: compare it with `agent`
-        to detect a forwarded session.
+        to detect a forwarded session. `traceparent` (a W3C trace context) is kept with the
+        input, for the worker that runs it to continue the trace.
         """
         return await self._exec(self._core.op_accept(
             session_id, agent=agent, kind=kind, message_id=message_id, input=input, context=context,
-            settings=settings, now_ms=now_ms, create=create), "accept")
+            settings=settings, now_ms=now_ms, create=create, traceparent=traceparent), "accept")
 
     async def session_for_message(self, message_id: str, session_id: str, *, scope: str = "") -> str:
         """The session a create with `message_id` names within `scope`: `session_id` if this

@@ -57,11 +57,12 @@ class SyncRedisStore:
     def accept(
         self, session_id: str, *, agent: str, kind: InputKind = "prompt", message_id: str, input: Any,
         context: Any = None, settings: Any = None, now_ms: int | None = None, create: bool = True,
+        traceparent: str | None = None,
     ) -> Accepted:
         """See `RedisStore.accept`."""
         return self._exec(self._core.op_accept(
             session_id, agent=agent, kind=kind, message_id=message_id, input=input, context=context,
-            settings=settings, now_ms=now_ms, create=create))
+            settings=settings, now_ms=now_ms, create=create, traceparent=traceparent))
 
     def session_for_message(self, message_id: str, session_id: str, *, scope: str = "") -> str:
         """See `RedisStore.session_for_message`."""

@@ -57,6 +57,7 @@ class Input:
     accepted_ms: int = 0
     cancelled: bool = False
     unreadable: str | None = None  # why a stored field could not be decoded (the input cannot run)
+    traceparent: str | None = None  # the W3C trace context of the request that sent it
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from fxworker.errors import FxConfigError
+from fxworker import tracing
 from fxworker.settings import Settings
 
 from fxworker.store import store_clients, store_kind
@@ -108,8 +109,12 @@ def create_app(
             callers are the embedder's users.
         allowed_origins: under an `authorize` hook, the origins (`https://app.example`)
             besides the server's own whose pages may POST (default `FX_ALLOWED_ORIGINS`).
+
+    When the environment asks for traces (`OTEL_TRACES_EXPORTER`, `OTEL_EXPORTER_OTLP_*`)
+    and no tracer provider is installed, it installs one (`fxworker.tracing`).
     """
     settings = settings or Settings.from_env()
+    tracing.configure_from_env("fx-web")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -18,6 +18,7 @@ def test_fxworker_exports() -> None:
         "new_session_id",
         "redis_refresh_lock",
         "Settings",
+        "backend_info",
         "FxAckUnsupportedError",
         "FxAgentExistsError",
         "FxConfigError",

@@ -418,6 +418,12 @@ def test_steer_and_cancel_a_running_turn(web_open: WebProcess, api: httpx.Client
     steered = fx(web_open.url, "steer", steered_sid, "shorter please")
     assert steered.returncode == 0, steered.stderr
     assert re.match(r"^steer msg_\w+ stored$", steered.stdout.strip())
+
+    def joined() -> bool:  # the worker polls its inbox: let it see the steer before the reply ends
+        stored = api.get(f"/v1/sessions/{steered_sid}/stream", params={"cursor": 0, "follow": "false"})
+        return any(ln["type"] == "user_message" for ln in ndjson_lines(stored))
+
+    wait_until(joined, 10, what="the steer joining the held turn")
     model.release("cli-steer")
     lines = read_turn(api, steered_sid)
     assert any(ln["type"] == "user_message" for ln in lines), lines  # the steer joined the turn
