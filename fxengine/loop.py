@@ -37,6 +37,8 @@ AMBIGUOUS_RESULT = (
 )
 
 OnAmbiguous = Callable[[dict[str, Any]], Any]
+# How a turn stops: its stop reason and error (None when there is none).
+Stop = tuple[str, dict[str, Any] | None]
 OnFinish = Callable[["TurnRunner"], None]
 OnDetach = Callable[[], None]
 
@@ -203,7 +205,7 @@ class TurnRunner:
     # the task
 
     async def _main(self) -> None:
-        outcome: tuple[str, dict[str, Any] | None] | None = None
+        outcome: Stop | None = None
         self._started = True
         try:
             if not (self._cancel_requested or self._detached or self._failure is not None):
@@ -236,7 +238,7 @@ class TurnRunner:
         error = {"code": Code.JOURNAL_APPEND_FAILED, "message": f"the journal append failed: {exc}", "cause": cause}
         return TurnResult("error", usage, error)
 
-    async def _finish(self, outcome: tuple[str, dict[str, Any] | None] | None) -> None:
+    async def _finish(self, outcome: Stop | None) -> None:
         core = self.core
         if inspect.iscoroutine(self._prepare):
             self._prepare.close()  # the turn stopped before its prompt's images were resized
@@ -277,79 +279,107 @@ class TurnRunner:
                                              "finishReason": None, "usage": out.usage, "cut": True},
                          marks=[DONE])
 
-    async def _run(self) -> tuple[str, dict[str, Any] | None]:
-        core = self.core
-        conv = core.conversation
-        first_barrier: asyncio.Future[str | None] | None = None
-        requested: int | None = None  # the step whose model_request rode with turn_start
-        if not self._resume:
+    async def _run(self) -> Stop:
+        """The turn: opened (or resumed), then model steps and their tools until it stops."""
+        if self._resume:
+            await self._reopen()
+            first_barrier, requested = None, None
+        else:
             if self._prepare is not None and not await self._prepared():
                 assert self._refused is not None
                 return ("error", self._refused.to_dict())
-            if conv.open is not None:
-                core.end_turn(conv.open.id, ev.end_body("cancelled", conv.open.usage, {
-                    "code": Code.TURN_INTERRUPTED, "message": "a new prompt ended this turn, which an earlier engine left open"}))
-            assert self._blocks is not None
-            first_barrier = core.commit("turn_start", {"turn": self.turn_id, "input": self._blocks, "atMs": now_ms()},
-                                         marks=[{"start": self.turn_id}], barrier=True)
-            if not self._steers and not self._yield_requested and self._next_step is None:
-                # The first request goes in the start's append (one store call fewer): a steer
-                # placed after it still reaches that request, as its messages are built later.
-                requested = conv.open.step + 1 if conv.open is not None else None
-                if requested is not None:
-                    core.commit("model_request", {"step": requested})
-        else:
-            turn = conv.open
-            assert turn is not None
-            unanswered = turn.unanswered
-            pending_step = int(turn.pending["step"]) if turn.pending else 0
-            core.commit("resumed", {"interrupted": not turn.yielded, "retract": self.retract_candidates})
-            if unanswered:
-                await self._resume_calls(pending_step, unanswered)
+            first_barrier, requested = self._open()
         first = True
         while True:
             if first_barrier is not None:
-                await core.journal.wait(first_barrier)
+                await self.core.journal.wait(first_barrier)
                 first_barrier = None
             await self._place_steers()
-            turn = conv.open
-            assert turn is not None
-            if self._end_requested and not first:
-                return ("end_turn", None)  # a steer with images runs as the next turn
-            if self._yield_requested or (not first and self._yield_at is not None and now_ms() >= self._yield_at):
-                return ("yielded", None)
-            if turn.responses >= core.max_model_turns:
-                return ("max_model_turns", None)
+            stop = self._stop_before_request(first)
+            if stop is not None:
+                return stop
             first = False
             if requested is not None:
                 step, requested = requested, None  # its model_request is in the start's append
             else:
+                turn = self.core.conversation.open
+                assert turn is not None
                 step = max(turn.step + 1, self._next_step or 0)
                 self._next_step = None
-                core.commit("model_request", {"step": step})
-            out, cut = await self._model_step(step)
-            finish = out.finish_reason
-            calls = out.tool_calls if not cut and finish not in ("length", "content_filter") else []
-            response: dict[str, Any] = {"step": step, "content": out.content, "toolCalls": calls,
-                                        "finishReason": finish, "usage": out.usage, "cut": cut}
-            if out.reasoning:
-                response["reasoning"] = "".join(out.reasoning)
-            barrier = any(self._needs_barrier(c["name"]) for c in calls)
-            self._out = None
-            response_future = core.commit("model_response", response, marks=[DONE], barrier=barrier,
-                                           want_ack=bool(calls))
-            if cut:
-                continue
-            if finish == "length":
-                return ("max_output_tokens", None)
-            if finish == "content_filter":
-                return ("refused", None)
-            if not calls:
-                if self._steers:
-                    continue
-                self._accepting = False
-                return ("end_turn", None)
-            await self._run_tools(step, calls, response_future)
+                self.core.commit("model_request", {"step": step})
+            stop = await self._step(step)
+            if stop is not None:
+                return stop
+
+    def _open(self) -> tuple[asyncio.Future[str | None] | None, int | None]:
+        """Journals the turn's start (ending a turn an earlier engine left open first);
+        (the start's barrier, the step whose model_request rides with it, if any)."""
+        core = self.core
+        conv = core.conversation
+        if conv.open is not None:
+            core.end_turn(conv.open.id, ev.end_body("cancelled", conv.open.usage, {
+                "code": Code.TURN_INTERRUPTED, "message": "a new prompt ended this turn, which an earlier engine left open"}))
+        assert self._blocks is not None
+        first_barrier = core.commit("turn_start", {"turn": self.turn_id, "input": self._blocks, "atMs": now_ms()},
+                                    marks=[{"start": self.turn_id}], barrier=True)
+        requested = None
+        if not self._steers and not self._yield_requested and self._next_step is None:
+            # The first request goes in the start's append (one store call fewer): a steer
+            # placed after it still reaches that request, as its messages are built later.
+            requested = conv.open.step + 1 if conv.open is not None else None
+            if requested is not None:
+                core.commit("model_request", {"step": requested})
+        return first_barrier, requested
+
+    async def _reopen(self) -> None:
+        """Journals the resume and settles the tool calls the crashed turn left running."""
+        turn = self.core.conversation.open
+        assert turn is not None
+        unanswered = turn.unanswered
+        pending_step = int(turn.pending["step"]) if turn.pending else 0
+        self.core.commit("resumed", {"interrupted": not turn.yielded, "retract": self.retract_candidates})
+        if unanswered:
+            await self._resume_calls(pending_step, unanswered)
+
+    def _stop_before_request(self, first: bool) -> Stop | None:
+        """Why the turn stops before its next model request, if it does."""
+        turn = self.core.conversation.open
+        assert turn is not None
+        if self._end_requested and not first:
+            return ("end_turn", None)  # a steer with images runs as the next turn
+        if self._yield_requested or (not first and self._yield_at is not None and now_ms() >= self._yield_at):
+            return ("yielded", None)
+        if turn.responses >= self.core.max_model_turns:
+            return ("max_model_turns", None)
+        return None
+
+    async def _step(self, step: int) -> Stop | None:
+        """One model request and the tools it calls; how the turn stops, or None to go on."""
+        core = self.core
+        out, cut = await self._model_step(step)
+        finish = out.finish_reason
+        calls = out.tool_calls if not cut and finish not in ("length", "content_filter") else []
+        response: dict[str, Any] = {"step": step, "content": out.content, "toolCalls": calls,
+                                    "finishReason": finish, "usage": out.usage, "cut": cut}
+        if out.reasoning:
+            response["reasoning"] = "".join(out.reasoning)
+        barrier = any(self._needs_barrier(c["name"]) for c in calls)
+        self._out = None
+        response_future = core.commit("model_response", response, marks=[DONE], barrier=barrier,
+                                      want_ack=bool(calls))
+        if cut:
+            return None
+        if finish == "length":
+            return ("max_output_tokens", None)
+        if finish == "content_filter":
+            return ("refused", None)
+        if not calls:
+            if self._steers:
+                return None
+            self._accepting = False
+            return ("end_turn", None)
+        await self._run_tools(step, calls, response_future)
+        return None
 
     async def _prepared(self) -> bool:
         """Awaits the prompt's blocks from an async `resize_image` and checks them; False
