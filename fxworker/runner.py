@@ -146,6 +146,36 @@ class Runner:
         return RunResult(outcome, self.agent, self.owner, self.unserved, self.released)
 
     async def _run(self) -> Outcome:
+        claim = await self._claim()
+        if isinstance(claim, Outcome):
+            return claim
+        self.claim = claim
+        self.epoch = claim.epoch
+        if claim.taken_over:
+            metrics.TAKEOVERS.inc()
+            turn = claim.open_turn.message_id if claim.open_turn else None
+            self.emit("session.takeover", epoch=self.epoch, turn=turn, deaths=claim.deaths)
+        self.pending = deque(claim.pending)
+        outcome = await self._run_claimed(claim)
+        if outcome == Outcome.FENCED:
+            return outcome
+        if outcome == Outcome.UNSETTLED:
+            # Not released: the lease expires unrenewed, the sweeper's next claim counts a
+            # death, and the third one ends the turn or input (claim.lua).
+            log.error("%s is left to its lease (%s ms) after a failure it could not record",
+                      self.session_id, self.lease_ms)
+            return Outcome.NOOP
+        released = self.released = await self._release(cutoff=self.cut_off)
+        if self.cut_off:
+            # The store's count: it restarts only when the turn moved on (append.lua).
+            cutoffs = released.cutoffs if released is not None else int(self.claim.cutoffs) + 1
+            self.emit("session.deadline", epoch=self.epoch, cutoffs=cutoffs)
+        if outcome == Outcome.YIELDED and not (self.store_lost or self._requeue):
+            metrics.YIELDS.inc()
+        return outcome
+
+    async def _claim(self) -> Claim | Outcome:
+        """The session's lease for this runner, or why there is nothing to run here."""
         # A claim is retried under this runner's holder id: one that ran but lost its
         # reply answers the same epoch again (claim.lua), so nothing is counted twice.
         started_ms = now_ms()
@@ -179,13 +209,11 @@ class Runner:
             self.owner = claim.agent
             await self._release(cutoff=False)
             return Outcome.MISROUTED
-        self.claim = claim
-        self.epoch = claim.epoch
-        if claim.taken_over:
-            metrics.TAKEOVERS.inc()
-            turn = claim.open_turn.message_id if claim.open_turn else None
-            self.emit("session.takeover", epoch=self.epoch, turn=turn, deaths=claim.deaths)
-        self.pending = deque(claim.pending)
+        return claim
+
+    async def _run_claimed(self, claim: Claim) -> Outcome:
+        """Runs what the claim found, with the lease renewed, the inbox watched and the
+        deadline armed; FENCED when another epoch took over meanwhile."""
         keeper = LeaseKeeper(self.store, self.session_id, self.epoch, lease_ms=self.lease_ms, on_lost=self._lost)
         # Writes that meet a store outage are retried while the lease stands (store/persistence.py).
         self.writer = LineWriter(
@@ -221,21 +249,6 @@ class Runner:
                 if self.turn is not None:
                     self.turn.detach()
             await self._close_engine()
-        if outcome == Outcome.FENCED:
-            return outcome
-        if outcome == Outcome.UNSETTLED:
-            # Not released: the lease expires unrenewed, the sweeper's next claim counts a
-            # death, and the third one ends the turn or input (claim.lua).
-            log.error("%s is left to its lease (%s ms) after a failure it could not record",
-                      self.session_id, self.lease_ms)
-            return Outcome.NOOP
-        released = self.released = await self._release(cutoff=self.cut_off)
-        if self.cut_off:
-            # The store's count: it restarts only when the turn moved on (append.lua).
-            cutoffs = released.cutoffs if released is not None else int(self.claim.cutoffs) + 1
-            self.emit("session.deadline", epoch=self.epoch, cutoffs=cutoffs)
-        if outcome == Outcome.YIELDED and not (self.store_lost or self._requeue):
-            metrics.YIELDS.inc()
         return outcome
 
     def _serving(self) -> Serving:
