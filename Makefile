@@ -41,7 +41,7 @@ test: $(STAMP)
 # Every bench once (bench/run_all.py, under 10 minutes): one table of figures beside their
 # same-run baselines; bench/results/summary.json and the PNG plots. Needs the bench extra.
 bench: $(STAMP)
-	@$(BIN)/python -c "import matplotlib, agents, langgraph, langchain_openai" 2>/dev/null || \
+	@$(BIN)/python -c "import matplotlib, agents, langgraph, langchain_openai, msgspec" 2>/dev/null || \
 	  $(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python setup.py --quiet build_ext --inplace
 	$(BIN)/python bench/run_all.py
