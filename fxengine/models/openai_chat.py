@@ -13,7 +13,8 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from types import TracebackType
+from typing import Any, Literal
 
 import httpx
 
@@ -210,6 +211,41 @@ async def _as_event(response: httpx.Response) -> AsyncIterator[bytes]:
     yield b"data: " + raw.replace(b"\r", b" ").replace(b"\n", b" ") + b"\n\ndata: [DONE]\n\n"
 
 
+class _MapHttpxErrors:
+    """Turns what httpx raises while a model request runs into a retryable `AttemptFailed`
+    with its `FX_PROVIDER_*` code. A plain class, not @contextmanager: it wraps every
+    model request (`fxworker.store._boundary.map_redis_errors` is its store twin)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
+        if exc is None or isinstance(exc, AttemptFailed) or not isinstance(exc, httpx.HTTPError):
+            return False
+        name = type(exc).__name__
+        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
+            error = FxProviderError(f"cannot reach the model provider ({name})", code=Code.PROVIDER_UNREACHABLE)
+        elif isinstance(exc, httpx.TimeoutException):
+            error = FxProviderError(f"the model provider timed out ({name})", code=Code.PROVIDER_TIMEOUT)
+        elif isinstance(exc, httpx.TransportError):
+            # The connection broke mid-body: the same as a cut stream.
+            error = FxProviderError(f"the model stream was cut ({name})", code=Code.PROVIDER_STREAM_CUT)
+        else:
+            return False
+        raise AttemptFailed(error, retryable=True) from None
+
+
+_MAP_HTTPX_ERRORS = _MapHttpxErrors()
+
+
+def map_httpx_errors() -> _MapHttpxErrors:
+    """The provider boundary: `with map_httpx_errors(): ...` around a model request."""
+    return _MAP_HTTPX_ERRORS
+
+
 async def stream_attempt(
     client: httpx.AsyncClient,
     provider: Provider,
@@ -228,88 +264,89 @@ async def stream_attempt(
             retry is allowed by the kind of failure alone).
     """
     started = time.monotonic()
-
-    def elapsed_ms() -> int:
-        return int((time.monotonic() - started) * 1000)
-
     diag({"type": "transport.start", "attempt": attempt, "method": "POST", "endpoint": provider.chat_url,
           "model": body.get("model"), "step": step})
-    headers = provider.request_headers()
-    if provider.auth is not None:
-        try:
-            # Added here, just before sending: credentials never sit in the body or the journal.
-            headers.update(await provider.auth.headers(client))
-        except FxProviderError as exc:
-            raise AttemptFailed(FxProviderError(mask_secrets(exc.message, provider.secrets()), code=exc.code),
-                                retryable=False) from None
+    headers = await _headers(client, provider)
     secrets = provider.secrets()
     responses = provider.wire == WIRE_RESPONSES
     wire_body = responses_body(body) if responses else body
     decoder: Any = ResponsesDecoder() if responses else ChatStreamDecoder()
-    try:
+    with map_httpx_errors():
         async with client.stream("POST", provider.chat_url, json=wire_body, headers=headers,
                                  timeout=_idle_timeout(client, provider)) as response:
-            response_event: dict[str, Any] = {"type": "transport.response", "attempt": attempt,
-                                              "status": response.status_code, "elapsedMs": elapsed_ms(), "step": step}
-            request_id = response.headers.get("x-vercel-id") or response.headers.get("x-request-id")
-            if request_id:
-                response_event["requestId"] = request_id
-            diag(response_event)
+            _report_response(response, diag, attempt, step, started)
             if response.status_code != 200:
-                raw = b""
-                async for piece in response.aiter_bytes():
-                    raw += piece
-                    if len(raw) > ERROR_BODY_MAX_BYTES:
-                        break
-                message = mask_secrets(_error_message(raw), secrets)
-                status = response.status_code
-                raise AttemptFailed(
-                    _status_error(status, message),
-                    retryable=status == 429 or status >= 500,
-                    retry_after_s=_retry_after(response.headers),
-                )
-            total = 0
-            chunk_bytes = 0
-            last_activity = started
+                raise await _refused(response, secrets)
             whole = not responses and response.headers.get("content-type", "").startswith("application/json")
-            async for raw_chunk in (_as_event(response) if whole else response.aiter_raw()):
-                total += len(raw_chunk)
-                chunk_bytes += len(raw_chunk)
-                now = time.monotonic()
-                if now - last_activity >= ACTIVITY_INTERVAL_S:
-                    diag({"type": "transport.activity", "attempt": attempt, "chunkBytes": chunk_bytes,
-                          "totalBytes": total, "step": step})
-                    last_activity = now
-                    chunk_bytes = 0
-                for event in decoder.feed(raw_chunk):
-                    kind = event[0]
-                    if kind == "text_delta":
-                        out.text.append(event[1])
-                        out.emitted = True
-                        await on_delta("text_delta", event[1])
-                    elif kind == "reasoning_delta":
-                        out.reasoning.append(event[1])
-                        out.emitted = True
-                        await on_delta("reasoning_delta", event[1])
-    except AttemptFailed:
-        raise
-    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-        raise AttemptFailed(
-            FxProviderError(f"cannot reach the model provider ({type(exc).__name__})", code=Code.PROVIDER_UNREACHABLE),
-            retryable=True,
-        ) from None
-    except httpx.TimeoutException as exc:
-        raise AttemptFailed(
-            FxProviderError(f"the model provider timed out ({type(exc).__name__})", code=Code.PROVIDER_TIMEOUT),
-            retryable=True,
-        ) from None
-    except httpx.TransportError as exc:
-        # The connection broke mid-body: the same as a cut stream.
-        raise AttemptFailed(
-            FxProviderError(f"the model stream was cut ({type(exc).__name__})", code=Code.PROVIDER_STREAM_CUT),
-            retryable=True,
-        ) from None
-    outcome = decoder.finish()
+            chunks = _as_event(response) if whole else response.aiter_raw()
+            await _decode(chunks, decoder, out, on_delta=on_delta, diag=diag, attempt=attempt, step=step,
+                          started=started)
+    _settle(decoder.finish(), out, secrets)
+
+
+async def _headers(client: httpx.AsyncClient, provider: Provider) -> dict[str, str]:
+    """The request's headers; a provider's credentials are added here, just before sending:
+    they never sit in the body or the journal."""
+    headers = provider.request_headers()
+    if provider.auth is not None:
+        try:
+            headers.update(await provider.auth.headers(client))
+        except FxProviderError as exc:
+            raise AttemptFailed(FxProviderError(mask_secrets(exc.message, provider.secrets()), code=exc.code),
+                                retryable=False) from None
+    return headers
+
+
+def _report_response(response: httpx.Response, diag: Diagnostic, attempt: int, step: int, started: float) -> None:
+    event: dict[str, Any] = {"type": "transport.response", "attempt": attempt, "status": response.status_code,
+                             "elapsedMs": int((time.monotonic() - started) * 1000), "step": step}
+    request_id = response.headers.get("x-vercel-id") or response.headers.get("x-request-id")
+    if request_id:
+        event["requestId"] = request_id
+    diag(event)
+
+
+async def _refused(response: httpx.Response, secrets: list[str]) -> AttemptFailed:
+    """The failure of a request the provider answered with an error status (its body, bounded and masked)."""
+    raw = b""
+    async for piece in response.aiter_bytes():
+        raw += piece
+        if len(raw) > ERROR_BODY_MAX_BYTES:
+            break
+    status = response.status_code
+    return AttemptFailed(_status_error(status, mask_secrets(_error_message(raw), secrets)),
+                         retryable=status == 429 or status >= 500, retry_after_s=_retry_after(response.headers))
+
+
+async def _decode(chunks: AsyncIterator[bytes], decoder: Any, out: StepOutput, *, on_delta: OnDelta,
+                  diag: Diagnostic, attempt: int, step: int, started: float) -> None:
+    """Feeds the body to the decoder, passing text and reasoning on as they come, with a
+    `transport.activity` diagnostic every `ACTIVITY_INTERVAL_S`."""
+    total = chunk_bytes = 0
+    last_activity = started
+    async for raw_chunk in chunks:
+        total += len(raw_chunk)
+        chunk_bytes += len(raw_chunk)
+        now = time.monotonic()
+        if now - last_activity >= ACTIVITY_INTERVAL_S:
+            diag({"type": "transport.activity", "attempt": attempt, "chunkBytes": chunk_bytes, "totalBytes": total,
+                  "step": step})
+            last_activity = now
+            chunk_bytes = 0
+        for event in decoder.feed(raw_chunk):
+            kind = event[0]
+            if kind == "text_delta":
+                out.text.append(event[1])
+                out.emitted = True
+                await on_delta("text_delta", event[1])
+            elif kind == "reasoning_delta":
+                out.reasoning.append(event[1])
+                out.emitted = True
+                await on_delta("reasoning_delta", event[1])
+
+
+def _settle(outcome: Any, out: StepOutput, secrets: list[str]) -> None:
+    """What the finished stream said, into `out`; its in-band error or an early end as a failure."""
     if outcome.error is not None:
         detail = outcome.error.get("message") if isinstance(outcome.error, dict) else None
         message = mask_secrets(str(detail or json.dumps(outcome.error))[:2000], secrets)

@@ -17,7 +17,6 @@ import contextvars
 import functools
 import inspect
 import json
-import os
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,11 +30,6 @@ TOOL_RESULT_IMAGES_MAX = 8
 TOOL_RESULT_IMAGE_MAX_CHARS = 5 * 1024 * 1024  # base64 characters of one result image
 TOOL_THREADS_MAX = 64
 TOOL_RESULT_MAX_BYTES = 8 * 1024 * 1024
-
-# Test only, never set it in production: with FXENGINE_TEST_DUPLICATE_EFFECTS=1 every call
-# of a tool that is not idempotent starts twice, a planted fault the chaos checker must
-# catch (tests/chaos/run.py --plant duplicate-effects). Read here and nowhere else.
-_DUPLICATE_EFFECTS = os.environ.get("FXENGINE_TEST_DUPLICATE_EFFECTS") == "1"
 
 _executor: ThreadPoolExecutor | None = None
 
@@ -156,8 +150,6 @@ async def execute_call(tool: Tool, call: PlannedCall, ctx: ToolContext) -> ToolO
     try:
         assert tool.execute is not None
         if inspect.iscoroutinefunction(tool.execute):
-            if _DUPLICATE_EFFECTS and not tool.idempotent:
-                await tool.execute(call.input, ctx)
             value = await tool.execute(call.input, ctx)
         else:
             loop = asyncio.get_running_loop()

@@ -24,9 +24,9 @@ cluster. Every store read of the run (the checker's streams, the nemesis's lease
 epochs, the API key scan of each primary) goes to the cluster; queues, dead letters and
 the tools' records are read from the broker. The invariants are the same.
 
-`--plant duplicate-effects` starts the workers with the test-only switch
-`FXENGINE_TEST_DUPLICATE_EFFECTS=1` (fxengine/tools/runner.py), which starts every call of
-a non-idempotent tool twice: the checker must then fail (§11.2).
+`--plant duplicate-effects` starts the workers with `FX_TEST_DUPLICATE_EFFECTS=1`, which
+makes the chaos agents' non-idempotent `effect` tool start every call twice
+(tests/chaos/tooling.py): the checker must then fail (§11.2).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from tests.chaos.tooling import events_key, runs_key
 from tests.chaos.workload import Driver, ModelScript, SessionDriver
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PLANTS = {"duplicate-effects": {"FXENGINE_TEST_DUPLICATE_EFFECTS": "1"}}
+PLANTS = {"duplicate-effects": {"FX_TEST_DUPLICATE_EFFECTS": "1"}}
 DRAIN_POLL_S = 0.5
 
 

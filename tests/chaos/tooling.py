@@ -171,12 +171,23 @@ async def _slow(input: dict[str, Any], ctx: Any) -> str:
     return "aborted"
 
 
+# A planted fault the chaos checker must catch (tests/chaos/run.py --plant duplicate-effects):
+# with FX_TEST_DUPLICATE_EFFECTS=1 in a worker, each call of `effect` starts twice.
+DUPLICATE_EFFECTS = os.environ.get("FX_TEST_DUPLICATE_EFFECTS") == "1"
+
+
+async def _effect_twice(input: dict[str, Any], ctx: Any) -> str:
+    await _effect(input, ctx)
+    return await _effect(input, ctx)
+
+
 def tools() -> list[Tool]:
     named = {"type": "object", "properties": {"name": {"type": "string"}, "ms": {"type": "number"}}}
     timed = {"type": "object", "properties": {"seconds": {"type": "number"}}}
+    effect = _effect_twice if DUPLICATE_EFFECTS else _effect
     return [
         Tool("probe", "Probes something (idempotent).", named, idempotent=True, execute=_probe),
-        Tool("effect", "Has an effect (not idempotent).", named, idempotent=False, execute=_effect),
+        Tool("effect", "Has an effect (not idempotent).", named, idempotent=False, execute=effect),
         Tool("slow", "Takes a while (idempotent).", timed, idempotent=True, execute=_slow),
     ]
 
