@@ -393,6 +393,33 @@ def cancel(session_id: str, url: str | None) -> None:
 
 
 @main.command()
+@click.argument("session_id")
+@url_option
+@json_option
+def inspect(session_id: str, url: str | None, as_json: bool) -> None:
+    """What SESSION_ID went through: each turn, the workers that ran it and how each part
+    ended, its steps and tool calls."""
+    client = _client(url)
+    found = _api_call(lambda: client.timeline(session_id))
+    if as_json:
+        click.echo(json.dumps(found, ensure_ascii=False, indent=2))
+        return
+    turns = found.get("turns") or []
+    click.echo(f"{found.get('sessionId')}: {len(turns)} turn(s)")
+    for turn in turns:
+        ending = turn.get("stopReason") or "open"
+        error = turn.get("error") or {}
+        click.echo(f"- {turn['messageId']} {ending}{' ' + str(error.get('code')) if error else ''}: "
+                   f"{json.dumps(turn.get('input') or '', ensure_ascii=False)[:80]}")
+        for part in turn.get("deliveries") or []:
+            click.echo(f"    epoch {part['epoch']}: {part['how']} (cursors {part['firstCursor']}-{part['lastCursor']})")
+        for call in turn.get("tools") or []:
+            error_mark = " error" if call.get("isError") else ""
+            click.echo(f"    tool {call['name']} {call['id']}: {call['outcome']}{error_mark} "
+                       f"(epoch {', '.join(str(e) for e in call['epochs'])})")
+
+
+@main.command()
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
 @url_option
 @json_option

@@ -50,6 +50,7 @@ LAYERS: list[list[str]] = [
     ["fxworker.protocol", "fxworker.leases", "fxworker.background", "fxworker.watch", "fxworker.registry", "fxworker.celery_app",
      "fxworker.deadline"],
     ["fxworker.wakers"],
+    ["fxworker.timeline"],
     ["fxworker.export"],
     ["fxworker.runner"],
     ["fxworker.delivery"],

@@ -57,6 +57,7 @@ ROUTES = [
     Route("/v1/sessions/{session_id}/prompts", sessions.prompt, methods=["POST"]),
     Route("/v1/sessions/{session_id}/steer", sessions.steer, methods=["POST"]),
     Route("/v1/sessions/{session_id}/cancel", sessions.cancel, methods=["POST"]),
+    Route("/v1/sessions/{session_id}/timeline", sessions.timeline, methods=["GET"]),
     Route("/v1/sessions/{session_id}/stream", sessions.stream, methods=["GET"]),
     Route("/v1/wake", wake.wake, methods=["POST"]),
     Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),

@@ -92,6 +92,11 @@ class ApiClient:
         result: dict[str, Any] = self._request("GET", f"/v1/sessions/{session_id}").json()
         return result
 
+    def timeline(self, session_id: str) -> dict[str, Any]:
+        """What the session went through: its turns, the workers that ran them, their tools."""
+        result: dict[str, Any] = self._request("GET", f"/v1/sessions/{session_id}/timeline").json()
+        return result
+
     def sessions(self, *, limit: int = 20) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = self._request("GET", "/v1/sessions", params={"limit": limit}).json()["sessions"]
         return found

@@ -71,6 +71,12 @@ def document() -> dict[str, Any]:
                      "responses": {"202": _json({"type": "object", "required": ["sessionId", "cancelRequested"]},
                                                 "asked"), **_errors(*COMMON)}},
         },
+        "/v1/sessions/{session_id}/timeline": {
+            "get": {"summary": "What the session went through: turns, the workers that ran them, tool calls",
+                    "parameters": [SESSION_ID],
+                    "responses": {"200": _json({"type": "object", "required": ["sessionId", "turns"]}, "the timeline"),
+                                  **_errors(*COMMON)}},
+        },
         "/v1/sessions/{session_id}/stream": {
             "get": {"summary": "The session's lines after a cursor", "parameters": [
                 SESSION_ID,

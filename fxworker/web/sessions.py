@@ -1,4 +1,4 @@
-"""The session routes of §3: create, prompt, steer, cancel, stream, state, list.
+"""The session routes of §3: create, prompt, steer, cancel, stream, state, timeline, list.
 
 Each route checks access (`check_access`), reads its body through the capped reader,
 calls the library (`Agent` / `Session`) and answers JSON or NDJSON. The library raises
@@ -29,6 +29,7 @@ from fxworker.errors import (
     FxUnknownSessionError,
 )
 from fxworker.store._core import MAX_CURSOR
+from fxworker.timeline import read as read_timeline
 
 from .auth import check_access, is_allowed
 from .bodies import CreateSessionBody, PromptBody, SteerBody, read_json
@@ -248,6 +249,14 @@ async def state(request: Request) -> Response:
     await check_access(request, request.path_params["session_id"], "state")
     _, found = await _existing(request)
     return JSONResponse(found)
+
+
+async def timeline(request: Request) -> Response:
+    """`GET /v1/sessions/{id}/timeline`: each turn with the workers that ran it (epoch, how
+    each part ended), its steps and its tool calls (`fxworker.timeline`)."""
+    await check_access(request, request.path_params["session_id"], "state")
+    session, _ = await _existing(request)
+    return JSONResponse(await read_timeline(session))
 
 
 async def list_sessions(request: Request) -> Response:

@@ -170,3 +170,12 @@ def test_a_turn_resumed_after_a_killed_worker_is_marked(dev: WebProcess, page_mo
     assert width <= 390, f"the page is {width} px wide at 390 px"
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "page_resumed_390.png"), full_page=True)  # type: ignore[attr-defined]
+    # The timeline of the same session: the killed worker's part died, its replacement's ended.
+    page.click("#show-timeline")  # type: ignore[attr-defined]
+    page.wait_for_selector("#timeline .tl-part")  # type: ignore[attr-defined]
+    hows = page.eval_on_selector_all("#timeline .tl-part", "els => els.map(e => e.dataset.how)")  # type: ignore[attr-defined]
+    assert hows == ["died", "ended"], page.inner_text("#timeline")  # type: ignore[attr-defined]
+    assert "holdonce:page-kill" in page.inner_text("#timeline .tl-turn")  # type: ignore[attr-defined]
+    page.screenshot(path=str(ARTIFACTS / "page_timeline_390.png"), full_page=True)  # type: ignore[attr-defined]
+    page.click("#show-timeline")  # type: ignore[attr-defined]
+    assert not page.is_visible("#timeline")  # type: ignore[attr-defined]

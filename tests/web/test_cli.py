@@ -243,6 +243,14 @@ def test_prompt_withdraws_the_text_of_a_step_cut_off_by_a_killed_worker(
         assert tail.returncode == 0 and tail.stdout == RETRACTED, tail.stderr
         raw = fx(web.url, "tail", sid, "--no-follow", "--json")
         assert [json.loads(x) for x in raw.stdout.splitlines()] == lines
+        # The timeline of the same session: the killed worker's part died, the next one's ended.
+        with httpx.Client(base_url=web.url, timeout=15.0) as api:
+            (turn,) = api.get(f"/v1/sessions/{sid}/timeline").json()["turns"]
+        assert [d["how"] for d in turn["deliveries"]] == ["died", "ended"]
+        dead_epoch = turn["deliveries"][0]["epoch"]
+        assert [s["withdrawn"] for s in turn["steps"] if s["epoch"] == dead_epoch] == [True]
+        inspected = fx(web.url, "inspect", sid)
+        assert f"epoch {dead_epoch}: died" in inspected.stdout and ": ended (cursors" in inspected.stdout
     finally:
         model.release("cli-retract")
         if web is not None:

@@ -222,8 +222,38 @@ function askToken() {
   $("token-row").classList.add("shown");
 }
 
+// The timeline (GET /v1/sessions/{id}/timeline): each turn, the workers that ran it and how
+// each part ended, its tool calls; shown on demand, fetched fresh each time.
+async function showTimeline() {
+  const panel = $("timeline");
+  if (!panel.hidden) { panel.hidden = true; return; }
+  const response = await fetch(ROOT + "/v1/sessions/" + encodeURIComponent(sessionId) + "/timeline", { headers: headers() });
+  if (response.status === 401) { askToken(); return; }
+  const body = await response.json();
+  panel.replaceChildren(el("h2", null, "Timeline"));
+  if (!response.ok) { panel.appendChild(el("div", "error", body.error.code + ": " + body.error.message)); }
+  for (const turn of body.turns || []) {
+    const row = el("div", "tl-turn");
+    row.dataset.messageId = turn.messageId;
+    row.appendChild(el("div", null, (turn.input || turn.messageId) + " — " + (STOP_LABELS[turn.stopReason] || turn.stopReason || "running")));
+    for (const part of turn.deliveries) {
+      const p = el("div", "tl-part", "worker epoch " + part.epoch + ": " + part.how);
+      p.dataset.how = part.how;
+      row.appendChild(p);
+    }
+    for (const call of turn.tools) {
+      const t = el("div", "tl-tool", "tool " + call.name + ": " + call.outcome + (call.isError ? " (error)" : ""));
+      t.dataset.outcome = call.outcome;
+      row.appendChild(t);
+    }
+    panel.appendChild(row);
+  }
+  panel.hidden = false;
+}
+
 function openSession(id) {
   sessionId = id;
+  $("show-timeline").hidden = false;
   $("empty").hidden = true;
   const url = new URL(location.href);
   url.searchParams.set("session", id);
@@ -273,6 +303,7 @@ $("save-token").addEventListener("click", () => {
   if (sessionId) follow();
 });
 $("new-session").addEventListener("click", () => { location.href = location.pathname; });
+$("show-timeline").addEventListener("click", () => { showTimeline(); });
 $("stop").addEventListener("click", async () => {
   if (!sessionId) return;
   $("stop").disabled = true;
@@ -288,6 +319,7 @@ $("stop").addEventListener("click", async () => {
 setOpenTurn(null);
 
 if (sessionId) {
+  $("show-timeline").hidden = false;
   $("session-label").textContent = sessionId;
   $("empty").hidden = true;
   restore();
