@@ -395,28 +395,42 @@ def cancel(session_id: str, url: str | None) -> None:
 @main.command()
 @click.argument("session_id")
 @url_option
-@json_option
+@click.option("--json", "as_json", is_flag=True, help="Print the timeline as JSON (the API's answer).")
 def inspect(session_id: str, url: str | None, as_json: bool) -> None:
-    """What SESSION_ID went through: each turn, the workers that ran it and how each part
-    ended, its steps and tool calls."""
+    """What SESSION_ID went through: each turn, the workers (epochs) that ran it and how each
+    one's part ended, and its tool calls (ran, rerun, may have partly run)."""
     client = _client(url)
     found = _api_call(lambda: client.timeline(session_id))
     if as_json:
         click.echo(json.dumps(found, ensure_ascii=False, indent=2))
         return
     turns = found.get("turns") or []
-    click.echo(f"{found.get('sessionId')}: {len(turns)} turn(s)")
+    click.echo(f"{found.get('sessionId', session_id)}: {len(turns)} turn(s)")
     for turn in turns:
-        ending = turn.get("stopReason") or "open"
-        error = turn.get("error") or {}
-        click.echo(f"- {turn['messageId']} {ending}{' ' + str(error.get('code')) if error else ''}: "
-                   f"{json.dumps(turn.get('input') or '', ensure_ascii=False)[:80]}")
+        click.echo(_inspect_turn(turn))
         for part in turn.get("deliveries") or []:
-            click.echo(f"    epoch {part['epoch']}: {part['how']} (cursors {part['firstCursor']}-{part['lastCursor']})")
+            click.echo(f"    epoch {part.get('epoch')}: {part.get('how')} "
+                       f"(cursors {part.get('startCursor')}-{part.get('endCursor')})")
         for call in turn.get("tools") or []:
+            epochs = ", ".join(str(e) for e in call.get("epochs") or [])
             error_mark = " error" if call.get("isError") else ""
-            click.echo(f"    tool {call['name']} {call['id']}: {call['outcome']}{error_mark} "
-                       f"(epoch {', '.join(str(e) for e in call['epochs'])})")
+            click.echo(f"    tool {call.get('name')} {call.get('id')}: {call.get('outcome')}{error_mark} (epoch {epochs})")
+
+
+def _inspect_turn(turn: dict[str, Any]) -> str:
+    """`- <messageId> <stop reason or open>[ <error code>]: "<input>" (<n> step(s)[, <k> withdrawn][, <s> steer(s)])`."""
+    error = turn.get("error") if isinstance(turn.get("error"), dict) else None
+    code = f" {error.get('code')}" if error else ""
+    text = turn.get("input")
+    if isinstance(text, str):
+        shown = json.dumps(text if len(text) <= 60 else text[:59] + "…", ensure_ascii=False)
+    else:
+        shown = "(no prompt line)"  # an input ended before its turn opened (dropped, cancelled, poison)
+    steps = turn.get("steps") or []
+    withdrawn = sum(1 for step in steps if step.get("withdrawn"))
+    counts = f"{len(steps)} step(s)" + (f", {withdrawn} withdrawn" if withdrawn else "")
+    steers = f", {turn['steers']} steer(s)" if turn.get("steers") else ""
+    return f"- {turn.get('messageId')} {turn.get('stopReason') or 'open'}{code}: {shown} ({counts}{steers})"
 
 
 @main.command()

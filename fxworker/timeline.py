@@ -2,33 +2,54 @@
 that ran parts of it and how each part ended, its model steps and its tool calls.
 
 Everything comes from the UI stream the turns already write (every line carries its
-`messageId`, `epoch` and `cursor`, §4), so building a timeline costs no write on the hot
-path. How a worker's part of a turn ended is read from what follows it: its own
-`turn_end` (`ended`) or `turn_yield` (`yielded`: the deadline came, or a warm shutdown), then
-the next worker's `turn_resume`: `interrupted` after no yield means the worker died (or
-its lease was lost) and after a yield that it was cut off at the deadline mid-request. A
-tool call is `ran` (its start and end in one part), `rerun` (started again by a later
-part, an idempotent call left running by a dead worker), `may have partly run` (answered
-so, not run again) or `running`.
+`messageId`, `epoch` and `cursor`, §4) and one `state()` snapshot, so a timeline costs no
+write on the hot path. A part (a delivery: the lines one epoch wrote for one turn) ended:
 
-    timeline = await fxworker.timeline.read(session)   # or `timeline_of(lines)`
+- `ended`: it wrote the turn's `turn_end`;
+- `yielded`: it wrote `turn_yield` (the deadline's soft stop, a warm shutdown) and the next
+  part resumed with `interrupted: false`;
+- `cut off`: it wrote `turn_yield` but the next part resumed with `interrupted: true` (the
+  deadline's hard stop cut a call off, §6: no yield record was stored);
+- `died`: it wrote neither and another epoch continued (`turn_resume {interrupted: true}`)
+  or ended the turn, or, from the state, its lease is gone or taken: a killed process, a
+  lost lease (a fenced worker stores nothing, so the two look the same) or a lost store;
+- `running`: the last part of an open turn whose epoch holds the live lease (without a
+  state, any last part of an open turn that wrote no yield).
+
+A step whose output a later part withdrew (`turn_resume.retract`, §4) is `withdrawn`. A tool
+call is `ran` (started once, answered), `rerun` (started again by a later epoch: an
+idempotent call a stopped worker left running, the engine's `tool.rerun`), `may have partly
+run` (answered with the engine's `AMBIGUOUS_RESULT`, not run again), `running` (its part
+is running) or `unfinished` (no answer stored: its worker stopped, or the turn ended first,
+a cancel).
+
+Not stored, so not shown: times (lines carry none, stream ids are `<cursor>-0`), which of
+kill / fence / store loss stopped a `died` part, and a rerun of a call whose first
+`tool_start` line was lost with its worker (it shows as `ran`).
+
+    timeline = await fxworker.timeline.read(store, session_id)   # or `timeline_of(id, lines)`
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 from fxengine.loop import AMBIGUOUS_RESULT
 
+from .store import RedisStore
+
 INPUT_PREVIEW_CHARS = 200
+
+How = Literal["ended", "yielded", "cut off", "died", "running"]
+Outcome = Literal["ran", "rerun", "may have partly run", "running", "unfinished"]
 
 
 class Delivery(TypedDict):
     epoch: int
-    firstCursor: int
-    lastCursor: int
-    how: str  # ended | yielded | cut off | died | running
+    startCursor: int
+    endCursor: int
+    how: How
 
 
 class ToolCall(TypedDict):
@@ -36,7 +57,7 @@ class ToolCall(TypedDict):
     name: str
     step: int | None
     epochs: list[int]
-    outcome: str  # ran | rerun | may have partly run | running
+    outcome: Outcome
     isError: bool | None
 
 
@@ -59,69 +80,167 @@ class Turn(TypedDict):
     steers: int
 
 
-def timeline_of(session_id: str, lines: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """`{sessionId, turns: [...]}` from a session's lines in cursor order."""
-    turns: dict[str, Turn] = {}
-    order: list[str] = []
-    for line in lines:
+class Timeline(TypedDict):
+    sessionId: str
+    turns: list[Turn]
+
+
+class _Call:
+    """A tool call while lines come in; its outcome is decided once they are all read."""
+
+    __slots__ = ("answered", "ambiguous", "public")
+
+    def __init__(self, public: ToolCall) -> None:
+        self.public = public
+        self.answered = False
+        self.ambiguous = False
+
+
+class TimelineBuilder:
+    """Takes a session's lines in cursor order (`add`), a page at a time if need be: it keeps
+    one entry per turn, part, step and tool call, never the lines themselves."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self._turns: dict[str, Turn] = {}
+        self._calls: dict[str, dict[str, _Call]] = {}
+
+    def add(self, line: Mapping[str, Any]) -> None:
         mid = line.get("messageId")
-        if not isinstance(mid, str):
-            continue
-        turn = turns.get(mid)
+        if not isinstance(mid, str) or not mid:
+            return  # `idle` and other lines of no turn
+        turn = self._turns.get(mid)
         if turn is None:
-            turn = turns[mid] = Turn(messageId=mid, input=None, stopReason=None, error=None, deliveries=[], steps=[],
-                                     tools=[], steers=0)
-            order.append(mid)
-        _apply(turn, line)
-    for turn in turns.values():
-        _settle(turn)
-    return {"sessionId": session_id, "turns": [turns[mid] for mid in order]}
+            turn = self._turns[mid] = Turn(messageId=mid, input=None, stopReason=None, error=None, deliveries=[],
+                                           steps=[], tools=[], steers=0)
+            self._calls[mid] = {}
+        kind = line.get("type")
+        if kind == "session_error":
+            turn["error"] = {"code": line.get("code"), "message": line.get("message")}
+            return  # written by whoever ended the turn, before its turn_end: no part of its own
+        part = _part(turn, line)
+        if kind == "turn_start":
+            text = line.get("input")
+            turn["input"] = _preview(text) if isinstance(text, str) else None
+        elif kind == "turn_resume":
+            _resume(turn, line)
+        elif kind == "turn_yield":
+            part["how"] = "yielded"
+        elif kind == "turn_end":
+            part["how"] = "ended"
+            stop = line.get("stopReason")
+            turn["stopReason"] = stop if isinstance(stop, str) else "unknown"
+            if isinstance(line.get("error"), dict):
+                turn["error"] = line["error"]
+        elif kind in ("text_delta", "reasoning_delta"):
+            step = _step(turn, _int(line.get("step")), part["epoch"])
+            size = len(str(line.get("delta") or ""))
+            step["textChars" if kind == "text_delta" else "reasoningChars"] += size
+        elif kind == "tool_start":
+            self._tool_start(turn, line, part["epoch"])
+        elif kind == "tool_end":
+            self._tool_end(turn, line, part["epoch"])
+        elif kind == "user_message":
+            turn["steers"] += 1
+
+    def _tool_start(self, turn: Turn, line: Mapping[str, Any], epoch: int) -> None:
+        call = self._call(turn, line, epoch)
+        if epoch not in call.public["epochs"]:
+            call.public["epochs"].append(epoch)  # started again by a later part: a rerun
+        elif len(call.public["epochs"]) == 1 and call.public["step"] is not None:
+            _step(turn, call.public["step"], epoch)  # a step that only called tools is a step too
+
+    def _tool_end(self, turn: Turn, line: Mapping[str, Any], epoch: int) -> None:
+        call = self._call(turn, line, epoch)
+        call.answered = True
+        call.public["isError"] = bool(line.get("isError"))
+        call.ambiguous = call.public["isError"] is True and line.get("content") == AMBIGUOUS_RESULT
+
+    def _call(self, turn: Turn, line: Mapping[str, Any], epoch: int) -> _Call:
+        calls = self._calls[turn["messageId"]]
+        call_id = str(line.get("id") or "")
+        call = calls.get(call_id)
+        if call is None:  # answered without a start (a start lost with its worker) is still a call
+            step = line.get("step")
+            public = ToolCall(id=call_id, name=str(line.get("name") or ""),
+                              step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+                              epochs=[epoch], outcome="running", isError=None)
+            call = calls[call_id] = _Call(public)
+            turn["tools"].append(public)
+        return call
+
+    def result(self, state: Mapping[str, Any] | None = None) -> Timeline:
+        """The timeline of the lines added. `state` (the session's `state()`: `status`,
+        `epoch`), read before the lines, tells whether the last part of an open turn still
+        runs or its worker is gone."""
+        turns = list(self._turns.values())
+        for turn in turns:
+            _settle(turn, state)
+            running = turn["deliveries"][-1] if turn["deliveries"] and turn["deliveries"][-1]["how"] == "running" else None
+            for call in self._calls[turn["messageId"]].values():
+                call.public["outcome"] = _outcome(call, running)
+        return Timeline(sessionId=self.session_id, turns=turns)
+
+
+def timeline_of(session_id: str, lines: Iterable[Mapping[str, Any]],
+                state: Mapping[str, Any] | None = None) -> Timeline:
+    """`{sessionId, turns: [...]}` from a session's lines in cursor order (and its state)."""
+    builder = TimelineBuilder(session_id)
+    for line in lines:
+        builder.add(line)
+    return builder.result(state)
+
+
+async def read(store: RedisStore, session_id: str, *, state: Mapping[str, Any] | None = None) -> Timeline:
+    """The timeline of `session_id` from every line it stored, read a page at a time.
+
+    `state` is the session's `state()` if the caller has it (read before the lines, so
+    the lines are at least as new); otherwise it is read here, first.
+    `FxUnknownSessionError` for no such session."""
+    if state is None:
+        found = await store.state(session_id)
+        state = {"status": found.status, "epoch": found.epoch}
+    builder = TimelineBuilder(session_id)
+    cursor = 0
+    while lines := await store.read_lines(session_id, cursor):
+        for line in lines:
+            builder.add(line)
+        cursor = int(lines[-1]["cursor"])
+    return builder.result(state)
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _preview(text: str) -> str:
+    if len(text) <= INPUT_PREVIEW_CHARS:
+        return text
+    return text[: INPUT_PREVIEW_CHARS - 1] + "…"
 
 
 def _part(turn: Turn, line: Mapping[str, Any]) -> Delivery:
-    """The delivery (epoch) `line` belongs to, opened when a new epoch writes."""
-    epoch, cursor = int(line.get("epoch") or 0), int(line.get("cursor") or 0)
+    """The part (epoch) `line` belongs to, opened when a new epoch writes."""
+    epoch, cursor = _int(line.get("epoch")), _int(line.get("cursor"))
     parts = turn["deliveries"]
     if not parts or parts[-1]["epoch"] != epoch:
-        parts.append(Delivery(epoch=epoch, firstCursor=cursor, lastCursor=cursor, how="running"))
+        parts.append(Delivery(epoch=epoch, startCursor=cursor, endCursor=cursor, how="running"))
     part = parts[-1]
-    part["lastCursor"] = cursor
+    part["endCursor"] = cursor
     return part
 
 
-def _apply(turn: Turn, line: Mapping[str, Any]) -> None:
-    kind = line.get("type")
-    if kind == "session_error":
-        turn["error"] = {"code": line.get("code"), "message": line.get("message")}
-        return  # written by whoever ended the turn, possibly without running it
-    part = _part(turn, line)
-    if kind == "turn_start":
-        text = line.get("input")
-        turn["input"] = text[:INPUT_PREVIEW_CHARS] if isinstance(text, str) else None
-    elif kind == "turn_resume":
-        before = turn["deliveries"][-2] if len(turn["deliveries"]) > 1 else None
-        if before is not None and line.get("interrupted"):
-            before["how"] = "cut off" if before["how"] == "yielded" else "died"
-        for step in turn["steps"]:
-            if step["step"] in (line.get("retract") or ()):
-                step["withdrawn"] = True
-    elif kind == "turn_yield":
-        part["how"] = "yielded"
-    elif kind == "turn_end":
-        part["how"] = "ended"
-        turn["stopReason"] = line.get("stopReason")
-        if isinstance(line.get("error"), dict):
-            turn["error"] = line["error"]
-    elif kind in ("text_delta", "reasoning_delta"):
-        step = _step(turn, int(line.get("step") or 0), part["epoch"])
-        size = len(str(line.get("delta") or ""))
-        step["textChars" if kind == "text_delta" else "reasoningChars"] += size
-    elif kind == "tool_start":
-        _tool_start(turn, line, part["epoch"])
-    elif kind == "tool_end":
-        _tool_end(turn, line, part["epoch"])
-    elif kind == "user_message":
-        turn["steers"] += 1
+def _resume(turn: Turn, line: Mapping[str, Any]) -> None:
+    """A later part continued the turn: how the one before ended, and the steps it withdrew."""
+    parts = turn["deliveries"]
+    before = parts[-2] if len(parts) > 1 else None
+    if before is not None and before["how"] in ("running", "yielded") and line.get("interrupted"):
+        before["how"] = "cut off" if before["how"] == "yielded" else "died"
+    retract = line.get("retract")
+    withdrawn = set(retract) if isinstance(retract, list) else set()
+    for step in turn["steps"]:
+        if step["step"] in withdrawn and step["epoch"] != parts[-1]["epoch"]:
+            step["withdrawn"] = True
 
 
 def _step(turn: Turn, number: int, epoch: int) -> Step:
@@ -133,46 +252,27 @@ def _step(turn: Turn, number: int, epoch: int) -> Step:
     return step
 
 
-def _tool(turn: Turn, call_id: str) -> ToolCall | None:
-    return next((call for call in turn["tools"] if call["id"] == call_id), None)
-
-
-def _tool_start(turn: Turn, line: Mapping[str, Any], epoch: int) -> None:
-    call_id = str(line.get("id") or "")
-    call = _tool(turn, call_id)
-    if call is None:
-        turn["tools"].append(ToolCall(id=call_id, name=str(line.get("name") or ""), step=line.get("step"),
-                                      epochs=[epoch], outcome="running", isError=None))
-    elif epoch not in call["epochs"]:
-        call["epochs"].append(epoch)
-        call["outcome"] = "rerun"
-
-
-def _tool_end(turn: Turn, line: Mapping[str, Any], epoch: int) -> None:
-    call_id = str(line.get("id") or "")
-    call = _tool(turn, call_id)
-    if call is None:  # answered without a start here (a stream trimmed before it)
-        call = ToolCall(id=call_id, name=str(line.get("name") or ""), step=line.get("step"), epochs=[epoch],
-                        outcome="running", isError=None)
-        turn["tools"].append(call)
-    call["isError"] = bool(line.get("isError"))
-    if line.get("content") == AMBIGUOUS_RESULT:
-        call["outcome"] = "may have partly run"
-    elif call["outcome"] == "running":
-        call["outcome"] = "ran"
-
-
-def _settle(turn: Turn) -> None:
-    """A turn that ended: a part that never wrote its end and was not resumed died with
-    nothing after it (its lease then ended the turn in the store)."""
-    if turn["stopReason"] is None:
-        return
-    for part in turn["deliveries"][:-1]:
+def _settle(turn: Turn, state: Mapping[str, Any] | None) -> None:
+    """How the parts no later line told about ended. A part before the last that never
+    wrote its end or a yield died (the turn went on, or was ended, by another epoch). The
+    last part of an open turn runs while its epoch holds the live lease; with its lease
+    gone (the session waits) or taken by a later epoch, its worker died."""
+    parts = turn["deliveries"]
+    for part in parts[:-1]:
         if part["how"] == "running":
             part["how"] = "died"
+    if not parts or parts[-1]["how"] != "running" or state is None:
+        return
+    epoch, last = _int(state.get("epoch")), parts[-1]["epoch"]
+    if epoch > last or (epoch == last and state.get("status") != "running"):
+        parts[-1]["how"] = "died"  # (a state older than the lines, epoch < last, tells nothing)
 
 
-async def read(session: Any) -> dict[str, Any]:
-    """The timeline of `session` (an `fxworker.Session`), from every line it stored."""
-    lines = [line async for line in session.stream(0, follow=False)]
-    return timeline_of(session.id, lines)
+def _outcome(call: _Call, running: Delivery | None) -> Outcome:
+    if call.ambiguous:
+        return "may have partly run"
+    if call.answered:
+        return "rerun" if len(call.public["epochs"]) > 1 else "ran"
+    if running is not None and call.public["epochs"][-1] == running["epoch"]:
+        return "running"
+    return "unfinished"

@@ -21,6 +21,39 @@ SESSION_ID = {"name": "session_id", "in": "path", "required": True,
 ERROR = {"$ref": "#/components/schemas/Error"}
 ACCEPTED = {"$ref": "#/components/schemas/Accepted"}
 STATE = {"$ref": "#/components/schemas/State"}
+TIMELINE = {"$ref": "#/components/schemas/Timeline"}
+_INT = {"type": "integer"}
+_STEP = {"type": ["integer", "null"]}
+# `fxworker.timeline`: each turn, the parts (epochs) that ran it, its steps and tool calls.
+TIMELINE_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["sessionId", "turns"], "properties": {
+        "sessionId": {"type": "string"},
+        "turns": {"type": "array", "items": {
+            "type": "object",
+            "required": ["messageId", "input", "stopReason", "error", "deliveries", "steps", "tools", "steers"],
+            "properties": {
+                "messageId": {"type": "string"},
+                "input": {"type": ["string", "null"], "maxLength": 200},
+                "stopReason": {"type": ["string", "null"]},
+                "error": {"type": ["object", "null"]},
+                "steers": _INT,
+                "deliveries": {"type": "array", "items": {
+                    "type": "object", "required": ["epoch", "startCursor", "endCursor", "how"], "properties": {
+                        "epoch": _INT, "startCursor": _INT, "endCursor": _INT,
+                        "how": {"enum": ["ended", "yielded", "cut off", "died", "running"]}}}},
+                "steps": {"type": "array", "items": {
+                    "type": "object", "required": ["step", "epoch", "textChars", "reasoningChars", "withdrawn"],
+                    "properties": {"step": _INT, "epoch": _INT, "textChars": _INT, "reasoningChars": _INT,
+                                   "withdrawn": {"type": "boolean"}}}},
+                "tools": {"type": "array", "items": {
+                    "type": "object", "required": ["id", "name", "step", "epochs", "outcome", "isError"],
+                    "properties": {
+                        "id": {"type": "string"}, "name": {"type": "string"}, "step": _STEP,
+                        "epochs": {"type": "array", "items": _INT},
+                        "outcome": {"enum": ["ran", "rerun", "may have partly run", "running", "unfinished"]},
+                        "isError": {"type": ["boolean", "null"]}}}},
+            }}},
+    }}
 
 
 def _errors(*statuses: int) -> dict[str, Any]:
@@ -72,10 +105,10 @@ def document() -> dict[str, Any]:
                                                 "asked"), **_errors(*COMMON)}},
         },
         "/v1/sessions/{session_id}/timeline": {
-            "get": {"summary": "What the session went through: turns, the workers that ran them, tool calls",
+            "get": {"summary": "What the session went through: each turn, the workers (epochs) that ran it and "
+                               "how each part ended, its steps and tool calls, read from its stored lines",
                     "parameters": [SESSION_ID],
-                    "responses": {"200": _json({"type": "object", "required": ["sessionId", "turns"]}, "the timeline"),
-                                  **_errors(*COMMON)}},
+                    "responses": {"200": _json(TIMELINE, "the timeline"), **_errors(*COMMON)}},
         },
         "/v1/sessions/{session_id}/stream": {
             "get": {"summary": "The session's lines after a cursor", "parameters": [
@@ -99,6 +132,7 @@ def document() -> dict[str, Any]:
             "Accepted": {"type": "object", "required": ["sessionId", "messageId", "repeated", "cursor"], "properties": {
                 "sessionId": {"type": "string"}, "messageId": {"type": "string"}, "repeated": {"type": "boolean"},
                 "cursor": {"type": "integer"}}},
+            "Timeline": TIMELINE_SCHEMA,
             "State": {"type": "object", "required": ["sessionId", "agent", "status", "cursor", "turns", "epoch"],
                       "properties": {"status": {"enum": ["idle", "waiting", "running"]}}},
         }},

@@ -255,8 +255,8 @@ async def timeline(request: Request) -> Response:
     """`GET /v1/sessions/{id}/timeline`: each turn with the workers that ran it (epoch, how
     each part ended), its steps and its tool calls (`fxworker.timeline`)."""
     await check_access(request, request.path_params["session_id"], "state")
-    session, _ = await _existing(request)
-    return JSONResponse(await read_timeline(session))
+    session, found = await _existing(request)  # the state first: the lines read after are newer
+    return JSONResponse(await read_timeline(session.store, session.id, state=found))
 
 
 async def list_sessions(request: Request) -> Response:

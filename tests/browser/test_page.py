@@ -179,3 +179,33 @@ def test_a_turn_resumed_after_a_killed_worker_is_marked(dev: WebProcess, page_mo
     page.screenshot(path=str(ARTIFACTS / "page_timeline_390.png"), full_page=True)  # type: ignore[attr-defined]
     page.click("#show-timeline")  # type: ignore[attr-defined]
     assert not page.is_visible("#timeline")  # type: ignore[attr-defined]
+
+
+def test_the_timeline_shows_each_turn_with_its_worker_and_tool_call(dev: WebProcess, browser_page: object) -> None:
+    page = browser_page
+    page.goto(dev.url + "/")  # type: ignore[attr-defined]
+    assert not page.is_visible("#show-timeline")  # type: ignore[attr-defined]  # no session yet
+    page.fill("#prompt", "tool:porto")  # type: ignore[attr-defined]
+    page.click("#send")  # type: ignore[attr-defined]
+    page.wait_for_selector(".assistant .end")  # type: ignore[attr-defined]
+
+    page.click("#show-timeline")  # type: ignore[attr-defined]
+    page.wait_for_selector("#timeline .tl-tool")  # type: ignore[attr-defined]
+    assert page.get_attribute("#show-timeline", "aria-expanded") == "true"  # type: ignore[attr-defined]
+    assert page.inner_text("#timeline .tl-turn .tl-head") == "tool:porto — done"  # type: ignore[attr-defined]
+    hows = page.eval_on_selector_all("#timeline .tl-part", "els => els.map(e => e.dataset.how)")  # type: ignore[attr-defined]
+    assert hows == ["ended"], page.inner_text("#timeline")  # type: ignore[attr-defined]
+    tool = page.locator("#timeline .tl-tool")  # type: ignore[attr-defined]
+    assert tool.get_attribute("data-outcome") == "ran" and tool.inner_text() == "tool lookup: ran"
+    shown_id = tool.get_attribute("data-tool-id")
+    assert shown_id and shown_id == page.get_attribute(".assistant .tool", "data-tool-id")  # type: ignore[attr-defined]
+
+    # Open while the next turn runs: its end brings it into the timeline.
+    page.fill("#prompt", "and again")  # type: ignore[attr-defined]
+    page.click("#send")  # type: ignore[attr-defined]
+    page.wait_for_selector("#timeline .tl-turn:nth-of-type(2) .tl-part[data-how='ended']")  # type: ignore[attr-defined]
+    heads = page.eval_on_selector_all("#timeline .tl-head", "els => els.map(e => e.textContent)")  # type: ignore[attr-defined]
+    assert heads == ["tool:porto — done", "and again — done"]
+    page.click("#show-timeline")  # type: ignore[attr-defined]
+    assert not page.is_visible("#timeline")  # type: ignore[attr-defined]
+    assert page.get_attribute("#show-timeline", "aria-expanded") == "false"  # type: ignore[attr-defined]

@@ -174,6 +174,7 @@ function take(line) {
   lines.push(line);
   render(line);
   save();
+  if (line.type === "turn_end" && timelineShown()) loadTimeline();
 }
 
 async function follow() {
@@ -222,33 +223,60 @@ function askToken() {
   $("token-row").classList.add("shown");
 }
 
-// The timeline (GET /v1/sessions/{id}/timeline): each turn, the workers that ran it and how
-// each part ended, its tool calls; shown on demand, fetched fresh each time.
-async function showTimeline() {
+// The timeline (GET /v1/sessions/{id}/timeline): each turn, the workers (epochs) that ran it
+// and how each one's part ended, its tool calls. Shown on demand, fetched fresh when opened
+// and again when a turn ends while it is open.
+function timelineShown() { return !$("timeline").hidden; }
+
+function toggleTimeline() {
+  const shown = !timelineShown();
+  $("timeline").hidden = !shown;
+  $("show-timeline").setAttribute("aria-expanded", String(shown));
+  if (shown) loadTimeline();
+}
+
+async function loadTimeline() {
   const panel = $("timeline");
-  if (!panel.hidden) { panel.hidden = true; return; }
-  const response = await fetch(ROOT + "/v1/sessions/" + encodeURIComponent(sessionId) + "/timeline", { headers: headers() });
-  if (response.status === 401) { askToken(); return; }
-  const body = await response.json();
-  panel.replaceChildren(el("h2", null, "Timeline"));
-  if (!response.ok) { panel.appendChild(el("div", "error", body.error.code + ": " + body.error.message)); }
+  const heading = el("h2", null, "Timeline");
+  let response, body;
+  try {
+    response = await fetch(ROOT + "/v1/sessions/" + encodeURIComponent(sessionId) + "/timeline", { headers: headers() });
+    body = await response.json().catch(() => ({}));
+  } catch (e) {
+    panel.replaceChildren(heading, el("div", "error", "the timeline could not be fetched: " + e.message));
+    return;
+  }
+  if (response.status === 401) askToken();
+  if (!response.ok) {
+    const error = body.error || {};
+    panel.replaceChildren(heading, el("div", "error", (error.code || "HTTP " + response.status) + (error.message ? ": " + error.message : "")));
+    return;
+  }
+  panel.replaceChildren(heading);
+  if (!(body.turns || []).length) panel.appendChild(el("div", "tl-none", "no turn has started yet"));
   for (const turn of body.turns || []) {
     const row = el("div", "tl-turn");
     row.dataset.messageId = turn.messageId;
-    row.appendChild(el("div", null, (turn.input || turn.messageId) + " — " + (STOP_LABELS[turn.stopReason] || turn.stopReason || "running")));
+    const ending = turn.stopReason ? (STOP_LABELS[turn.stopReason] || turn.stopReason) : "open";
+    const head = el("div", "tl-head", (turn.input === null ? "(" + turn.messageId + ")" : turn.input) + " — " + ending
+      + (turn.error && turn.error.code ? " · " + turn.error.code : ""));
+    head.dataset.stop = turn.stopReason || "";
+    row.appendChild(head);
     for (const part of turn.deliveries) {
-      const p = el("div", "tl-part", "worker epoch " + part.epoch + ": " + part.how);
+      const p = el("div", "tl-part", "worker epoch " + part.epoch + ": " + part.how + " (lines " + part.startCursor + "–" + part.endCursor + ")");
       p.dataset.how = part.how;
+      p.dataset.epoch = String(part.epoch);
       row.appendChild(p);
     }
     for (const call of turn.tools) {
-      const t = el("div", "tl-tool", "tool " + call.name + ": " + call.outcome + (call.isError ? " (error)" : ""));
+      const again = call.epochs.length > 1 ? " (epochs " + call.epochs.join(", ") + ")" : "";
+      const t = el("div", "tl-tool", "tool " + call.name + ": " + call.outcome + (call.isError ? ", error" : "") + again);
       t.dataset.outcome = call.outcome;
+      t.dataset.toolId = call.id;
       row.appendChild(t);
     }
     panel.appendChild(row);
   }
-  panel.hidden = false;
 }
 
 function openSession(id) {
@@ -303,7 +331,7 @@ $("save-token").addEventListener("click", () => {
   if (sessionId) follow();
 });
 $("new-session").addEventListener("click", () => { location.href = location.pathname; });
-$("show-timeline").addEventListener("click", () => { showTimeline(); });
+$("show-timeline").addEventListener("click", toggleTimeline);
 $("stop").addEventListener("click", async () => {
   if (!sessionId) return;
   $("stop").disabled = true;
