@@ -183,6 +183,9 @@ class _Chunk(msgspec.Struct, gc=False):
 
 
 _CHUNK = msgspec.json.Decoder(_Chunk)
+# Content as a list of parts (none in the recorded stream) is read by the pure decoder's own
+# method, so the contender cannot drift from it.
+_PARTS = _sse_py.ChatStreamDecoder()._parts
 
 
 def msgspec_decode(body: bytes) -> tuple[list[tuple[Any, ...]], list[tuple[str, str, str]], dict[str, int] | None,
@@ -214,7 +217,7 @@ def msgspec_decode(body: bytes) -> tuple[list[tuple[Any, ...]], list[tuple[str, 
                     if content:
                         append(("text_delta", content))
                 elif content is not None:
-                    _msgspec_parts(content, events)
+                    _PARTS(content, events)  # fxengine's own reading of content parts
                 if delta.refusal:
                     append(("text_delta", delta.refusal))
                 if delta.tool_calls is not None:
@@ -236,26 +239,6 @@ def msgspec_decode(body: bytes) -> tuple[list[tuple[Any, ...]], list[tuple[str, 
                 usage["reasoningTokens"] = u.completion_tokens_details["reasoning_tokens"]
     out = [(c[0] or f"call_{i}", c[1], "".join(c[2])) for i, c in sorted(calls.items())]
     return events, out, usage, finish
-
-
-def _msgspec_parts(parts: list[Any], events: list[tuple[Any, ...]]) -> None:
-    """`content` as a list of parts, read as fxengine reads it (the recorded stream has none)."""
-    for part in parts:
-        if type(part) is str:
-            if part:
-                events.append(("text_delta", part))
-            continue
-        if type(part) is not dict:
-            continue
-        kind = part.get("type")
-        if kind == "text" or kind == "output_text" or kind == "refusal":
-            text = part.get("refusal" if kind == "refusal" else "text")
-            if type(text) is str and text:
-                events.append(("text_delta", text))
-        elif kind == "thinking" or kind == "reasoning":
-            _sse_py._reasoning(part.get(kind), events)
-            if kind not in part:
-                _sse_py._reasoning(part.get("text"), events)
 
 
 def _msgspec_tool_call(call: _ToolCallDelta, calls: dict[int, list[Any]], events: list[tuple[Any, ...]]) -> None:

@@ -157,13 +157,11 @@ class Journal:
                 assert self.persistence is not None
                 started = time.monotonic()
                 try:
-                    if self._marks:
-                        cursor = await self.persistence.append(expected=self.head, idempotency_key=f"{self.writer_id}:{seq}",
-                                                               data=data, barrier=barrier, marks=marks)
-                    else:  # a store written to libfx's interface: its append takes no marks
-                        store: Any = self.persistence
-                        cursor = await store.append(expected=self.head, idempotency_key=f"{self.writer_id}:{seq}",
-                                                    data=data, barrier=barrier)
+                    # A store written to libfx's interface takes no `marks` (`wants_marks`).
+                    extra: dict[str, Any] = {"marks": marks} if self._marks else {}
+                    store: Any = self.persistence
+                    cursor = await store.append(expected=self.head, idempotency_key=f"{self.writer_id}:{seq}",
+                                                data=data, barrier=barrier, **extra)
                 except Exception as exc:  # fenced or not, a failed append stops the turn (§9)
                     self.failure = exc
                     for queued in batch:

@@ -109,17 +109,20 @@ def _client(http_client: httpx.AsyncClient | None) -> tuple[httpx.AsyncClient, b
     return httpx.AsyncClient(timeout=HTTP_TIMEOUT), True
 
 
-async def _post(
-    config: OAuthConfig, url: str, *, form: Mapping[str, str] | None = None, json_body: Any = None,
-    http_client: httpx.AsyncClient | None, hide: list[str],
+async def _request(
+    config: OAuthConfig, method: str, url: str, *, what: str, form: Mapping[str, str] | None = None,
+    json_body: Any = None, headers: Mapping[str, str] | None = None, http_client: httpx.AsyncClient | None,
+    hide: list[str],
 ) -> tuple[int, Any, str]:
-    """POSTs to an OAuth endpoint: (status, parsed JSON or None, masked error text)."""
+    """One request to `config`'s `what` (an OAuth endpoint): (status, parsed JSON or None,
+    error text masked of `hide`); `FX_PROVIDER_UNREACHABLE` when it cannot be reached."""
     client, own = _client(http_client)
     try:
-        response = await client.post(url, data=form, json=json_body, headers={"accept": "application/json"})
+        response = await client.request(method, url, data=form, json=json_body,
+                                        headers={"accept": "application/json", **(headers or {})})
         raw = response.text
     except httpx.HTTPError as exc:
-        raise FxProviderError(f"cannot reach {config.provider}'s sign-in server ({type(exc).__name__})",
+        raise FxProviderError(f"cannot reach {config.provider}'s {what} ({type(exc).__name__})",
                               code=Code.PROVIDER_UNREACHABLE) from None
     finally:
         if own:
@@ -129,6 +132,15 @@ async def _post(
     except ValueError:
         body = None
     return response.status_code, body, mask_secrets(raw[:500], hide)
+
+
+async def _post(
+    config: OAuthConfig, url: str, *, form: Mapping[str, str] | None = None, json_body: Any = None,
+    http_client: httpx.AsyncClient | None, hide: list[str],
+) -> tuple[int, Any, str]:
+    """POSTs to an OAuth endpoint of the sign-in server (see `_request`)."""
+    return await _request(config, "POST", url, what="sign-in server", form=form, json_body=json_body,
+                          http_client=http_client, hide=hide)
 
 
 async def _with_account(config: OAuthConfig, creds: dict[str, Any], http_client: httpx.AsyncClient | None,
@@ -141,24 +153,14 @@ async def _with_account(config: OAuthConfig, creds: dict[str, Any], http_client:
     """
     if "account_id" in creds or config.userinfo_url is None:
         return creds
-    client, own = _client(http_client)
-    try:
-        response = await client.get(config.userinfo_url, headers={"accept": "application/json",
-                                                                  "authorization": f"Bearer {creds['access_token']}"})
-    except httpx.HTTPError as exc:
-        raise FxProviderError(f"cannot reach {config.provider}'s user info endpoint ({type(exc).__name__})",
-                              code=Code.PROVIDER_UNREACHABLE) from None
-    finally:
-        if own:
-            await client.aclose()
-    try:
-        sub = response.json().get("sub") if response.status_code == 200 else None
-    except (ValueError, AttributeError):
-        sub = None
+    token = creds["access_token"]
+    status, body, text = await _request(config, "GET", config.userinfo_url, what="user info endpoint",
+                                        headers={"authorization": f"Bearer {token}"}, http_client=http_client,
+                                        hide=[token])
+    sub = body.get("sub") if status == 200 and isinstance(body, Mapping) else None
     if not isinstance(sub, str) or not sub:
-        text = mask_secrets(response.text[:500], [creds["access_token"]])
-        raise FxProviderError(f"{config.provider}'s user info endpoint named no account "
-                              f"(HTTP {response.status_code}): {text}", code=code)
+        raise FxProviderError(f"{config.provider}'s user info endpoint named no account (HTTP {status}): {text}",
+                              code=code)
     return {**creds, "account_id": sub}
 
 

@@ -32,13 +32,18 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_a_script_with_no_redis_runs_its_turn(tmp_path: Path) -> None:
+def run_script(tmp_path: Path, source: str, *, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """`source` run as a script with no Redis and no FX_ setting, against a scripted model."""
     with ScriptedModel() as model:
-        (tmp_path / "script.py").write_text(SCRIPT)
+        (tmp_path / "script.py").write_text(source)
         env = {k: v for k, v in os.environ.items() if not k.startswith("FX_") and k != "REDIS_URL"}
         env["PYTHONPATH"] = str(ROOT)
-        done = subprocess.run([sys.executable, "script.py", model.base_url], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=10)
+        return subprocess.run([sys.executable, "script.py", model.base_url], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_a_script_with_no_redis_runs_its_turn(tmp_path: Path) -> None:
+    done = run_script(tmp_path, SCRIPT, timeout_s=10)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("end_turn "), (done.stdout, done.stderr[-2000:])
 
@@ -65,12 +70,7 @@ CLOSE_SCRIPT = textwrap.dedent("""
 
 
 def test_closing_the_last_agent_stops_its_worker_and_closes_the_store(tmp_path: Path) -> None:
-    with ScriptedModel() as model:
-        (tmp_path / "script.py").write_text(CLOSE_SCRIPT)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FX_") and k != "REDIS_URL"}
-        env["PYTHONPATH"] = str(ROOT)
-        done = subprocess.run([sys.executable, "script.py", model.base_url], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=20)
+    done = run_script(tmp_path, CLOSE_SCRIPT, timeout_s=20)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == ["1 end_turn 1 1", "1 closed 0 0 []", "2 end_turn 1 1", "2 closed 0 0 []"], (
         done.stdout, done.stderr[-2000:])
