@@ -45,6 +45,7 @@ IN_FLIGHT = 40  # prompts the client has open at once
 KILL_AFTER = 60  # acknowledged prompts before the kill
 LEASE_S, SWEEP_S = 3.0, 1.0
 TURN_SLACK_S = 15.0  # a turn's own time on two loaded cores, and the client's retries
+POLL_S = 150.0  # how long the client waits for every turn end, well inside the test's timeout
 
 
 class Topology:
@@ -78,8 +79,15 @@ class Topology:
 
     def restart_killed(self) -> None:
         """Starts the killed node again and waits until it is an online replica: until
-        then the promoted primary has none, and `FX_ACK=replica` refuses its writes."""
+        then the promoted primary has none, and `FX_ACK=replica` refuses its writes.
+
+        A cluster node rejoins as a replica by its own cluster config. A node under
+        sentinels starts as a replica of the primary the sentinels name, as a process
+        manager for a sentinel deployment does; left to start as a primary, it waits for
+        the sentinels to reconfigure it (8-18 s, longer when they are starved of CPU)."""
         assert self.killed is not None
+        if self.sentinels:
+            self.killed.args = ("--replicaof", "127.0.0.1", str(self.sentinels.primary_port()))
         self.killed.start()
         wait_until(lambda: all(replica_online(p.port) for p in self._primaries()), 60, interval_s=0.05,
                    what="the restarted node replicating")
@@ -89,6 +97,13 @@ class Topology:
             return self.cluster.primaries()
         assert self.sentinels is not None
         return [self.sentinels.primary()]
+
+    def logs(self, n: int = 2000) -> dict[str, str]:
+        """The tail of each sentinel's log, to say why a failover stalled."""
+        if not self.sentinels:
+            return {}
+        return {f"sentinel {s.port}": (s.dir / "sentinel.log").read_text(errors="replace")[-n:]
+                for s in self.sentinels.sentinels}
 
     def close(self) -> None:
         (self.cluster or self.sentinels).close()  # type: ignore[union-attr]
@@ -193,6 +208,7 @@ def responder(request: Any) -> Reply:
     return Reply(text("echo:", prompt))
 
 
+@pytest.mark.timeout(POLL_S + 90)
 def test_two_workers_on_a_distributed_store_lose_nothing_through_a_failover(
     topology: Topology, broker: RedisServer, model: Any
 ) -> None:
@@ -214,13 +230,18 @@ def test_two_workers_on_a_distributed_store_lose_nothing_through_a_failover(
         acked: dict[int, tuple[str, float]] = {}
         failover: dict[str, float] = {}
 
+        killer_error: list[BaseException] = []
+
         def kill_when_loaded() -> None:
-            wait_until(lambda: len(acked) >= KILL_AFTER, 60, interval_s=0.02, what="load")
-            first = acked[min(acked)][0]
-            started = time.monotonic()
-            failover["promoted_s"] = topology.kill_primary_of(prefix, first)
-            topology.restart_killed()
-            failover["s"] = time.monotonic() - started
+            try:
+                wait_until(lambda: len(acked) >= KILL_AFTER, 60, interval_s=0.02, what="load")
+                first = acked[min(acked)][0]
+                started = time.monotonic()
+                failover["promoted_s"] = topology.kill_primary_of(prefix, first)
+                topology.restart_killed()
+                failover["s"] = time.monotonic() - started
+            except BaseException as exc:
+                killer_error.append(exc)
 
         killer = threading.Thread(target=kill_when_loaded, daemon=True)
         killer.start()
@@ -241,19 +262,20 @@ def test_two_workers_on_a_distributed_store_lose_nothing_through_a_failover(
                     if end is not None:
                         ends[i] = {**end, "seen_s": time.monotonic()}
 
-                deadline = time.monotonic() + 120
-                while len(ends) < len(acked) and time.monotonic() < deadline:
+                deadline = time.monotonic() + POLL_S
+                while len(ends) < len(acked) and time.monotonic() < deadline and not killer_error:
                     await asyncio.gather(*[look(i, sid) for i, (sid, _) in acked.items() if i not in ends])
                     await asyncio.sleep(0.1)
                 return ends
 
         ends = asyncio.run(drive())
         killer.join(60)
+        assert not killer_error, (f"the failover did not complete: {killer_error[0]!r}", topology.logs())
         assert "s" in failover, "the primary was never killed"
         assert len(acked) == SESSIONS
         missing = sorted(set(acked) - set(ends))
         assert not missing, (f"{len(missing)} acknowledged sessions never ended: {missing[:10]}",
-                             [p.tail(3000) for p in workers])
+                             [p.tail(3000) for p in workers], topology.logs())
         assert Counter(e["stopReason"] for e in ends.values()) == Counter({"end_turn": SESSIONS})
 
         sent = [entry.decode().split("|")[2] for entry in effects.lrange(f"{prefix}:test:sent", 0, -1)]
