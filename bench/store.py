@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fxworker.ids import new_holder_id, new_session_id  # noqa: E402
 from fxworker.store import RedisStore, redis_store  # noqa: E402
+from fxworker.store._senders import _accept as accept_plan  # noqa: E402
 from bench._harness import Row, add_json_arg, print_rows, ratio_row, write_json  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 
@@ -100,8 +101,8 @@ def bench_accept(store: RedisStore, raw: redis.Redis) -> dict[str, Any]:
     # built beforehand (other sessions, same shape), so no store code runs in the loop.
     floor_sessions = [new_session_id() for _ in range(SESSIONS)]
     prebuilt = [
-        store.core.op_accept(floor_sessions[i % SESSIONS], agent="default", kind="prompt", message_id=f"f{i}",
-                             input="hello there", context=None, settings=None, now_ms=None, create=True).steps[0]
+        accept_plan(store.core, floor_sessions[i % SESSIONS], agent="default", message_id=f"f{i}",
+                    input="hello there").steps[0]
         for i in range(ROUNDS * PER_ROUND)
     ]
     store.sync.accept(floor_sessions[0], agent="default", message_id="load", input="x")  # loads the scripts

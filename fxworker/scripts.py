@@ -7,7 +7,7 @@ script and run the call again. A NOSCRIPT call never ran, so running it again is
 A wrapper (`accept(...)`, `append(...)`, ...) turns typed arguments into a `Call`: the
 script, its KEYS and ARGV. `SyncRunner` and `AsyncRunner` execute calls on a redis-py
 client, one at a time or several in one pipeline (one round trip, executed in order).
-The replies are parsed by the store (`fxworker.store._replies`).
+The store's plans parse the replies (`fxworker.store._senders`, `_workers`, `_readers`).
 """
 
 from __future__ import annotations

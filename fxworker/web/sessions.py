@@ -28,7 +28,7 @@ from fxworker.errors import (
     FxUnknownAgentError,
     FxUnknownSessionError,
 )
-from fxworker.store._core import MAX_CURSOR
+from fxworker.store._readers import MAX_CURSOR
 from fxworker.timeline import read as read_timeline
 
 from .auth import check_access, is_allowed

@@ -14,7 +14,8 @@ import pytest
 from fxworker.errors import FxInvalidCursorError
 from fxworker.ids import new_session_id
 from fxworker.store import RedisStore
-from fxworker.store._core import INBOX_PAGE_ENTRIES, MAX_CURSOR, READ_PAGE_LINES
+from fxworker.store._readers import MAX_CURSOR, READ_PAGE_LINES
+from fxworker.store._workers import INBOX_PAGE_ENTRIES
 from fxworker.store.types import Input
 from fxworker.watch import InboxWatcher
 

@@ -14,6 +14,7 @@ from fxworker.ids import new_session_id
 from fxworker.keys import SESSION_KEY_NAMES, index_keys, session_keys
 from fxworker.scripts import SCRIPTS, Call
 from fxworker.store import StoreCore, redis_store
+from fxworker.store._senders import _accept as accept_plan
 
 
 def _sample_calls() -> dict[str, Call]:
@@ -57,8 +58,7 @@ def test_the_one_call_accept_of_a_standalone_server_marks_ready_in_the_index_slo
     assert len({key_slot(k.encode()) for k in call.keys}) == 2
 
     def plan(core: StoreCore) -> list[Any]:
-        return core.op_accept(sid, agent="a", kind="prompt", message_id="m", input="x", context=None,
-                              settings=None, now_ms=1, create=True).steps
+        return accept_plan(core, sid, agent="a", message_id="m", input="x", now_ms=1).steps
 
     assert [step.script.name for step in plan(StoreCore())] == ["accept"]
     on_cluster = plan(StoreCore(cluster=True))
