@@ -1,9 +1,9 @@
 """The turn loop: model step -> tool calls -> model step ... until the model ends (docs/design.md §4, §6).
 
 Every change goes through `EngineCore.commit` (applied to the conversation, then
-journaled), so a replay rebuilds the same state. The runner is one asyncio task; `cancel()`,
-`detach()` and a failed journal append stop it through `Task.cancel()`, and the flags set
-beforehand say which of them it was. Steering cancels only the streaming sub-task. The
+journaled), so a replay rebuilds the same state. The runner is one asyncio task in a
+`Phase`; `cancel()`, `detach()` and a failed journal append stop it through
+`Task.cancel()`, and the `Halt` set beforehand says which of them it was. Steering cancels only the streaming sub-task. The
 runner's owner hears of the turn's end and of a detach through callbacks (`on_finish`,
 `on_detach`); the runner never touches its owner's state.
 """
@@ -11,6 +11,7 @@ runner's owner hears of the turn's end and of a detach through callbacks (`on_fi
 from __future__ import annotations
 
 import asyncio
+import enum
 import inspect
 from collections import deque
 from collections.abc import Callable
@@ -45,6 +46,24 @@ OnDetach = Callable[[], None]
 # The mark of a record that finishes something (a model response, a tool result): the
 # progress a store counts poison turns against (docs/design.md §6).
 DONE: dict[str, Any] = {"done": True}
+
+
+class Phase(enum.Enum):
+    """Where a turn runner is; it only moves forward (STARTING -> ... -> ENDED)."""
+
+    STARTING = "starting"  # created; its task has not run a step (a stop needs no Task.cancel)
+    RUNNING = "running"
+    ENDING = "ending"  # the model answered and no steer waits: no more steers
+    FINISHING = "finishing"  # its end is being recorded: a cancel no longer applies
+    ENDED = "ended"  # its result is set
+
+
+class Halt(enum.IntEnum):
+    """Why a turn was stopped from outside; a higher one overrides a lower one."""
+
+    CANCELLED = 1  # cancel(): the turn ends `cancelled`
+    DETACHED = 2  # detach(): another worker owns the session; nothing more is written
+    JOURNAL_FAILED = 3  # an append failed: the turn ends with FX_JOURNAL_APPEND_FAILED
 
 
 class TurnRunner:
@@ -82,7 +101,9 @@ class TurnRunner:
         self._blocks = blocks
         self._prepare = prepare  # an awaitable of the blocks (an async `resize_image`), or None
         self._refused: FxError | None = None
-        self._end_requested = False  # a steer with images: end at the next safe point
+        self._phase = Phase.STARTING
+        self._halt: Halt | None = None
+        self._failure: BaseException | None = None  # the append that failed (Halt.JOURNAL_FAILED)
         self._yield_at = yield_at
         self._resume = resume
         self._on_ambiguous = on_ambiguous
@@ -90,19 +111,29 @@ class TurnRunner:
         self._next_step = next_step
         self._steers: deque[tuple[str, str]] = deque()
         self._steer_bytes = 0
-        self._accepting = True
-        self._finishing = False
-        self._cancel_requested = False
+        # Asked for at the next safe point (before a model request): a yield (the owner's
+        # deadline) and an end (a steer with images runs as the next turn).
         self._yield_requested = False
-        self._detached = False
-        self._failure: BaseException | None = None
+        self._end_requested = False
         self._task: asyncio.Task[None] | None = None
-        self._started = False
         self._stream_task: asyncio.Task[StepOutput] | None = None
         self._out: StepOutput | None = None
         self._out_step = 0
         self._in_flight: dict[str, Any] | None = None
         self._running_calls: dict[str, dict[str, Any]] = {}
+
+    def __repr__(self) -> str:
+        halt = f" halt={self._halt.name}" if self._halt is not None else ""
+        return f"<TurnRunner turn={self.turn_id} phase={self._phase.value}{halt}>"
+
+    def _halt_with(self, halt: Halt) -> None:
+        if self._halt is None or halt > self._halt:
+            self._halt = halt
+
+    @property
+    def accepting(self) -> bool:
+        """Whether a steer can still join this turn."""
+        return self._phase in (Phase.STARTING, Phase.RUNNING) and self._halt is None and not self._end_requested
 
     def describe(self) -> str:
         if self.result_future.done():
@@ -117,7 +148,7 @@ class TurnRunner:
 
     def finish_now(self, result: TurnResult) -> None:
         """Ends a turn that runs nothing (a repeated turn id)."""
-        self._accepting = False
+        self._phase = Phase.ENDED
         self.events.close()
         self.result_future.set_result(result)
 
@@ -133,7 +164,7 @@ class TurnRunner:
     # control from the caller
 
     def steer(self, input: str | list[Any], steer_id: str | None) -> None:
-        if not self._accepting or self.result_future.done():
+        if not self.accepting:
             raise FxInputError("no prompt is running", code=Code.TURN_ENDED)
         if not isinstance(input, str):
             blocks = check_prompt_input(input)
@@ -158,7 +189,6 @@ class TurnRunner:
         if text.strip():
             check_steer_text(text)
         self._end_requested = True
-        self._accepting = False
         self._cut_stream()
         raise FxSteerDeferredError("a steer with images runs as the next turn: this turn ends at its next safe point")
 
@@ -168,10 +198,9 @@ class TurnRunner:
             stream.cancel()
 
     def cancel(self) -> None:
-        if self.result_future.done() or self._finishing or self._cancel_requested or self._detached:
+        if self._phase in (Phase.FINISHING, Phase.ENDED) or self._halt is not None:
             return
-        self._cancel_requested = True
-        self._accepting = False
+        self._halt = Halt.CANCELLED
         self.signal.abort("cancelled")
         self._stop_task()
 
@@ -179,26 +208,25 @@ class TurnRunner:
         self._yield_requested = True
 
     def detach(self) -> None:
-        if self.result_future.done() or self._detached:
+        if self._phase is Phase.ENDED or self._halt is Halt.DETACHED:
             return
-        self._detached = True
-        self._accepting = False
+        self._halt_with(Halt.DETACHED)  # after a failed append the failure stays the turn's end
         self._on_detach()
         self.signal.abort("detached")
         self._stop_task()
 
     def on_journal_failure(self, exc: BaseException) -> None:
-        if self.result_future.done():
+        if self._phase is Phase.ENDED:
             return
         self._failure = exc
-        self._accepting = False
+        self._halt_with(Halt.JOURNAL_FAILED)
         self.signal.abort("journal")
         self._stop_task()
 
     def _stop_task(self) -> None:
         task = self._task
-        if not self._started:
-            return  # a task cancelled before its first step would never run `_main`; it reads the flags
+        if self._phase is Phase.STARTING:
+            return  # a task cancelled before its first step would never run `_main`; it reads the halt
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()
 
@@ -206,23 +234,21 @@ class TurnRunner:
 
     async def _main(self) -> None:
         outcome: Stop | None = None
-        self._started = True
+        self._phase = Phase.RUNNING
         try:
-            if not (self._cancel_requested or self._detached or self._failure is not None):
+            if self._halt is None:
                 outcome = await self._run()
         except (asyncio.CancelledError, JournalStopped, FxJournalAppendError):
             task = asyncio.current_task()
             if task is not None:
                 while task.uncancel():
                     pass
-            if not (self._detached or self._failure is not None):
-                self._cancel_requested = True
+            self._halt_with(Halt.CANCELLED)
         except FxError as exc:
             outcome = ("error", exc.to_dict())
         except Exception as exc:  # a bug must end the turn visibly, not hang it
             outcome = ("error", {"code": Code.ERROR, "message": f"internal error: {type(exc).__name__}: {exc}"})
-        self._finishing = True
-        self._accepting = False
+        self._phase = Phase.FINISHING
         finisher = asyncio.get_running_loop().create_task(self._finish(outcome))
         while not finisher.done():
             try:
@@ -232,7 +258,13 @@ class TurnRunner:
                 if task is not None:
                     task.uncancel()
 
-    def _failure_result(self, usage: dict[str, int]) -> TurnResult:
+    def _halted_result(self, usage: dict[str, int]) -> TurnResult | None:
+        """The result of a turn a failed append or a detach stopped (None for any other):
+        nothing more is recorded for it."""
+        if self._halt is Halt.DETACHED:
+            return TurnResult("unknown", usage, detached=True)
+        if self._halt is not Halt.JOURNAL_FAILED:
+            return None
         exc = self._failure
         cause = exc.to_dict() if isinstance(exc, FxError) else {"code": Code.ERROR, "message": str(exc)}
         error = {"code": Code.JOURNAL_APPEND_FAILED, "message": f"the journal append failed: {exc}", "cause": cause}
@@ -243,28 +275,22 @@ class TurnRunner:
         if inspect.iscoroutine(self._prepare):
             self._prepare.close()  # the turn stopped before its prompt's images were resized
         usage = dict(core.conversation.open.usage) if core.conversation.open is not None else {}
-        result: TurnResult
+        result: TurnResult | None
         try:
             if self._refused is not None:
                 result = TurnResult("error", {}, self._refused.to_dict())  # nothing was journaled
-            elif self._failure is not None:
-                result = self._failure_result(usage)
-            elif self._detached:
-                result = TurnResult("unknown", usage, detached=True)
-            else:
+            elif (result := self._halted_result(usage)) is None:
                 stop, error = outcome if outcome is not None else ("cancelled", None)
                 self._record_partial()
                 core.end_turn(self.turn_id, None if stop == "yielded" else ev.end_body(stop, usage, error))
                 await core.journal.flush()
-                if self._failure is not None:
-                    result = self._failure_result(usage)
-                elif self._detached:
-                    result = TurnResult("unknown", usage, detached=True)
-                else:
+                result = self._halted_result(usage)  # a failure or detach during the flush
+                if result is None:
                     result = TurnResult(stop, usage, error)
                     await core.save_checkpoint()
         except Exception as exc:  # never leave a caller waiting on result()
             result = TurnResult("error", usage, {"code": Code.ERROR, "message": f"internal error: {exc!r}"})
+        self._phase = Phase.ENDED
         self._on_finish(self)
         self.events.close()
         self.result_future.set_result(result)
@@ -376,7 +402,7 @@ class TurnRunner:
         if not calls:
             if self._steers:
                 return None
-            self._accepting = False
+            self._phase = Phase.ENDING
             return ("end_turn", None)
         await self._run_tools(step, calls, response_future)
         return None

@@ -157,12 +157,15 @@ class Agent:
             raise FxInputError("api_key must be a string")
         if provider == "gateway":
             provider = None
+        resolved: Provider | dict[str, Any] | None
         if isinstance(provider, str) or credentials is not None:
             # Callbacks travel inside the resolved provider: the worker's engine gets them
             # with the provider and binds them to each session.
-            provider = resolve_provider(provider, api_key=api_key, model_catalog=model_catalog, credentials=credentials,
+            resolved = resolve_provider(provider, api_key=api_key, model_catalog=model_catalog, credentials=credentials,
                                         on_credentials=on_credentials, refresh_lock=refresh_lock)
-        self._catalog = CatalogCache(provider, api_key=api_key, model_catalog=model_catalog)
+        else:
+            resolved = provider
+        self._catalog = CatalogCache(resolved, api_key=api_key, model_catalog=model_catalog)
         self._catalog.check(model)
         check_instructions(instructions)
         check_max_model_turns(max_model_turns)
@@ -172,7 +175,7 @@ class Agent:
         self.model = model
         self.instructions = instructions
         self.tools = list(check_tools(tools).values())
-        self.provider = provider
+        self.provider = resolved
         self.api_key = api_key
         self.on_event = on_event
         self.max_model_turns = max_model_turns

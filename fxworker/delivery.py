@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 from . import metrics, registry
 from .errors import FxNoAgentError, FxUnknownSessionError
 from .ids import now_ms
-from .protocol import Outcome
+from .protocol import Outcome, WorkerAgent
 from .runner import Runner
 from .runtime import LoopThread
 from .settings import Settings
@@ -153,7 +153,7 @@ async def _route_without_agents(session_id: str, settings: Settings) -> NoReturn
     raise FxNoAgentError(f"this process has no agent named {state.agent!r} (session {session_id})")
 
 
-def _refused(agent: Any, session_id: str | None, reason: str) -> None:
+def _refused(agent: WorkerAgent | None, session_id: str | None, reason: str) -> None:
     log.warning("session.refused session=%s reason=%s", session_id, reason)
     if agent is not None:
         agent.emit({"type": "session.refused", "sessionId": session_id, "reason": reason})

@@ -8,6 +8,8 @@
 - `drop`, the store mark that consumes an input no turn takes (the engine's own marks are
   `fxengine.persistence`'s).
 - How a delivery ended (`Outcome`), and what `Runner.run()` returns (`RunResult`).
+- What a worker reads of the agent it runs a session as (`WorkerAgent`, which `Agent`
+  satisfies): the runner sits below the agent module and names it only by this.
 
 Every line also carries `messageId` (the turn's id), and the store adds `cursor` and
 `epoch` as it writes it.
@@ -18,13 +20,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, Protocol, TypedDict
 
 from fxengine.events import EndBody as EndBody
 from fxengine.events import end_body as end_body
 from fxengine.persistence import Mark
 
 if TYPE_CHECKING:
+    from fxengine.providers import Provider
+    from fxengine.tools.definition import Tool
+
+    from .settings import Settings
+    from .store import RedisStore
     from .store.types import Released, Unserved
 
 
@@ -137,7 +144,35 @@ class RunResult:
     """
 
     outcome: Outcome
-    agent: Any  # the `Agent` it ran as: the owner's, when the wake named another of this process
+    agent: WorkerAgent  # the agent it ran as: the owner's, when the wake named another of this process
     owner: str | None = None
     unserved: Unserved | None = None
     released: Released | None = None
+
+
+class WorkerAgent(Protocol):
+    """What a worker reads of the agent it runs a session as (`fxworker.Agent` is one)."""
+
+    name: str
+    model: str | dict[str, Any]
+    instructions: str | Sequence[str] | None
+    tools: list[Tool]
+    provider: Provider | dict[str, Any] | None
+    api_key: str | None
+    max_model_turns: int
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def store(self) -> RedisStore: ...
+
+    @property
+    def lease_s(self) -> float: ...
+
+    @property
+    def reserve_s(self) -> float: ...
+
+    def emit(self, event: dict[str, Any]) -> None: ...
+
+    def wake(self, session_id: str, *, agent: str | None = None, reason: str) -> None: ...

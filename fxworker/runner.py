@@ -55,7 +55,7 @@ from .deadline import Deadline
 from .errors import FxLeaseLostError, FxStoreUnavailableError
 from .ids import new_holder_id, now_ms
 from .leases import LeaseKeeper
-from .protocol import Outcome, RunResult
+from .protocol import Outcome, RunResult, WorkerAgent
 from .store import RedisStore
 from .store.persistence import LineWriter, StorePersistence, retry_unavailable
 from .store.types import Claim, Idle, Input, Released, Serving, Unserved
@@ -81,7 +81,7 @@ class Runner:
 
     def __init__(
         self,
-        agent: Any,
+        agent: WorkerAgent,
         session_id: str,
         *,
         deadline_ms: int,
