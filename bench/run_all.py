@@ -41,6 +41,7 @@ BENCHES: dict[str, tuple[str, list[str], int]] = {
     "turn_start": ("turn_start.py", ["--turns", "60"], 120),
     "scale": ("scale.py", [], 240),
     "e2e": ("e2e.py", ["--rounds", "2"], 120),
+    "stream": ("stream.py", [], 240),
     "failover": ("failover.py", ["--runs", "30", "--lease-s", "6"], 420),
     "peers": ("peers.py", ["--turns", "30"], 150),
     "cluster": ("cluster.py", ["--rounds", "3"], 300),

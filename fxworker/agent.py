@@ -434,12 +434,17 @@ class Session:
 
     async def stream(self, cursor: int = 0, *, follow: bool = True) -> AsyncIterator[dict[str, Any]]:
         """Every stored line after `cursor` (each with `cursor`); with `follow`, stays open."""
+        async for raw in self.stream_raw(cursor, follow=follow):
+            yield json.loads(raw)
+
+    async def stream_raw(self, cursor: int = 0, *, follow: bool = True) -> AsyncIterator[bytes]:
+        """`stream()`'s lines as the store holds them, one JSON object's bytes each (its
+        `cursor` and `epoch` included): what a relay sends on without decoding it."""
         cursor = check_cursor(cursor)
         while True:
-            lines = await self.store.read_lines(self.id, cursor, block_ms=FOLLOW_BLOCK_MS if follow else None)
-            for line in lines:
-                cursor = int(line["cursor"])
-                yield line
+            lines = await self.store.read_raw_lines(self.id, cursor, block_ms=FOLLOW_BLOCK_MS if follow else None)
+            for cursor, raw in lines:
+                yield raw
             if not follow and not lines:
                 return
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import logging
 import threading
 from collections import deque
@@ -66,6 +67,15 @@ log = logging.getLogger("fxworker.runner")
 MAX_CUTOFFS = 3
 MAX_DEATHS = 3
 CLAIM_RETRY_MS = 2000  # how long a claim retries a store that does not answer
+
+
+class Stopped(enum.Flag):
+    """Why a delivery stops short of its work (several may hold at once)."""
+
+    FENCED = enum.auto()  # another epoch heads the session: write nothing more
+    CUT_OFF = enum.auto()  # the delivery's hard deadline cut the turn off
+    STORE_LOST = enum.auto()  # the store stayed away past the lease: the next delivery resumes
+    REQUEUE = enum.auto()  # the rest goes to a new delivery (not a deadline yield)
 
 
 class Unsettled(Exception):
@@ -103,21 +113,18 @@ class Runner:
         self.turn: Turn | None = None
         self.turn_id: str | None = None
         self.pending: deque[Input] = deque()
-        self.fenced = False
-        self.cut_off = False
-        self.store_lost = False
+        self.stopped = Stopped(0)  # why this delivery stops short of its work, if it does
         self.writer: LineWriter | None = None
         self._engine_key: tuple[Any, Any] | None = None
         self.persistence: StorePersistence | None = None
         self.released: Released | None = None  # the store's answer to this delivery's release
-        self._requeue = False  # the rest goes to a new delivery (not a deadline yield)
         self.owner: str | None = None  # the owning agent, when run() answers MISROUTED
         self.unserved: Unserved | None = None  # and the store's backoff, when nothing was claimed
 
     def __repr__(self) -> str:
         return (
             f"<Runner session={self.session_id} epoch={self.epoch} turn={self.turn_id} "
-            f"deadline_in_ms={self.deadline.deadline_ms - now_ms()} fenced={self.fenced}>"
+            f"deadline_in_ms={self.deadline.deadline_ms - now_ms()} stopped={self.stopped!r}>"
         )
 
     # ------------------------------------------------------------------ diagnostics
@@ -165,12 +172,13 @@ class Runner:
             log.error("%s is left to its lease (%s ms) after a failure it could not record",
                       self.session_id, self.lease_ms)
             return Outcome.NOOP
-        released = self.released = await self._release(cutoff=self.cut_off)
-        if self.cut_off:
+        cut_off = Stopped.CUT_OFF in self.stopped
+        released = self.released = await self._release(cutoff=cut_off)
+        if cut_off:
             # The store's count: it restarts only when the turn moved on (append.lua).
             cutoffs = released.cutoffs if released is not None else int(self.claim.cutoffs) + 1
             self.emit("session.deadline", epoch=self.epoch, cutoffs=cutoffs)
-        if outcome == Outcome.YIELDED and not (self.store_lost or self._requeue):
+        if outcome == Outcome.YIELDED and not self.stopped & (Stopped.STORE_LOST | Stopped.REQUEUE):
             metrics.YIELDS.inc()
         return outcome
 
@@ -237,13 +245,13 @@ class Runner:
             log.warning("store unavailable while running %s: %s", self.session_id, exc)
             if self.turn is not None:
                 self.turn.detach()
-            self.store_lost = True
+            self.stopped |= Stopped.STORE_LOST
             outcome = Outcome.YIELDED
         finally:
             disarm()
             await watcher.stop()
             await keeper.stop()
-            if self.fenced or outcome == Outcome.FENCED:
+            if Stopped.FENCED in self.stopped or outcome == Outcome.FENCED:
                 self.emit("session.fenced", epoch=self.epoch)
                 outcome = Outcome.FENCED
                 if self.turn is not None:
@@ -293,7 +301,7 @@ class Runner:
 
     def _lost(self, exc: BaseException) -> None:
         """The lease keeper's renewal was refused: stop this turn here and now."""
-        self.fenced = True
+        self.stopped |= Stopped.FENCED
         if self.turn is not None:
             self.turn.detach()
 
@@ -301,9 +309,9 @@ class Runner:
 
     def _hard_stop(self) -> None:
         """At the deadline's hard stop: cut off whatever is still running."""
-        if self.turn is None or self.fenced:
+        if self.turn is None or Stopped.FENCED in self.stopped:
             return
-        self.cut_off = True
+        self.stopped |= Stopped.CUT_OFF
         metrics.DEADLINE_CUTOFFS.inc()
         log.info("deadline: cutting off turn %s of %s", self.turn_id, self.session_id)
         self.turn.detach()  # session.deadline goes out with the store's count at the release
@@ -353,7 +361,7 @@ class Runner:
                 return outcome
         first = True
         while True:
-            if self.fenced:
+            if Stopped.FENCED in self.stopped:
                 raise self._fenced_stop()
             entry = self._next_input()
             if entry is None:
@@ -426,7 +434,7 @@ class Runner:
                 # Its state is suspect, and another engine of this claim would load a
                 # stale snapshot: the rest of the session goes to a new delivery.
                 await self._close_engine()
-                self._requeue = True
+                self.stopped |= Stopped.REQUEUE
 
     async def _settle_failed(self, entry: Input | None, error: dict[str, Any]) -> Outcome:
         # Queued first, so it is stored before the turn_end a follower of the turn stops at.
@@ -534,7 +542,7 @@ class Runner:
         """The engine's `event_sink`: every event becomes a UI line of this turn; the
         turn's end (or yield) rides in the call of the record that ends (or yields) it."""
         assert self.writer is not None and self.persistence is not None
-        if self.cut_off or self.fenced:
+        if self.stopped & (Stopped.CUT_OFF | Stopped.FENCED):
             return
         kind = event.get("type")
         if kind == "turn_end" or kind == "turn_yield":
@@ -561,14 +569,14 @@ class Runner:
         return stored is not None and stored.get("type") == type_ and stored.get("messageId") == self.turn_id
 
     async def _start_turn(self, entry: Input) -> Outcome:
-        if self._requeue:
+        if Stopped.REQUEUE in self.stopped:
             self.pending.appendleft(entry)
             return Outcome.YIELDED
         _check_readable(entry)
         engine = await self._open_engine(entry.context, entry.settings)
         if engine is None:
             self.pending.appendleft(entry)
-            self._requeue = True
+            self.stopped |= Stopped.REQUEUE
             return Outcome.YIELDED
         self.turn_id = entry.message_id
         text_input = entry.input if isinstance(entry.input, str) else None
@@ -716,7 +724,7 @@ class Runner:
             result = await self.turn.result()
         finally:
             metrics.TURNS_RUNNING.dec()
-        if self.fenced:
+        if Stopped.FENCED in self.stopped:
             raise self._fenced_stop()
         error = result.error
         if error and error.get("code") == Code.JOURNAL_APPEND_FAILED:
@@ -728,9 +736,9 @@ class Runner:
                 # next delivery resumes it; nothing to write here.
                 log.warning("store lost mid-turn in %s; the turn resumes on the next delivery", self.session_id)
                 self.turn = None
-                self.store_lost = True
+                self.stopped |= Stopped.STORE_LOST
                 return Outcome.YIELDED
-        if not self._end_written("turn_end") and (self.cut_off or result.stop_reason == "yielded"):
+        if not self._end_written("turn_end") and (Stopped.CUT_OFF in self.stopped or result.stop_reason == "yielded"):
             # The turn stays open in the journal; the next delivery continues it.
             if not self._end_written("turn_yield"):
                 self._push(protocol.turn_yield(self.turn_id))
@@ -741,7 +749,7 @@ class Runner:
 
     def _fenced_cause(self, result: TurnResult) -> bool:
         cause = result.error.get("cause") if isinstance(result.error, dict) else None
-        return bool(self.fenced or (isinstance(cause, dict) and cause.get("code") == Code.FENCED))
+        return bool(Stopped.FENCED in self.stopped or (isinstance(cause, dict) and cause.get("code") == Code.FENCED))
 
     async def _steps_seen(self, turn_id: str) -> set[int]:
         """The model steps of `turn_id` that have lines in the UI stream."""

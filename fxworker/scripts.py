@@ -12,6 +12,7 @@ The store's plans parse the replies (`fxworker.store._senders`, `_workers`, `_re
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from collections.abc import Sequence
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, NamedTuple, Union
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisError
 
 from .keys import IndexKeys, SessionKeys
 
@@ -75,6 +76,9 @@ class Command(NamedTuple):
 
 
 Step = Union[Call, Command]
+
+# The batches in flight: a task the loop holds only weakly must not vanish mid-call.
+_BATCHES: set[asyncio.Task[None]] = set()
 
 
 class SyncRunner:
@@ -142,12 +146,69 @@ class SyncRunner:
 
 
 class AsyncRunner:
-    """Runs calls on an asyncio redis-py client (`redis.asyncio.Redis` or its cluster client)."""
+    """Runs calls on an asyncio redis-py client (`redis.asyncio.Redis` or its cluster client).
+
+    On one server, the single calls of one loop iteration (every session's line flushes,
+    records, renewals of a busy worker) leave together as one pipeline (`run_batched`):
+    one round trip and one socket write for all of them, each script still atomic on its
+    own and answered on its own.
+    """
 
     def __init__(self, client: Any, *, cluster: bool = False) -> None:
         self.client = client
         # A cluster spreads one call's keys over nodes: steps run one by one, in order.
         self.cluster = cluster
+        self._batch: list[tuple[Call, asyncio.Future[Any]]] = []
+
+    def run_batched(self, call: Call) -> asyncio.Future[Any]:
+        """The reply of `call`, sent with the other calls of this loop iteration."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        if not self._batch:
+            loop.call_soon(self._send_batch)
+        self._batch.append((call, future))
+        return future
+
+    def _send_batch(self) -> None:
+        batch, self._batch = self._batch, []
+        task = asyncio.ensure_future(self._run_batch(batch))
+        _BATCHES.add(task)
+        task.add_done_callback(_BATCHES.discard)
+
+    async def _run_batch(self, batch: list[tuple[Call, asyncio.Future[Any]]]) -> None:
+        try:
+            if len(batch) == 1:
+                replies: list[Any] = [await self._reply_or_error(batch[0][0])]
+            else:
+                pipe = self.client.pipeline(transaction=False)
+                for call, _ in batch:
+                    pipe.execute_command("EVALSHA", *call.evalsha_args())
+                replies = list(await pipe.execute(raise_on_error=False))
+                if _first_noscript(replies) is not None:  # a NOSCRIPT call did not run
+                    await self.load()
+                    for i, (call, _) in enumerate(batch):
+                        if isinstance(replies[i], NoScriptError):
+                            replies[i] = await self._reply_or_error(call)
+        except BaseException as exc:  # the connection failed: every call of the batch meets it
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, future), reply in zip(batch, replies):
+            if future.done():  # its caller was cancelled
+                continue
+            if isinstance(reply, Exception):
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
+
+    async def _reply_or_error(self, call: Call) -> Any:
+        try:
+            return await self.run(call)
+        except RedisError as exc:  # an error reply (or a failure) of this call alone
+            return exc
 
     async def load(self) -> None:
         for script in SCRIPTS.values():
@@ -162,8 +223,10 @@ class AsyncRunner:
 
     async def run_all(self, steps: Sequence[Step]) -> list[Any]:
         """Runs `steps` in order: one pipeline (one round trip) when allowed, else one by one."""
-        if len(steps) == 1 and isinstance(steps[0], Call):  # most calls: no pipeline to build
-            return [await self.run(steps[0])]
+        if len(steps) == 1 and isinstance(steps[0], Call):  # most calls: one script
+            if self.cluster:
+                return [await self.run(steps[0])]
+            return [await self.run_batched(steps[0])]
         if self.cluster:
             replies = []
             for group in _node_groups(steps):

@@ -7,9 +7,12 @@ answers from the claim (no round trip), `append()` is the store's fenced append 
 `FxFencedError`; either way nothing is stored. `store.persistence(sid, epoch, claim)`
 builds one; the runner builds one on its own `LineWriter`.
 
-`LineWriter` queues the UI lines of a running turn (§4, §5). Consecutive text (or
-reasoning) deltas of one step are merged while they wait (at most `COALESCE_MS` or
-`COALESCE_BYTES`), never reordered or lost; one fenced store call writes a batch. Each
+`LineWriter` queues the UI lines of a running turn (§4, §5) and writes them at once when
+no write of its own is in flight; while one is, the lines wait and consecutive text (or
+reasoning) deltas of one step are merged, never reordered or lost, and the next call
+takes them all. So a quiet session's line costs one round trip of latency, and a busy
+worker writes fewer, larger batches (the store sends the calls of every session of one
+loop iteration as one pipeline). One fenced store call writes a batch. Each
 journal record goes out in the same fenced call as the lines queued before it, so a
 step's record and its lines cost one round trip and its lines are stored no later than
 its record — after a crash, a step the journal holds has all its lines in the stream.
@@ -54,8 +57,6 @@ from .types import Claim, StoreRecord
 T = TypeVar("T")
 log = logging.getLogger("fxworker.lines")
 
-COALESCE_MS = 5
-COALESCE_BYTES = 4096
 _MERGEABLE = ("text_delta", "reasoning_delta")
 RETRY_FIRST_MS = 50
 RETRY_MAX_MS = 500
@@ -112,8 +113,6 @@ class LineWriter:
         self.lease_due_ms = lease_due_ms  # when this worker's lease would expire (retry bound)
         self.lock = asyncio.Lock()
         self._queue: list[dict[str, Any]] = []
-        self._queued_bytes = 0
-        self._timer: asyncio.TimerHandle | None = None
         self._flushing: asyncio.Task[None] | None = None
         self._calls = 0
         # (key, lines, marks) of a call that failed and may have run
@@ -140,11 +139,10 @@ class LineWriter:
             last["delta"] = last["delta"] + line["delta"]
         else:
             self._queue.append(line)
-        self._queued_bytes += len(str(line.get("delta", ""))) + 64
-        if self._queued_bytes >= COALESCE_BYTES:
-            self._schedule(0)
-        elif self._timer is None:
-            self._schedule(COALESCE_MS / 1000)
+        if self._flushing is None:
+            # At the end of this loop iteration: what the turn pushes in the same
+            # iteration (a burst of deltas) goes in the same call.
+            self._flushing = asyncio.ensure_future(self._flush_quietly())
 
     def queue(self, lines: Iterable[Mapping[str, Any]]) -> None:
         """Queues lines as given: no merging and no timer, so they wait for the next
@@ -153,33 +151,23 @@ class LineWriter:
             return
         for line in lines:
             self._queue.append({**line, "epoch": self.epoch})
-            self._queued_bytes += len(str(line.get("delta", ""))) + 64
-
-    def _schedule(self, delay_s: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(delay_s, self._background_flush)
-
-    def _background_flush(self) -> None:
-        self._timer = None
-        if self._flushing is None or self._flushing.done():
-            self._flushing = asyncio.ensure_future(self._flush_quietly())
 
     async def _flush_quietly(self) -> None:
+        """Writes the queued lines until none are left (those pushed while a call was in
+        flight go in the next one); a failure leaves them for the next write."""
         try:
-            await self.flush()
+            while self._queue and not self.closed:
+                await self.flush()
         except FxLeaseLostError:
             pass
         except Exception:  # noqa: BLE001 - the next flush (or the record) retries
             log.warning("writing lines of %s failed", self.session_id, exc_info=True)
+        finally:
+            self._flushing = None
 
     def take(self) -> list[dict[str, Any]]:
         """Removes and returns the queued lines (the caller writes them; hold `lock`)."""
-        lines, self._queue, self._queued_bytes = self._queue, [], 0
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        lines, self._queue = self._queue, []
         return lines
 
     def hold(self, key: str, lines: list[dict[str, Any]], marks: list[Mark] | None = None) -> None:
@@ -192,7 +180,7 @@ class LineWriter:
         """A write was refused: this writer writes nothing more."""
         self.closed = True
         self._held = None
-        self._queue, self._queued_bytes = [], 0
+        self._queue = []
         if self.on_fenced:
             self.on_fenced()
 

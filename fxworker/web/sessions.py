@@ -241,7 +241,7 @@ async def stream(request: Request) -> Response:
     follow = parse_flag(request.query_params.get("follow"), name="follow", default=True)
     session, _ = await _existing(request)
     slot = _stream_slot(request)
-    return NDJSONResponse(session.stream(cursor, follow=follow), headers={SESSION_HEADER: session_id}, slot=slot)
+    return NDJSONResponse(session.stream_raw(cursor, follow=follow), headers={SESSION_HEADER: session_id}, slot=slot)
 
 
 async def state(request: Request) -> Response:
