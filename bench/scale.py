@@ -12,8 +12,8 @@ turn (the model asks for `lookup`, then answers). In the same run:
    once; turns carried at once = 100 × (one turn's time alone) / (the burst's time), against
    the 100 it was given (asyncio concurrency inside one process);
 3. 1k, 10k, 100k idle sessions, each a clone of one real session at rest after a short
-   conversation (hashes by DUMP/RESTORE, streams re-added entry by entry so Redis allocates
-   them as appends do, the session index entry added; one Lua call per 1,000): Redis memory
+   conversation (every key by DUMP/RESTORE: at rest its streams are as release.lua left
+   them, rewritten to their size; the session index entry added; one Lua call per 1,000): Redis memory
    per session (`used_memory` delta), the sweeper's cost per full pass (`Sweeper.sweep_once`
    of fxworker.sweeper, in this process), and turns/s at 10 sessions with them present.
 
@@ -64,25 +64,11 @@ local names = {'meta', 'lease', 'inbox', 'log', 'ui', 'msgs', 'pending', 'keys',
 local plan = {}
 for _, n in ipairs(names) do
   local src = ARGV[1] .. n
-  local kind = redis.call('TYPE', src)['ok']
-  if kind == 'stream' then
-    table.insert(plan, {n, 'stream', redis.call('XRANGE', src, '-', '+')})
-  elseif kind ~= 'none' then
-    table.insert(plan, {n, 'dump', redis.call('DUMP', src)})
-  end
+  if redis.call('EXISTS', src) == 1 then table.insert(plan, {n, redis.call('DUMP', src)}) end
 end
 for i = 4, #ARGV do
   local base = ARGV[2] .. ':{' .. ARGV[i] .. '}:'
-  for _, p in ipairs(plan) do
-    local dst = base .. p[1]
-    if p[2] == 'stream' then
-      for _, e in ipairs(p[3]) do
-        redis.call('XADD', dst, e[1], unpack(e[2]))
-      end
-    else
-      redis.call('RESTORE', dst, 0, p[3])
-    end
-  end
+  for _, p in ipairs(plan) do redis.call('RESTORE', base .. p[1], 0, p[2]) end
   redis.call('ZADD', KEYS[1], 'NX', ARGV[3], ARGV[i])
 end
 return #ARGV - 3

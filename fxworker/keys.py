@@ -33,12 +33,15 @@ loses it again when new input is accepted):
     inbox     STREAM  accepted inputs and cancel requests, id `<seq>-0`; fields k
                       (p | s | c), id, in, cx?, st? (only when given), at. accept, cancel; read by claim and
                       by a running worker's polling XREAD (`watch_inbox`); trimmed by
-                      save_checkpoint below the oldest input still needed.
+                      save_checkpoint below the oldest input still needed, and
+                      emptied (the key kept) by a release that leaves the session at rest.
     log       STREAM  engine journal records, id `<cursor>-0`; fields k (idempotency
                       key), d (opaque bytes), e (writer epoch), m (marks JSON). append;
                       read by claim; trimmed by save_checkpoint.
     ui        STREAM  NDJSON lines of §4, id `<cursor>-0`, field l (the JSON text, with
                       `epoch` and `cursor` inside). append; read with XREAD (read_lines).
+                      At rest, release rewrites it and the log to their size (DUMP and
+                      RESTORE: Redis allocates a stream's last node at 4 KiB).
     msgs      HASH    message-id index: id -> "kind:state:seq:end_cursor:bytes" with kind
                       p | s, state w (waiting) | r (open turn) | d (done). accept, append.
     pending   ZSET    ids not yet consumed, scored by inbox seq (acceptance order).

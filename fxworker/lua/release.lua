@@ -15,7 +15,8 @@
 -- next claim is epoch + 1. Given KEYS[10], a release that leaves nothing to run (no turn
 -- open, no input waiting) takes the session out of the ready set: on one server an accept
 -- marks it in the same script that stores the input, so no mark of work still to come is
--- lost, and the sweeper does not read finished sessions again.
+-- lost, and the sweeper does not read finished sessions again. Such a release also trims
+-- the consumed inbox and rewrites the lines and the log to their size (see below).
 
 local meta, lease, pending = KEYS[1], KEYS[2], KEYS[7]
 local epoch, ttl_ms = tonumber(ARGV[1]), tonumber(ARGV[4])
@@ -32,6 +33,16 @@ local turn = m[1] or ''
 if ARGV[2] == '1' and turn ~= '' then cutoffs = redis.call('HINCRBY', meta, 'cutoffs', 1) end
 if turn == '' and waiting == 0 then
   if KEYS[10] then redis.call('ZREM', KEYS[10], ARGV[5]) end
+  -- At rest, the session gives back what its streams hold for appends to come: Redis
+  -- allocates a stream's node at 4 KiB and never shrinks it while it is the last one.
+  -- The inbox's entries are all consumed (it keeps its key, and its last id for the next
+  -- accept); the lines and the log are rewritten to their size (a reader blocked on
+  -- the lines waits on as before, for entries after its cursor).
+  redis.call('XTRIM', KEYS[3], 'MAXLEN', 0)
+  for _, k in ipairs({KEYS[4], KEYS[5]}) do
+    local dumped = redis.call('DUMP', k)
+    if dumped then redis.call('RESTORE', k, 0, dumped, 'REPLACE') end
+  end
   if ttl_ms > 0 then
     for k = 1, 9 do redis.call('PEXPIRE', KEYS[k], ttl_ms) end
     redis.call('HSET', meta, 'expiring', 1)  -- accept.lua persists them again
