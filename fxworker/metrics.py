@@ -110,14 +110,20 @@ _latency_of: dict[str, Any] = {}  # op -> its STORE_LATENCY child (labels() take
 @contextmanager
 def store_timer(op: str) -> Iterator[None]:
     """Observe the duration of the block in `STORE_LATENCY` under `op`, failed calls included."""
-    child = _latency_of.get(op)
-    if child is None:
-        child = _latency_of[op] = STORE_LATENCY.labels(op=op)
     started_s = time.perf_counter()
     try:
         yield
     finally:
-        child.observe(time.perf_counter() - started_s)
+        observe_store(op, time.perf_counter() - started_s)
+
+
+def observe_store(op: str, seconds: float) -> None:
+    """One store call's duration in `STORE_LATENCY` under `op` (the store's hot path: no
+    context manager)."""
+    child = _latency_of.get(op)
+    if child is None:
+        child = _latency_of[op] = STORE_LATENCY.labels(op=op)
+    child.observe(seconds)
 
 
 def render() -> bytes:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import Any, NamedTuple, Union
 
 from hiredis import pack_command as _pack_command
 from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .keys import IndexKeys, SessionKeys
 
@@ -223,11 +225,17 @@ class AsyncRunner:
             await connection.send_packed_command(
                 b"".join([_pack_command(("EVALSHA", *call.evalsha_args())) for call in calls]))
             replies: list[Any] = []
-            for _ in calls:
-                try:
-                    replies.append(await connection.read_response())
-                except ResponseError as exc:  # the script's own error: the others still answer
-                    replies.append(exc)
+            # One deadline for the batch's replies, not a timer per reply.
+            try:
+                async with asyncio.timeout(connection.socket_timeout):
+                    for _ in calls:
+                        try:
+                            replies.append(await connection.read_response(timeout=math.inf))
+                        except ResponseError as exc:  # the script's own error: the others still answer
+                            replies.append(exc)
+            except TimeoutError:
+                raise RedisTimeoutError(f"no reply to a batch of {len(calls)} calls "
+                                        f"within {connection.socket_timeout} s") from None
             return replies
         except BaseException:
             await connection.disconnect()  # replies may be left unread on it

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -128,8 +129,11 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, AsyncStor
             return op.parse([])
         if name is None or op.blocks:
             return await self._exec_read(op) if op.read else await self._exec_untimed(op)
-        with metrics.store_timer(name):
+        started_s = time.perf_counter()
+        try:
             return await self._exec_read(op) if op.read else await self._exec_untimed(op)
+        finally:
+            metrics.observe_store(name, time.perf_counter() - started_s)
 
     async def _exec_read(self, op: Op[T]) -> T:
         return await retry_read(lambda: self._exec_untimed(op))

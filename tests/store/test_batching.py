@@ -105,3 +105,23 @@ async def test_a_dropped_connection_fails_the_batch_and_the_next_calls_reconnect
     finally:
         await store.aclose()
         server.close()
+
+
+async def test_a_stalled_server_fails_the_batch_at_its_deadline_and_the_next_calls_go_through() -> None:
+    server = RedisServer()
+    store = redis_store(server.url, prefix="fxb", socket_timeout_s=0.5)
+    try:
+        sessions = await _claimed(store, 8)
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            results = await asyncio.wait_for(asyncio.gather(
+                *[store.renew(sid, epoch, lease_ms=10_000) for sid, epoch in sessions], return_exceptions=True), 10)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        assert all(isinstance(r, FxStoreUnavailableError) for r in results), results
+        renewed = await asyncio.gather(*[store.renew(sid, epoch, lease_ms=10_000) for sid, epoch in sessions])
+        assert all(isinstance(ms, int) for ms in renewed)
+    finally:
+        await store.aclose()
+        server.close()
