@@ -1,6 +1,7 @@
 """Peers side by side: the same scripted two-step tool turn on the openai-agents SDK with its
-`RedisSession`, on LangGraph with its in-memory checkpointer, and on fxworker (a Celery
-worker, the Redis store), compared on steps per second and on what survives a kill -9.
+`RedisSession`, on LangGraph with its in-memory checkpointer, on pydantic-ai made durable by
+DBOS (its workflows in a throwaway PostgreSQL database), and on fxworker (a Celery worker,
+the Redis store), compared on steps per second and on what survives a kill -9.
 
 Starts a throwaway `redis-server`, the scripted model server (bench/_model.py, its own
 process) and one fxworker Celery worker. The turn: the model asks for `lookup`, the tool
@@ -14,8 +15,14 @@ meant to (`Runner.run_streamed` with a `RedisSession`; `create_react_agent` on a
   looks at what is stored for that session/thread. Neither resumes the turn by itself:
   `RedisSession` keeps the items saved before the kill (the app can start a run with no new
   input on them), the in-memory checkpointer keeps nothing (the user's retry runs the turn,
-  its tool included, anew). fxworker's kill -9 (bench/failover.py) resumes the turn on
-  another worker from its journal, the tool result kept.
+  its tool included, anew). DBOS recovers the workflow when a process of the same
+  application launches again (its tool step's output kept). fxworker's kill -9
+  (bench/failover.py) resumes the turn on another worker from its journal, the tool result
+  kept.
+
+The DBOS peer needs PostgreSQL at `FX_BENCH_POSTGRES_URL` (default
+``postgresql://postgres:postgres@127.0.0.1:5432/postgres``); each run makes and drops a
+database of its own.
 
 Needs the `bench` extra (``pip install -e '.[bench]'``); a peer that does not import is
 reported as not run. Run: ``.venv/bin/python bench/peers.py [--turns 30] [--json PATH]``.
@@ -129,25 +136,75 @@ def langgraph_turn(graph: Any, thread_id: str, prompt: str) -> str:
     return str(out["messages"][-1].content)
 
 
+# ---------------------------------------------------------------------------- DBOS + pydantic-ai
+
+
+def postgres_url(database: str) -> str:
+    base = os.environ.get("FX_BENCH_POSTGRES_URL", "postgresql://postgres:postgres@127.0.0.1:5432/postgres")
+    return base.rsplit("/", 1)[0] + f"/{database}"
+
+
+def dbos_turn_workflow(model_url: str, redis_url: str, database: str) -> Any:
+    """Launches DBOS on `database` with one pydantic-ai agent; returns the workflow that runs
+    a turn (its id the session's)."""
+    from dbos import DBOS
+    from pydantic_ai import Agent
+    from pydantic_ai.durable_exec.dbos import DBOSDurability
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    DBOS(config={"name": "fxbench", "system_database_url": postgres_url(database), "log_level": "WARNING"})
+    model = OpenAIChatModel("scripted", provider=OpenAIProvider(base_url=model_url, api_key="bench-key"))
+    agent = Agent(model, name="bench", tools=[make_lookup(redis_url)], instructions="Use the tools.",
+                  capabilities=[DBOSDurability()])
+
+    @DBOS.workflow(name="fxbench_turn")
+    async def turn(prompt: str) -> str:
+        return str((await agent.run(prompt)).output)
+
+    DBOS.launch()
+    return turn
+
+
+async def dbos_turn(workflow: Any, session_id: str, prompt: str) -> str:
+    from dbos import SetWorkflowID
+
+    with SetWorkflowID(session_id):
+        return str(await workflow(prompt))
+
+
+def drop_database(database: str) -> None:
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(postgres_url("postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as connection:
+            connection.execute(sqlalchemy.text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+    finally:
+        engine.dispose()
+
+
 # ---------------------------------------------------------------------------- one peer's kill -9
 
 
-def victim(peer: str, model_url: str, redis_url: str, tag: str) -> None:
+def victim(peer: str, model_url: str, redis_url: str, tag: str, database: str = "") -> None:
     """The child process of a kill -9 run: one turn whose second model request holds."""
     prompt = f"hold:{tag}"
-    if peer == "openai-agents":
+    if peer == "dbos":
+        asyncio.run(dbos_turn(dbos_turn_workflow(model_url, redis_url, database), tag, prompt))
+    elif peer == "openai-agents":
         asyncio.run(openai_agents_turn(openai_agents_agent(model_url, redis_url), redis_url, tag, prompt))
     else:
         langgraph_turn(langgraph_graph(model_url, redis_url), tag, prompt)
 
 
-def kill_run(peer: str, model_url: str, redis_url: str) -> dict[str, Any]:
+def kill_run(peer: str, model_url: str, redis_url: str, database: str = "") -> dict[str, Any]:
     """Kills a peer -9 after its tool ran; what a new process finds and does next."""
     tag = f"{peer.replace('-', '')}kill{os.getpid()}"
     client = redis.Redis.from_url(redis_url)
     child = subprocess.Popen([sys.executable, __file__, "--victim", peer, "--model-url", model_url,
-                              "--redis-url", redis_url, "--tag", tag], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+                              "--redis-url", redis_url, "--tag", tag, "--database", database],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_until(lambda: client.get(tool_runs_key(tag)), 60, what=f"{peer}'s tool run")
         time.sleep(0.5)  # its second model request is in and held
@@ -155,7 +212,9 @@ def kill_run(peer: str, model_url: str, redis_url: str) -> dict[str, Any]:
         child.wait(10)
         out: dict[str, Any] = {"tool_runs_before": int(client.get(tool_runs_key(tag)) or 0)}
         # A new process: what is stored for that session, and a new prompt of the same session.
-        if peer == "openai-agents":
+        if peer == "dbos":
+            out.update(dbos_after_kill(model_url, redis_url, database, tag))
+        elif peer == "openai-agents":
             items = asyncio.run(openai_agents_items(redis_url, tag))
             out["stored_items"] = len(items)
             out["tool_result_stored"] = any(i.get("type") == "function_call_output" for i in items)
@@ -174,12 +233,33 @@ def kill_run(peer: str, model_url: str, redis_url: str) -> dict[str, Any]:
             langgraph_turn(graph, tag, f"tool:0:{tag}")  # the user's retry: a new turn from nothing
             out["continued_by_hand"] = "nothing to continue from; the retry ran the turn anew"
         out["tool_runs_after_rerun"] = int(client.get(tool_runs_key(tag)) or 0)
-        out["resumed_mid_turn"] = False  # neither has a call that continues an interrupted run
+        out.setdefault("resumed_mid_turn", False)  # only DBOS continues an interrupted run (at a relaunch)
         return out
     finally:
         if child.poll() is None:
             child.kill()
         client.close()
+
+
+def dbos_after_kill(model_url: str, redis_url: str, database: str, tag: str) -> dict[str, Any]:
+    """A new process of the same DBOS application: its launch recovers the killed workflow."""
+    script = (
+        "import asyncio, json, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
+        "from bench.peers import dbos_turn_workflow\n"
+        "from dbos import DBOS\n"
+        f"dbos_turn_workflow({model_url!r}, {redis_url!r}, {database!r})\n"
+        f"handle = DBOS.retrieve_workflow({tag!r})\n"
+        "print(json.dumps({'answer': handle.get_result(), 'steps': len(DBOS.list_workflow_steps(handle.workflow_id))}))\n"
+        "DBOS.destroy()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        return {"stored_items": 0, "tool_result_stored": False, "resumed_mid_turn": False,
+                "continued_by_hand": f"the relaunch failed: {done.stderr.strip().splitlines()[-1:]}"}
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"stored_items": found["steps"], "tool_result_stored": True, "resumed_mid_turn": True,
+            "continued_by_hand": f"recovered at the relaunch, answered {found['answer']!r}"}
 
 
 # ---------------------------------------------------------------------------- steps/s
@@ -220,10 +300,11 @@ def main() -> int:
     parser.add_argument("--model-url", help=argparse.SUPPRESS)
     parser.add_argument("--redis-url", help=argparse.SUPPRESS)
     parser.add_argument("--tag", help=argparse.SUPPRESS)
+    parser.add_argument("--database", default="", help=argparse.SUPPRESS)
     add_json_arg(parser)
     args = parser.parse_args()
     if args.victim:
-        victim(args.victim, args.model_url, args.redis_url, args.tag)
+        victim(args.victim, args.model_url, args.redis_url, args.tag, args.database)
         return 0
 
     server = RedisServer()
@@ -232,9 +313,16 @@ def main() -> int:
     try:
         data["fxworker"] = {"steps_per_s": fxworker_steps(server, model, args.turns)}
         print(f"fxworker (1 Celery worker, Redis store): {data['fxworker']['steps_per_s']:.1f} steps/s")
-        for peer in ("openai-agents", "langgraph"):
+        for peer in ("openai-agents", "langgraph", "dbos"):
+            database = f"fxbench_{os.getpid()}_{peer.replace('-', '')}"
             try:
-                if peer == "openai-agents":
+                if peer == "dbos":
+                    workflow = dbos_turn_workflow(model.base_url, server.url, database)
+                    loop = asyncio.new_event_loop()
+
+                    def run_turn(tag: str, workflow: Any = workflow, loop: Any = loop) -> None:
+                        loop.run_until_complete(dbos_turn(workflow, f"db{tag}", f"tool:0:db{tag}"))
+                elif peer == "openai-agents":
                     agent = openai_agents_agent(model.base_url, server.url)
                     loop = asyncio.new_event_loop()
 
@@ -247,20 +335,30 @@ def main() -> int:
                         langgraph_turn(graph, f"lg{tag}", f"tool:0:lg{tag}")
 
                 rate = steps_per_s(run_turn, args.turns)
-                killed = kill_run(peer, model.base_url, server.url)
+                if peer == "dbos":
+                    from dbos import DBOS
+
+                    DBOS.destroy()  # the kill run's processes are the application now
+                killed = kill_run(peer, model.base_url, server.url, database)
                 data["peers"][peer] = {"steps_per_s": rate, "kill": killed}
                 print(f"{peer}: {rate:.1f} steps/s; after kill -9 with the tool run and the answer pending: "
                       f"{json.dumps(killed)}")
             except ImportError as e:
                 data["peers"][peer] = {"error": f"not installed: {e}"}
                 print(f"{peer}: not run ({e}); install the bench extra")
+            finally:
+                if peer == "dbos":
+                    try:
+                        drop_database(database)
+                    except Exception as e:  # noqa: BLE001 - no PostgreSQL here: said in the row
+                        print(f"dropping {database} failed: {e}")
     finally:
         model.close()
         server.close()
 
     rows: list[Row] = []
     fx = data["fxworker"]["steps_per_s"]
-    stores = {"openai-agents": "RedisSession", "langgraph": "InMemorySaver"}
+    stores = {"openai-agents": "RedisSession", "langgraph": "InMemorySaver", "dbos": "pydantic-ai on DBOS, PostgreSQL"}
     for peer, got in data["peers"].items():
         name = f"{peer} ({stores[peer]}, in-process)"
         if "error" in got:
@@ -270,7 +368,8 @@ def main() -> int:
                               f"{name}", got["steps_per_s"]))
         k = got["kill"]
         rows.append(Row("7 peers", f"{peer} after kill -9 mid-turn: items stored", k["stored_items"], "items",
-                        note=f"tool result kept: {'yes' if k['tool_result_stored'] else 'no'}; resumed by itself: no; "
+                        note=f"tool result kept: {'yes' if k['tool_result_stored'] else 'no'}; "
+                        f"resumed by itself: {'yes' if k['resumed_mid_turn'] else 'no'}; "
                         f"{k['continued_by_hand']}; tool runs in all {k['tool_runs_after_rerun']}"))
     rows.append(Row("7 peers", "fxworker after kill -9 mid-turn", 1.0, "resumed",
                     note="resumes on another worker from its journal, tool result kept (item 6)"))

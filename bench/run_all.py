@@ -43,7 +43,7 @@ BENCHES: dict[str, tuple[str, list[str], int]] = {
     "e2e": ("e2e.py", ["--rounds", "2"], 120),
     "stream": ("stream.py", [], 240),
     "failover": ("failover.py", ["--runs", "30", "--lease-s", "6"], 420),
-    "peers": ("peers.py", ["--turns", "30"], 150),
+    "peers": ("peers.py", ["--turns", "30"], 240),
     "cluster": ("cluster.py", ["--rounds", "3"], 300),
     "tracing": ("tracing.py", ["--turns", "100", "--rounds", "3"], 300),
 }
