@@ -346,6 +346,11 @@ def main() -> int:
             except ImportError as e:
                 data["peers"][peer] = {"error": f"not installed: {e}"}
                 print(f"{peer}: not run ({e}); install the bench extra")
+            except Exception as e:  # noqa: BLE001 - DBOS without a PostgreSQL to run on
+                if peer != "dbos":
+                    raise
+                data["peers"][peer] = {"error": f"did not run: {type(e).__name__}: {str(e)[:200]}"}
+                print(f"{peer}: not run ({e}); it needs PostgreSQL at FX_BENCH_POSTGRES_URL")
             finally:
                 if peer == "dbos":
                     try:
