@@ -184,21 +184,7 @@ class AsyncRunner:
 
     async def _run_batch(self, batch: list[tuple[Call, asyncio.Future[Any]]]) -> None:
         try:
-            if len(batch) == 1:
-                replies: list[Any] = [await self._reply_or_error(batch[0][0])]
-            else:
-                if self._packs:
-                    replies = await self._send_packed([call for call, _ in batch])
-                else:
-                    pipe = self.client.pipeline(transaction=False)
-                    for call, _ in batch:
-                        pipe.execute_command("EVALSHA", *call.evalsha_args())
-                    replies = list(await pipe.execute(raise_on_error=False))
-                if _first_noscript(replies) is not None:  # a NOSCRIPT call did not run
-                    await self.load()
-                    for i, (call, _) in enumerate(batch):
-                        if isinstance(replies[i], NoScriptError):
-                            replies[i] = await self._reply_or_error(call)
+            replies = await self.replies_of([call for call, _ in batch])
         except BaseException as exc:  # the connection failed: every call of the batch meets it
             for _, future in batch:
                 if not future.done():
@@ -213,6 +199,26 @@ class AsyncRunner:
                 future.set_exception(reply)
             else:
                 future.set_result(reply)
+
+    async def replies_of(self, calls: list[Call]) -> list[Any]:
+        """The replies of `calls`, sent in one round trip (on one server), each the call's
+        own: its value, or the error reply it met as an exception. A connection failure
+        raises: it is every call's."""
+        if len(calls) == 1 or self.cluster:
+            return [await self._reply_or_error(call) for call in calls]
+        if self._packs:
+            replies = await self._send_packed(calls)
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            for call in calls:
+                pipe.execute_command("EVALSHA", *call.evalsha_args())
+            replies = list(await pipe.execute(raise_on_error=False))
+        if _first_noscript(replies) is not None:  # a NOSCRIPT call did not run
+            await self.load()
+            for i, call in enumerate(calls):
+                if isinstance(replies[i], NoScriptError):
+                    replies[i] = await self._reply_or_error(call)
+        return replies
 
     async def _send_packed(self, calls: list[Call]) -> list[Any]:
         """The calls in one write on one pooled connection, packed by hiredis, and their

@@ -11,8 +11,11 @@ builds one; the runner builds one on its own `LineWriter`.
 no write of its own is in flight; while one is, the lines wait and consecutive text (or
 reasoning) deltas of one step are merged, never reordered or lost, and the next call
 takes them all. So a quiet session's line costs one round trip of latency, and a busy
-worker writes fewer, larger batches (the store sends the calls of every session of one
-loop iteration as one pipeline). One fenced store call writes a batch. Each
+worker writes fewer, larger batches. One fenced store call writes a batch. The writers of
+one store on one loop share a `LineFlusher`: once per loop iteration it takes the lines
+of every writer that has some (and no write of its own in flight) and sends their calls
+in one round trip, with no task or future per writer; a writer whose call fails, or that
+holds a batch to resend, writes through its own `flush()` (the retries below). Each
 journal record goes out in the same fenced call as the lines queued before it, so a
 step's record and its lines cost one round trip and its lines are stored no later than
 its record — after a crash, a step the journal holds has all its lines in the stream.
@@ -52,6 +55,7 @@ from fxengine.persistence import Loaded, Mark
 
 from ..errors import FxLeaseLostError, FxStoreUnavailableError
 from ..ids import now_ms
+from ._workers import _append
 from .types import Claim, StoreRecord
 
 T = TypeVar("T")
@@ -114,6 +118,8 @@ class LineWriter:
         self.lock = asyncio.Lock()
         self._queue: list[dict[str, Any]] = []
         self._flushing: asyncio.Task[None] | None = None
+        self._flusher: LineFlusher | None = None
+        self._marked = False  # waiting for the flusher's next round
         self._calls = 0
         # (key, lines, marks) of a call that failed and may have run
         self._held: tuple[str, list[dict[str, Any]], list[Mark]] | None = None
@@ -139,10 +145,34 @@ class LineWriter:
             last["delta"] = last["delta"] + line["delta"]
         else:
             self._queue.append(line)
-        if self._flushing is None:
+        if self._flushing is None and not self._marked:
             # At the end of this loop iteration: what the turn pushes in the same
             # iteration (a burst of deltas) goes in the same call.
+            if self._flusher is None:
+                make = getattr(self.store, "line_flusher", None)
+                self._flusher = make() if make is not None else None
+            if self._flusher is not None:
+                self._marked = True
+                self._flusher.mark(self)
+            else:
+                self.flush_in_background()
+
+    def push_pending(self) -> None:
+        """Hands the queued lines to the flusher's next round."""
+        if self._flushing is None and not self._marked and self._flusher is not None:
+            self._marked = True
+            self._flusher.mark(self)
+
+    def flush_in_background(self) -> None:
+        """Writes the queued lines (a held batch first) in a task of this writer's own,
+        with its retries."""
+        if self._flushing is None:
             self._flushing = asyncio.ensure_future(self._flush_quietly())
+
+    def next_key(self) -> str:
+        """The idempotency key of this writer's next line-only call."""
+        self._calls += 1
+        return f"lines:{self.epoch}:{self._calls}"
 
     def queue(self, lines: Iterable[Mapping[str, Any]]) -> None:
         """Queues lines as given: no merging and no timer, so they wait for the next
@@ -220,8 +250,75 @@ class LineWriter:
             lines = self.take()
             if not lines and not marks:
                 return cursors
-            self._calls += 1
-            return cursors + await self._send(f"lines:{self.epoch}:{self._calls}", lines, marks)
+            return cursors + await self._send(self.next_key(), lines, marks)
+
+
+class LineFlusher:
+    """The line writes of one store's writers on one loop: one round trip per loop
+    iteration for every writer with lines queued (`RedisStore.line_flusher()`)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self._marked: list[LineWriter] = []
+        self._rounds: set[asyncio.Task[None]] = set()
+
+    def __repr__(self) -> str:
+        return f"<LineFlusher marked={len(self._marked)} rounds={len(self._rounds)}>"
+
+    def mark(self, writer: LineWriter) -> None:
+        """Writes `writer`'s lines in the round at the end of this loop iteration."""
+        if not self._marked:
+            asyncio.get_running_loop().call_soon(self._start_round)
+        self._marked.append(writer)
+
+    def _start_round(self) -> None:
+        writers, self._marked = self._marked, []
+        task = asyncio.ensure_future(self._round(writers))
+        self._rounds.add(task)
+        task.add_done_callback(self._rounds.discard)
+
+    async def _round(self, writers: list[LineWriter]) -> None:
+        sending: list[tuple[LineWriter, str, list[dict[str, Any]]]] = []
+        for writer in writers:
+            if writer.closed or not writer._queue:
+                writer._marked = False
+                continue
+            if writer._held is not None or writer.lock.locked() or writer._flushing is not None:
+                writer._marked = False
+                writer.flush_in_background()  # a batch to resend first, or a write in flight
+                continue
+            await writer.lock.acquire()  # free: no wait (lines pushed meanwhile wait for the next round)
+            sending.append((writer, writer.next_key(), writer.take()))
+        if not sending:
+            return
+        try:
+            results = await self._send(sending)
+        except BaseException as exc:  # the connection failed (or the loop stops): every batch is held
+            results = [exc] * len(sending)
+        for (writer, key, lines), result in zip(sending, results):
+            writer._marked = False
+            if isinstance(result, FxLeaseLostError):
+                writer.fenced()
+            elif isinstance(result, BaseException):
+                writer.hold(key, lines)  # it may have run: resent first, alone, under its key
+            writer.lock.release()
+            if isinstance(result, BaseException) and not isinstance(result, FxLeaseLostError):
+                log.debug("writing lines of %s failed (%s); its writer retries", writer.session_id, result)
+                writer.flush_in_background()
+            elif writer._queue and not writer.closed:
+                writer.push_pending()
+
+    async def _send(self, sending: list[tuple[LineWriter, str, list[dict[str, Any]]]]) -> list[Any]:
+        ops: list[Any] = []
+        for writer, key, lines in sending:
+            try:
+                ops.append(_append(self.store.core, writer.session_id, writer.epoch, lines=lines,
+                                   idempotency_key=key))
+            except Exception as exc:  # noqa: BLE001 - a line the store refuses: that writer's alone
+                ops.append(exc)
+        planned = [op for op in ops if not isinstance(op, Exception)]
+        answers = iter(await self.store.run_each(planned, "append") if planned else [])
+        return [op if isinstance(op, Exception) else next(answers) for op in ops]
 
 
 class StorePersistence:

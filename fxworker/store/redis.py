@@ -18,20 +18,20 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
 from .. import metrics
 from ..errors import FxStoreUnavailableError
-from ..scripts import AsyncRunner
+from ..scripts import AsyncRunner, Call
 from ._boundary import ServerCheck, client_factories, map_redis_errors, retry_read
 from ._core import AsyncStore, Op, StoreCore
 from ._readers import ReaderOperations
 from ._senders import SenderOperations
 from ._workers import WorkerOperations
-from .persistence import LineWriter, StorePersistence
+from .persistence import LineFlusher, LineWriter, StorePersistence
 from .sync import SyncRedisStore
 from .types import Claim
 
@@ -69,6 +69,7 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, AsyncStor
         self._wait_s = wait_s
         self.kind = kind
         self.sync = SyncRedisStore(core, make_sync_client, self._check)
+        self._flushers: dict[int, tuple[asyncio.AbstractEventLoop, LineFlusher]] = {}
 
     def __repr__(self) -> str:
         return (
@@ -157,15 +158,56 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, AsyncStor
     async def _run(self, runner: AsyncRunner, op: Op[T]) -> T:
         with map_redis_errors():
             if not self._check.done:
-                client = runner.client
-                info = await client.info("server") if self._core.ack == "aof" else None
-                try:
-                    policy = await client.config_get("maxmemory-policy")
-                except RedisError:
-                    policy = None  # CONFIG is often disabled on managed Redis
-                self._core.check_server(info, policy)
-                self._check.done = True
+                await self._check_server(runner)
             return op.parse(await runner.run_all(op.steps))
+
+    async def _check_server(self, runner: AsyncRunner) -> None:
+        """The start-up checks (WAITAOF support, the eviction policy), on the first call."""
+        client = runner.client
+        info = await client.info("server") if self._core.ack == "aof" else None
+        try:
+            policy = await client.config_get("maxmemory-policy")
+        except RedisError:
+            policy = None  # CONFIG is often disabled on managed Redis
+        self._core.check_server(info, policy)
+        self._check.done = True
+
+    async def run_each(self, ops: Sequence[Op[T]], name: str) -> list[T | Exception]:
+        """Several operations of one script call each, in one round trip (on one server),
+        each answered on its own: its result, or the fxworker error it met. A connection
+        failure raises (`FxStoreUnavailableError`): it is every operation's."""
+        runner, slots = self._loop_runner()
+        if slots is not None or any(len(op.steps) != 1 or not isinstance(op.steps[0], Call) for op in ops):
+            return list(await asyncio.gather(*[self._exec(op, name) for op in ops], return_exceptions=True))  # type: ignore[arg-type]
+        started_s = time.perf_counter()
+        with map_redis_errors():
+            if not self._check.done:
+                await self._check_server(runner)
+            replies = await runner.replies_of([op.steps[0] for op in ops])  # type: ignore[misc]
+        results: list[T | Exception] = []
+        for op, reply in zip(ops, replies):
+            try:
+                with map_redis_errors():
+                    if isinstance(reply, Exception):
+                        raise reply
+                    results.append(op.parse([reply]))
+            except Exception as exc:  # noqa: BLE001 - the operation's own outcome, handed back
+                results.append(exc)
+        took_s = time.perf_counter() - started_s
+        for _ in ops:
+            metrics.observe_store(name, took_s)
+        return results
+
+    def line_flusher(self) -> LineFlusher:
+        """The `LineFlusher` of this store on the running loop (its writers share it)."""
+        loop = asyncio.get_running_loop()
+        entry = self._flushers.get(id(loop))
+        if entry is None or entry[0] is not loop:
+            for key, (other, _) in list(self._flushers.items()):
+                if other.is_closed():
+                    del self._flushers[key]
+            entry = self._flushers[id(loop)] = (loop, LineFlusher(self))
+        return entry[1]
 
     def persistence(self, session_id: str, epoch: int, claim: Claim) -> StorePersistence:
         """The engine-facing `Persistence` of this claim (fenced on `epoch`)."""
