@@ -145,23 +145,22 @@ class LineWriter:
             last["delta"] = last["delta"] + line["delta"]
         else:
             self._queue.append(line)
-        if self._flushing is None and not self._marked:
-            # At the end of this loop iteration: what the turn pushes in the same
-            # iteration (a burst of deltas) goes in the same call.
-            if self._flusher is None:
-                make = getattr(self.store, "line_flusher", None)
-                self._flusher = make() if make is not None else None
-            if self._flusher is not None:
-                self._marked = True
-                self._flusher.mark(self)
-            else:
-                self.flush_in_background()
+        self.push_pending()
 
     def push_pending(self) -> None:
-        """Hands the queued lines to the flusher's next round."""
-        if self._flushing is None and not self._marked and self._flusher is not None:
-            self._marked = True
-            self._flusher.mark(self)
+        """Hands the queued lines to the flusher's round at the end of this loop iteration
+        (what the turn pushes in the same iteration, a burst of deltas, goes in the same
+        call), unless a write of this writer's is already on its way."""
+        if self._flushing is not None or self._marked:
+            return
+        if self._flusher is None:
+            make = getattr(self.store, "line_flusher", None)  # a store without one: a task of our own
+            self._flusher = make() if make is not None else None
+        if self._flusher is None:
+            self.flush_in_background()
+            return
+        self._marked = True
+        self._flusher.mark(self)
 
     def flush_in_background(self) -> None:
         """Writes the queued lines (a held batch first) in a task of this writer's own,
@@ -293,7 +292,13 @@ class LineFlusher:
             return
         try:
             results = await self._send(sending)
-        except BaseException as exc:  # the connection failed (or the loop stops): every batch is held
+        except asyncio.CancelledError:  # the loop stops: every batch is held for a resend
+            for writer, key, lines in sending:
+                writer._marked = False
+                writer.hold(key, lines)
+                writer.lock.release()
+            raise
+        except Exception as exc:  # the connection failed: every batch is held
             results = [exc] * len(sending)
         for (writer, key, lines), result in zip(sending, results):
             writer._marked = False
