@@ -9,6 +9,11 @@ a replica has taken over, as a process manager would: it rejoins as a replica). 
 every acknowledged prompt ends, no effect runs twice, and no session waits longer than
 lease + failover + sweep (plus the turn itself under this load). The failover counts until
 the shard takes replica-acknowledged writes again: the new primary has a replica online.
+
+Not covered here: a primary that flaps (the sentinels fail over, then fail over again to
+the restarted node within seconds). In two loaded runs with a 1 s down-after (one of them
+CI's) that second failover left about 90 of the 200 sessions without a turn end for
+150 s; it is still to be reproduced on its own and explained.
 """
 
 from __future__ import annotations
@@ -55,7 +60,10 @@ class Topology:
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self.cluster = RedisClusterProcesses(primaries=3, replicas=1) if kind == "cluster" else None
-        self.sentinels = SentinelGroup() if kind == "sentinel" else None
+        # 5 s before the sentinels call a primary down: with 1 s, a primary busy with the
+        # restarted node's full sync on two loaded cores was called down again and the
+        # sentinels failed over a second time, back to that node (see the module note).
+        self.sentinels = SentinelGroup(down_after_ms=5000) if kind == "sentinel" else None
         self.killed: RedisServer | None = None
 
     @property
