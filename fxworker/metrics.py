@@ -8,8 +8,7 @@ process (a test reload) or next to an application's own metrics never collides.
 
     metrics.TURNS_RUNNING.inc(); ...; metrics.TURNS_RUNNING.dec()
     metrics.ACCEPTED.inc()
-    with metrics.store_timer("append"):
-        await store.append(...)
+    metrics.observe_store("append", seconds)
 
 Every metric is one process's view: a web process shows what it accepted, a worker process
 what it ran. A worker process can expose its own with `serve(port)`. Only `STORE_LATENCY`
@@ -18,9 +17,6 @@ what it ran. A worker process can expose its own with `serve(port)`. Only `STORE
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
@@ -37,9 +33,9 @@ __all__ = [
     "TURNS_RUNNING",
     "WAKES",
     "YIELDS",
+    "observe_store",
     "render",
     "serve",
-    "store_timer",
 ]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -105,16 +101,6 @@ STORE_LATENCY = Histogram(
 
 
 _latency_of: dict[str, Any] = {}  # op -> its STORE_LATENCY child (labels() takes a lock each time)
-
-
-@contextmanager
-def store_timer(op: str) -> Iterator[None]:
-    """Observe the duration of the block in `STORE_LATENCY` under `op`, failed calls included."""
-    started_s = time.perf_counter()
-    try:
-        yield
-    finally:
-        observe_store(op, time.perf_counter() - started_s)
 
 
 def observe_store(op: str, seconds: float) -> None:

@@ -302,12 +302,14 @@ class LineFlusher:
             results = [exc] * len(sending)
         for (writer, key, lines), result in zip(sending, results):
             writer._marked = False
-            if isinstance(result, FxLeaseLostError):
+            fenced = isinstance(result, FxLeaseLostError)
+            failed = isinstance(result, BaseException) and not fenced
+            if fenced:
                 writer.fenced()
-            elif isinstance(result, BaseException):
+            elif failed:
                 writer.hold(key, lines)  # it may have run: resent first, alone, under its key
             writer.lock.release()
-            if isinstance(result, BaseException) and not isinstance(result, FxLeaseLostError):
+            if failed:
                 log.debug("writing lines of %s failed (%s); its writer retries", writer.session_id, result)
                 writer.flush_in_background()
             elif writer._queue and not writer.closed:

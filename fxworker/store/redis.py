@@ -60,8 +60,10 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, AsyncStor
         self._core = core
         self._make_async_client = make_async_client
         self._check = ServerCheck()
-        # One runner (client) per event loop; id(loop) -> (loop, runner, call slots).
-        self._runners: dict[int, tuple[asyncio.AbstractEventLoop, AsyncRunner, asyncio.Semaphore | None]] = {}
+        # One runner (client) per event loop; id(loop) -> (loop, runner, call slots, the
+        # loop's line flusher).
+        self._runners: dict[int, tuple[asyncio.AbstractEventLoop, AsyncRunner, asyncio.Semaphore | None,
+                                       LineFlusher]] = {}
         self._runners_lock = threading.Lock()
         # The asyncio cluster client has no waiting pool: with `max_calls`, at most that many
         # calls per loop run at once, the others wait up to `wait_s` (then FX_STORE_UNAVAILABLE).
@@ -69,7 +71,6 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, AsyncStor
         self._wait_s = wait_s
         self.kind = kind
         self.sync = SyncRedisStore(core, make_sync_client, self._check)
-        self._flushers: dict[int, tuple[asyncio.AbstractEventLoop, LineFlusher]] = {}
 
     def __repr__(self) -> str:
         return (
@@ -103,24 +104,28 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, AsyncStor
         return self._loop_runner()[0]
 
     def _loop_runner(self) -> tuple[AsyncRunner, asyncio.Semaphore | None]:
+        _, runner, slots, _ = self._loop_entry()
+        return runner, slots
+
+    def _loop_entry(self) -> tuple[asyncio.AbstractEventLoop, AsyncRunner, asyncio.Semaphore | None, LineFlusher]:
         loop = asyncio.get_running_loop()
         entry = self._runners.get(id(loop))
         if entry is not None and entry[0] is loop:
-            return entry[1], entry[2]
+            return entry
         with self._runners_lock:
             entry = self._runners.get(id(loop))
             if entry is not None and entry[0] is loop:
-                return entry[1], entry[2]
+                return entry
             # Loops that stopped (an `asyncio.run` that returned, a closed worker loop) no
             # longer need their client; their sockets go with them.
-            for key, (other, _, _) in list(self._runners.items()):
+            for key, (other, *_) in list(self._runners.items()):
                 if other.is_closed() or not other.is_running():
                     del self._runners[key]
             with map_redis_errors():
                 runner = AsyncRunner(self._make_async_client(), cluster=self._core.cluster)
             slots = asyncio.Semaphore(self._max_calls) if self._max_calls else None
-            self._runners[id(loop)] = (loop, runner, slots)
-            return runner, slots
+            entry = self._runners[id(loop)] = (loop, runner, slots, LineFlusher(self))
+            return entry
 
     async def _exec(self, op: Op[T], name: str | None = None) -> T:
         """Runs `op` on this loop's client (a read once more after a connection Redis
@@ -128,16 +133,14 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, AsyncStor
         unless it blocks, which measures a wait."""
         if not op.steps:
             return op.parse([])
+        run = retry_read(lambda: self._exec_untimed(op)) if op.read else self._exec_untimed(op)
         if name is None or op.blocks:
-            return await self._exec_read(op) if op.read else await self._exec_untimed(op)
+            return await run
         started_s = time.perf_counter()
         try:
-            return await self._exec_read(op) if op.read else await self._exec_untimed(op)
+            return await run
         finally:
             metrics.observe_store(name, time.perf_counter() - started_s)
-
-    async def _exec_read(self, op: Op[T]) -> T:
-        return await retry_read(lambda: self._exec_untimed(op))
 
     async def _exec_untimed(self, op: Op[T]) -> T:
         runner, slots = self._loop_runner()
@@ -200,14 +203,7 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, AsyncStor
 
     def line_flusher(self) -> LineFlusher:
         """The `LineFlusher` of this store on the running loop (its writers share it)."""
-        loop = asyncio.get_running_loop()
-        entry = self._flushers.get(id(loop))
-        if entry is None or entry[0] is not loop:
-            for key, (other, _) in list(self._flushers.items()):
-                if other.is_closed():
-                    del self._flushers[key]
-            entry = self._flushers[id(loop)] = (loop, LineFlusher(self))
-        return entry[1]
+        return self._loop_entry()[3]
 
     def persistence(self, session_id: str, epoch: int, claim: Claim) -> StorePersistence:
         """The engine-facing `Persistence` of this claim (fenced on `epoch`)."""
@@ -218,7 +214,7 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, AsyncStor
         its own async client (without waiting: this may run on one of them)."""
         with self._runners_lock:
             entries, self._runners = list(self._runners.values()), {}
-        for loop, runner, _ in entries:
+        for loop, runner, *_ in entries:
             if not loop.is_closed() and loop.is_running():
                 asyncio.run_coroutine_threadsafe(runner.client.aclose(), loop)
         self.sync.close()
@@ -229,7 +225,7 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, AsyncStor
         loop = asyncio.get_running_loop()
         with self._runners_lock:
             entries, self._runners = list(self._runners.values()), {}
-        for other, runner, _ in entries:
+        for other, runner, *_ in entries:
             if other is loop:
                 await runner.client.aclose()
         self.sync.close()

@@ -13,6 +13,7 @@ from fxworker.ids import new_session_id
 from fxworker.keys import session_keys
 from fxworker.store import RedisStore, redis_store
 from fxworker.store.types import StoreRecord
+from tests.support.redis_server import RedisServer
 
 
 async def _one_turn(store: RedisStore, sid: str, n: int) -> None:
@@ -67,10 +68,10 @@ async def test_at_rest_the_streams_hold_their_entries_not_room_for_more(redis_ur
 
 
 @pytest.mark.redis
-async def test_a_reader_blocked_on_the_lines_through_the_rewrite_gets_the_next_turn(
-    redis_url: str, key_prefix: str
-) -> None:
-    store = redis_store(redis_url, prefix=key_prefix)
+async def test_a_reader_blocked_on_the_lines_through_the_rewrite_gets_the_next_turn() -> None:
+    server = RedisServer()  # its own: the only blocked client on it is this test's reader
+    store = redis_store(server.url, prefix="fxr")
+    admin = redis.Redis.from_url(server.url)
     sid = new_session_id()
     try:
         await store.accept(sid, agent="default", message_id="m0", input="first")
@@ -79,13 +80,20 @@ async def test_a_reader_blocked_on_the_lines_through_the_rewrite_gets_the_next_t
         await store.append(sid, claim.epoch, records=[StoreRecord("r0", b"x", [{"start": "m0"}])],
                            lines=[{"type": "turn_start", "messageId": "m0"}])
         reader = asyncio.ensure_future(store.read_lines(sid, 1, block_ms=3000))
-        await asyncio.sleep(0.1)  # blocked after cursor 1
+        for _ in range(200):  # until the server holds it blocked after cursor 1
+            if any("b" in c["flags"] for c in admin.client_list()):
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the reader never blocked")
         await store.append(sid, claim.epoch, records=[StoreRecord("r1", b"y", [{"end": True}])], lines=[])
         await store.release(sid, claim.epoch)  # at rest: the lines are rewritten under the reader
-        await asyncio.sleep(0.05)
+        assert any("b" in c["flags"] for c in admin.client_list()), "the rewrite woke the reader"
         assert not reader.done()
         await _one_turn(store, sid, 1)
         got = await asyncio.wait_for(reader, 5)
         assert got and got[0]["cursor"] == 2 and got[0]["messageId"] == "m1"
     finally:
+        admin.close()
         await store.aclose()
+        server.close()

@@ -58,11 +58,17 @@ async def test_a_fenced_writer_stops_alone(redis_url: str, key_prefix: str) -> N
         writers = await _writers(store, 4)
         fenced = writers[1]
         fenced_calls: list[str] = []
-        fenced.on_fenced = lambda: fenced_calls.append(fenced.session_id)
+        refused = asyncio.Event()
+
+        def on_fenced() -> None:
+            fenced_calls.append(fenced.session_id)
+            refused.set()
+
+        fenced.on_fenced = on_fenced
         await store.release(fenced.session_id, fenced.epoch)  # its lease is gone: its writes are refused
         for i, writer in enumerate(writers):
             _push(writer, f"w{i}")
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(refused.wait(), 10)  # the round that carried all four came back
         await asyncio.gather(*[w.flush() for i, w in enumerate(writers) if i != 1])
         assert fenced.closed and fenced_calls == [fenced.session_id]
         for i, writer in enumerate(writers):
