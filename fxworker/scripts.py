@@ -422,17 +422,18 @@ def clear_ready(index: IndexKeys, *, session_id: str, older_than_ms: int, forget
 
 def claim(
     keys: SessionKeys, *, holder: str, lease_ms: int, now_ms: int, only_work: bool = False,
-    agents: Sequence[str] = (), give_up_ms: int = 0, retry_max_ms: int = 0,
+    agents: Sequence[str] = (), give_up_ms: int = 0, retry_max_ms: int = 0, outage_ms: int = 0,
 ) -> Call:
     """claim.lua: take the lease when no live one stands; bumps the epoch; reads the session.
 
     With `only_work`, a session with no open turn, no waiting input and no lease held is
     left as it is (reply `idle`). With `agents`, a session another agent owns is not
     claimed (reply `unserved`) until it waited `give_up_ms` (then `give_up` is set).
+    `outage_ms`: when the caller last met a store outage; a takeover from a holder silent
+    since before it counts no death.
     """
-    args: list[Arg] = [holder, lease_ms, now_ms, "1" if only_work else "0"]
-    if agents:
-        args += [",".join(agents), give_up_ms, retry_max_ms]
+    args: list[Arg] = [holder, lease_ms, now_ms, "1" if only_work else "0",
+                       ",".join(agents), give_up_ms, retry_max_ms, outage_ms]
     return Call(SCRIPTS["claim"], keys.names, args)
 
 

@@ -6,6 +6,7 @@
 --       5 the agents the caller can run, comma-separated ("" or absent: any)
 --       6 give-up ms (with 5: how long a session may wait for an agent nobody runs)
 --       7 the longest wait between two wakes of such a session (ms)
+--       8 when the caller last met a store outage (ms; "0": never)
 -- Returns {"held", holder, epoch, expires_ms} when a live lease stands, {"unknown"} for
 -- no such session, {"incomplete", key} for one with a key gone (_whole.lua),
 -- {"idle", epoch, agent} when ARGV[4] is "1", no lease is held, no turn is open
@@ -30,7 +31,10 @@
 -- expired while held) with a turn open counts one more death of that turn; with no turn
 -- open but inputs pending, one more death of the first of them (its worker died, or failed
 -- past handling, before its turn opened): a `start`, `end` or `drop` restarts the count,
--- so an input no worker can open is ended after 3 (§6, nothing loops for ever).
+-- so an input no worker can open is ended after 3 (§6, nothing loops for ever). A holder
+-- whose last renewal came before a store outage the caller met (ARGV[8]) is not counted:
+-- a failover or a full Redis silences every holder at once, and three of them in a row
+-- must not end a healthy turn as poison.
 -- The epoch is also kept in meta, so a lease key that is gone cannot restart the count:
 -- such a session is refused whole (`incomplete`), never claimed at epoch 1 again.
 -- A session whose agent the caller cannot run is not claimed: its wakes back off in meta
@@ -93,7 +97,10 @@ local expires = now_ms + lease_ms
 redis.call('HSET', lease, 'holder', holder, 'epoch', epoch, 'expires_ms', string.format('%d', expires), 'state', 'held')
 
 local deaths = tonumber(m[9] or 0)
-if taken == 1 and (turn ~= '' or redis.call('ZCARD', pending) > 0) then
+-- A holder silent since a store outage the caller saw (ARGV[8]: its last failed store call,
+-- after the holder's last renewal) may have been cut off by that outage, not have died.
+local cut_off = tonumber(ARGV[8] or 0) >= tonumber(l[3] or 0) - lease_ms
+if taken == 1 and not cut_off and (turn ~= '' or redis.call('ZCARD', pending) > 0) then
   deaths = redis.call('HINCRBY', meta, 'deaths', 1)
 end
 

@@ -51,23 +51,34 @@ def describe_redis_error(exc: BaseException) -> str:
 class _MapRedisErrors:
     # A plain class, not @contextmanager: it wraps every store call, and a generator-based
     # manager costs more than a small script does on the server.
-    __slots__ = ()
+    __slots__ = ("on_outage",)
+
+    def __init__(self, on_outage: Callable[[], None] | None = None) -> None:
+        self.on_outage = on_outage
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> Literal[False]:
-        if exc is None or isinstance(exc, FxError):
+        if exc is None:
+            return False
+        if isinstance(exc, FxError):
+            if self.on_outage is not None and isinstance(exc, FxStoreUnavailableError):
+                self.on_outage()  # an ack the store could not give (a failover's replica gone)
             return False
         # By class, not text: inside a pipeline redis-py rewrites the message ("Command # 1
         # (...) of pipeline caused error: ...") but keeps the class of the OOM reply.
         if isinstance(exc, OutOfMemoryError):
+            if self.on_outage is not None:
+                self.on_outage()
             raise FxStoreFullError(
                 "the session store is full (Redis is at its maxmemory): nothing was stored; "
                 "send it again with the same messageId once memory is freed"
             ) from exc
         if isinstance(exc, (RedisError, RedisClusterException, OSError)):
+            if self.on_outage is not None:
+                self.on_outage()
             raise FxStoreUnavailableError(f"the session store is unavailable: {describe_redis_error(exc)}") from exc
         return False
 
@@ -75,12 +86,13 @@ class _MapRedisErrors:
 _MAP_REDIS_ERRORS = _MapRedisErrors()
 
 
-def map_redis_errors() -> _MapRedisErrors:
+def map_redis_errors(on_outage: Callable[[], None] | None = None) -> _MapRedisErrors:
     """Translates redis-py's connection and server errors into `FxStoreUnavailableError`.
 
-    Use as `with map_redis_errors(): ...`.
+    Use as `with map_redis_errors(): ...`. `on_outage` is called for each outage it meets
+    (the store unavailable or full; a store keeps one mapper that notes when).
     """
-    return _MAP_REDIS_ERRORS
+    return _MAP_REDIS_ERRORS if on_outage is None else _MapRedisErrors(on_outage)
 
 
 def closed_connection(exc: BaseException) -> bool:

@@ -99,11 +99,18 @@ class StoreCore:
         self.max_block_ms = max_block_ms
         self.index = index_keys(self.prefix)
         self._keys: dict[str, SessionKeys] = {}
+        # When a call of this process last met the store unavailable (epoch ms; 0: never).
+        # A claim passes it on: holders silent since then may have been cut off, not dead.
+        self.outage_ms = 0
 
     # -- helpers ---------------------------------------------------------------------
 
     def now(self, now_ms: int | None) -> int:
         return self.clock() if now_ms is None else int(now_ms)
+
+    def saw_outage(self) -> None:
+        """Notes that a call of this process met the store unavailable, now."""
+        self.outage_ms = self.clock()
 
     def grace(self, grace_ms: int | None) -> int:
         """How old a ready mark must be before it may be cleared (None: this store's own)."""

@@ -58,9 +58,20 @@ def _claim(
     call = scripts.claim(
         core.keys(session_id), holder=holder, lease_ms=int(lease_ms), now_ms=core.now(now_ms), only_work=only_work,
         agents=serving.agents if serving else (), give_up_ms=serving.give_up_ms if serving else 0,
-        retry_max_ms=serving.retry_max_ms if serving else 0,
+        retry_max_ms=serving.retry_max_ms if serving else 0, outage_ms=core.outage_ms,
     )
-    return Op([call], lambda replies: _claimed(replies[0], session_id=session_id, holder=holder))
+    steps: list[Step] = [call, *core.ack_steps()]
+
+    def parse(replies: list[Any]) -> Claim | Idle | Unserved | None:
+        claimed = _claimed(replies[0], session_id=session_id, holder=holder)
+        if isinstance(claimed, Claim) and len(replies) > 1:
+            # A claim only one node has can be lost in a failover, and the next claim on
+            # the promoted node would hand out the same epoch again: not acted on until
+            # the store's ack level holds it (the same holder's retry answers this epoch).
+            core.check_ack(replies[1:], f"the claim of session {session_id}")
+        return claimed
+
+    return Op(steps, parse)
 
 
 def _claimed(reply: list[Any], *, session_id: str, holder: str) -> Claim | Idle | Unserved | None:

@@ -60,6 +60,7 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, AsyncStor
         self._core = core
         self._make_async_client = make_async_client
         self._check = ServerCheck()
+        self._errors = map_redis_errors(core.saw_outage)
         # One runner (client) per event loop; id(loop) -> (loop, runner, call slots, the
         # loop's line flusher).
         self._runners: dict[int, tuple[asyncio.AbstractEventLoop, AsyncRunner, asyncio.Semaphore | None,
@@ -159,7 +160,7 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, AsyncStor
             slots.release()
 
     async def _run(self, runner: AsyncRunner, op: Op[T]) -> T:
-        with map_redis_errors():
+        with self._errors:
             if not self._check.done:
                 await self._check_server(runner)
             return op.parse(await runner.run_all(op.steps))
@@ -183,14 +184,14 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, AsyncStor
         if slots is not None or any(len(op.steps) != 1 or not isinstance(op.steps[0], Call) for op in ops):
             return list(await asyncio.gather(*[self._exec(op, name) for op in ops], return_exceptions=True))  # type: ignore[arg-type]
         started_s = time.perf_counter()
-        with map_redis_errors():
+        with self._errors:
             if not self._check.done:
                 await self._check_server(runner)
             replies = await runner.replies_of([op.steps[0] for op in ops])  # type: ignore[misc]
         results: list[T | Exception] = []
         for op, reply in zip(ops, replies):
             try:
-                with map_redis_errors():
+                with self._errors:
                     if isinstance(reply, Exception):
                         raise reply
                     results.append(op.parse([reply]))

@@ -29,6 +29,7 @@ class SyncRedisStore(SenderOperations, WorkerOperations, ReaderOperations, SyncS
         self._core = core
         self._make_client = make_client
         self._check = check
+        self._errors = map_redis_errors(core.saw_outage)
         self._runner: SyncRunner | None = None
 
     def __repr__(self) -> str:
@@ -54,7 +55,7 @@ class SyncRedisStore(SenderOperations, WorkerOperations, ReaderOperations, SyncS
 
     def _run(self, op: Op[T]) -> T:
         runner = self._get_runner()
-        with map_redis_errors():
+        with self._errors:
             if not self._check.done:
                 client = runner.client
                 info = client.info("server") if self._core.ack == "aof" else None

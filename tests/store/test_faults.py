@@ -154,6 +154,44 @@ async def test_ack_replica_waits_for_a_replica() -> None:
         primary.close()
 
 
+async def test_a_claim_no_replica_acknowledged_is_not_acted_on() -> None:
+    """Under `ack="replica"` a claim only the primary holds could be lost in a failover, and
+    the promoted node would give the same epoch to the next claimer: two holders of one
+    epoch. It raises instead, and the same holder's retry, once a replica is back, answers
+    the same epoch (nothing counted twice)."""
+    primary = RedisServer(args=("--repl-diskless-sync-delay", "0"))
+    replica = None
+    sid = new_session_id()
+    try:
+        await _accepted(redis_store(primary.url, prefix="fx"), sid)
+        store = redis_store(primary.url, prefix="fx", ack="replica")
+        store.core.ack_timeout_ms = 100
+        with pytest.raises(FxStoreUnavailableError, match="claim"):
+            await store.claim(sid, holder="w1", lease_ms=60_000)
+        replica = RedisServer(args=("--replicaof", "127.0.0.1", str(primary.port)))
+        probe = redis.Redis(host="127.0.0.1", port=replica.port)
+        try:
+            await wait_until_async(lambda: probe.info("replication").get("master_link_status") == "up", 10)
+        finally:
+            probe.close()
+        claim = await store.claim(sid, holder="w1", lease_ms=60_000)
+        assert claim is not None and claim.epoch == 1
+        copy = redis_store(replica.url, prefix="fx")
+        state = await copy.state(sid)
+        assert (state.lease_holder, state.epoch) == ("w1", 1)  # on the replica when the claim returned
+        await store.aclose()
+        await copy.aclose()
+    finally:
+        if replica is not None:
+            replica.close()
+        primary.close()
+
+
+async def _accepted(store: RedisStore, sid: str) -> None:
+    await store.accept(sid, agent="default", message_id="m1", input="x")
+    await store.aclose()
+
+
 async def test_a_warning_when_redis_may_evict(server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
     admin = redis.Redis.from_url(server.url)
     admin.config_set("maxmemory-policy", "allkeys-lru")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
-from fxworker.errors import FxLeaseLostError, FxUnknownSessionError
-from fxworker.store import Claim, Idle, RedisStore
+from fxworker.errors import FxLeaseLostError, FxStoreUnavailableError, FxUnknownSessionError
+from fxworker.ids import new_session_id
+from fxworker.store import Claim, Idle, RedisStore, redis_store
 from tests.store.conftest import FakeClock
+from tests.support.redis_server import RedisServer
 
 
 async def _session(store: RedisStore, sid: str) -> None:
@@ -168,3 +172,34 @@ async def test_a_claim_retried_by_its_holder_answers_the_same_epoch(store: Redis
     assert again.lease_expires_ms == clock.ms + 1000 and again.pending == taken.pending
     assert await store.claim(sid, holder="w3", lease_ms=1000) is None  # still exclusive
     await store.renew(sid, 2, lease_ms=1000)  # the retrying holder's writes still go through
+
+
+@pytest.mark.redis
+async def test_a_holder_silent_since_an_outage_the_claimer_met_is_not_counted_dead(clock: FakeClock) -> None:
+    """A store outage (a failover, a restart, a full Redis) silences every holder at once:
+    a takeover from a holder whose last renewal came before an outage this process met
+    counts no death (three in a row would end a healthy turn as poison); a takeover from
+    one silent since after it does."""
+    server = RedisServer(appendonly=True)
+    store = redis_store(server.url, prefix=f"fxt{uuid.uuid4().hex[:10]}", clock=clock)
+    try:
+        sid = new_session_id()
+        await _session(store, sid)
+        claim = await store.claim(sid, holder="w1", lease_ms=1000)
+        assert claim is not None
+        await store.append(sid, claim.epoch, records=[("k1", b"start", [{"start": "m1"}])])
+        clock.advance(400)
+        server.stop()  # the store goes away under the holder's renewal
+        with pytest.raises(FxStoreUnavailableError):
+            await store.renew(sid, claim.epoch, lease_ms=1000)
+        server.start()
+        clock.advance(1000)
+        claim = await store.claim(sid, holder="w2", lease_ms=1000)
+        assert claim is not None and claim.taken_over
+        assert claim.deaths == 0, "a holder cut off by the outage was counted dead"
+        clock.advance(1000)  # w2 renewed nothing since its claim, after the outage: it died
+        claim = await store.claim(sid, holder="w3", lease_ms=1000)
+        assert claim is not None and claim.taken_over and claim.deaths == 1
+    finally:
+        await store.aclose()
+        server.close()

@@ -108,6 +108,24 @@ class RedisClusterProcesses:
         self.wait_ok(max(1.0, deadline - time.monotonic()))
         return time.monotonic() - started
 
+    def promote(self, replica: RedisServer, *, timeout_s: float = 30.0) -> float:
+        """`CLUSTER FAILOVER FORCE` on `replica`: it takes its primary's slots without
+        waiting for that primary to agree (or to have sent it everything); waits until
+        it serves them and the cluster is ok. Returns the seconds."""
+        started = time.monotonic()
+        client = redis.Redis(host="127.0.0.1", port=replica.port)
+        try:
+            client.execute_command("CLUSTER", "FAILOVER", "FORCE")
+        finally:
+            client.close()
+        deadline = started + timeout_s
+        while _info(replica.port, "replication").get("role") != "master" or replica.port not in self._slot_owners():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{replica!r} did not take over its primary's slots")
+            time.sleep(0.05)
+        self.wait_ok(max(1.0, deadline - time.monotonic()))
+        return time.monotonic() - started
+
     def _slot_owners(self) -> set[int]:
         owners: set[int] = set()
         for live in self.live():
