@@ -16,7 +16,8 @@
 -- open, no input waiting) takes the session out of the ready set: on one server an accept
 -- marks it in the same script that stores the input, so no mark of work still to come is
 -- lost, and the sweeper does not read finished sessions again. Such a release also trims
--- the consumed inbox and rewrites the lines and the log to their size (see below).
+-- the consumed inbox, drops the idempotency keys and rewrites the lines and the log to
+-- their size (see below).
 
 local meta, lease, pending = KEYS[1], KEYS[2], KEYS[7]
 local epoch, ttl_ms = tonumber(ARGV[1]), tonumber(ARGV[4])
@@ -37,8 +38,12 @@ if turn == '' and waiting == 0 then
   -- allocates a stream's node at 4 KiB and never shrinks it while it is the last one.
   -- The inbox's entries are all consumed (it keeps its key, and its last id for the next
   -- accept); the lines and the log are rewritten to their size (a reader blocked on
-  -- the lines waits on as before, for entries after its cursor).
+  -- the lines waits on as before, for entries after its cursor). The idempotency keys
+  -- go: every retry they could answer is of a call this release now fences, and the
+  -- next epoch's records carry keys of their own.
   redis.call('XTRIM', KEYS[3], 'MAXLEN', 0)
+  redis.call('DEL', KEYS[8])
+  redis.call('HDEL', meta, 'line_key')
   for _, k in ipairs({KEYS[4], KEYS[5]}) do
     local dumped = redis.call('DUMP', k)
     if dumped then redis.call('RESTORE', k, 0, dumped, 'REPLACE') end

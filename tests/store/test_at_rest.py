@@ -1,6 +1,7 @@
 """A session at rest gives back its streams' room for appends to come (release.lua): the
-consumed inbox is trimmed, the lines and the log are rewritten to their size; nothing a
-reader, the next claim or the next accept needs goes."""
+consumed inbox is trimmed, the idempotency keys (every retry they answer is fenced now)
+are dropped, the lines and the log are rewritten to their size; nothing a reader, the next
+claim or the next accept needs goes."""
 
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ async def test_at_rest_the_streams_hold_their_entries_not_room_for_more(redis_ur
         assert all(size is not None and size < 2048 for size in sizes.values()), sizes
         assert admin.xlen(keys.inbox) == 0 and admin.exists(keys.inbox)
         assert admin.xlen(keys.log) == 2 and admin.xlen(keys.ui) == 8
+        assert not admin.exists(keys.keys) and not admin.hexists(keys.meta, "line_key")  # idempotency keys gone
     finally:
         admin.close()
         await store.aclose()
