@@ -25,8 +25,7 @@ from .errors import FxStoreUnavailableError
 
 log = logging.getLogger("fxworker.watch")
 
-WATCH_INTERVAL_S = 0.25
-RETRY_S = 0.2  # after a read met a store outage
+WATCH_INTERVAL_S = 0.25  # also the wait before a read after one that failed
 
 
 class InboxWatcher:
@@ -103,20 +102,22 @@ class InboxHub:
 
     async def _run(self) -> None:
         while self.watchers:
+            # The interval first: a watcher joins right after its claim read the inbox, so a
+            # read at once would find nothing new (a turn shorter than the interval makes none).
+            await asyncio.sleep(WATCH_INTERVAL_S)
             watched = dict(self.watchers)
+            if not watched:
+                return
             try:
                 found = await self.store.watch_inboxes({sid: w.after_seq for sid, w in watched.items()})
             except FxStoreUnavailableError as exc:
                 log.warning("watching %d inbox(es) failed (%s); retrying", len(watched), exc)
-                await asyncio.sleep(RETRY_S)
                 continue
             except Exception:  # noqa: BLE001 - the hub must outlive one bad read
                 log.exception("watching %d inbox(es) failed; retrying", len(watched))
-                await asyncio.sleep(RETRY_S)
                 continue
             self.reads += 1
             for sid, entries in found.items():
                 watcher = watched[sid]
                 if self.watchers.get(sid) is watcher:  # not stopped while the read ran
                     watcher.deliver(entries)
-            await asyncio.sleep(WATCH_INTERVAL_S)

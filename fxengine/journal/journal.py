@@ -76,6 +76,9 @@ class Journal:
         self.on_failure = on_failure
         self._diag = diag or (lambda event: None)
         self._marks = wants_marks(persistence)
+        # Told when a batch is on its way (optional): a store may hold what it would write
+        # alone (UI lines) for that batch's call.
+        self._coming: Callable[[], None] | None = getattr(persistence, "record_coming", None)
         self._seq = 1
         self._queue: list[_Queued] = []
         self._pump: asyncio.Task[None] | None = None
@@ -111,6 +114,8 @@ class Journal:
         if self._pump is None or self._pump.done():
             self._idle.clear()
             self._pump = asyncio.get_running_loop().create_task(self._run(), name="fx-journal")
+            if self._coming is not None:
+                self._coming()
         return future
 
     async def wait(self, future: asyncio.Future[str | None] | None) -> None:

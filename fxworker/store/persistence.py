@@ -120,6 +120,9 @@ class LineWriter:
         self._flushing: asyncio.Task[None] | None = None
         self._flusher: LineFlusher | None = None
         self._marked = False  # waiting for the flusher's next round
+        # A journal record is on its way (`StorePersistence.record_coming`): its call takes
+        # the queued lines, so the flusher's next round leaves them to it, once.
+        self.record_due = False
         self._calls = 0
         # (key, lines, marks) of a call that failed and may have run
         self._held: tuple[str, list[dict[str, Any]], list[Mark]] | None = None
@@ -282,6 +285,12 @@ class LineFlusher:
             if writer.closed or not writer._queue:
                 writer._marked = False
                 continue
+            if writer.record_due:
+                # The record's call takes these lines (the turn's first line rides with its
+                # first record: one round trip, not two); whatever is left goes next round.
+                writer.record_due = writer._marked = False
+                writer.push_pending()
+                continue
             if writer._held is not None or writer.lock.locked() or writer._flushing is not None:
                 writer._marked = False
                 writer.flush_in_background()  # a batch to resend first, or a write in flight
@@ -371,6 +380,10 @@ class StorePersistence:
     async def load(self) -> Loaded:
         return self.claim.loaded()
 
+    def record_coming(self) -> None:
+        """The journal has a record on its way: the lines queued meanwhile go in its call."""
+        self.writer.record_due = True
+
     def ride_with_end(self, line: Mapping[str, Any]) -> None:
         """Stores `line` last in the call of the next record that ends or yields a turn."""
         self._end_line = {**line, "epoch": self.epoch}
@@ -395,6 +408,7 @@ class StorePersistence:
         async with self.writer.lock:
             await self.writer.send_held()  # an earlier batch that may have run goes first
             lines = self.writer.take()
+            self.writer.record_due = False
             sent = lines + [end_line] if end_line is not None else lines
             try:
                 # A retry sends the same idempotency key: a call that ran but lost its

@@ -219,3 +219,20 @@ def test_many_stops_on_a_real_store_each_return_within_the_bound(redis_url: str,
         print(f"slowest stop: {slowest * 1000:.1f} ms")
 
     asyncio.run(main())
+
+
+def test_a_turn_shorter_than_the_interval_costs_no_inbox_read(redis_url: str, key_prefix: str) -> None:
+    """A watcher joins right after its claim read the inbox: the hub reads after its
+    interval, not at once, so a watcher gone before then cost no read at all."""
+    async def main() -> None:
+        store = redis_store(redis_url, prefix=key_prefix)
+        sid = await _accepted_session(store)
+        watcher = InboxWatcher(store, sid, after_seq=1, on_input=lambda entry: None).start()
+        hub = watcher._hub
+        assert hub is not None and hub._task is not None
+        await asyncio.sleep(0)
+        await watcher.stop()
+        await asyncio.wait_for(hub._task, 5)  # with no watcher left, the hub's task ends
+        assert hub.reads == 0
+
+    asyncio.run(main())

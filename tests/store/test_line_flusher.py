@@ -11,7 +11,9 @@ from collections.abc import Callable
 
 import pytest
 
+from fxengine.journal.journal import Journal
 from fxworker.ids import new_session_id, now_ms
+from fxworker.metrics import REGISTRY
 from fxworker.store import RedisStore, redis_store
 from fxworker.store.persistence import LineWriter
 from tests.support.redis_server import RedisServer
@@ -101,3 +103,36 @@ async def test_a_round_the_connection_dropped_under_is_resent_and_stored_once() 
     finally:
         await store.aclose()
         server.close()
+
+
+def _appends() -> float:
+    return REGISTRY.get_sample_value("fx_store_latency_seconds_count", {"op": "append"}) or 0.0
+
+
+@pytest.mark.parametrize("record_first", [False, True], ids=["line-first", "record-first"])
+async def test_a_line_pushed_while_a_record_is_on_its_way_rides_in_the_records_call(
+    redis_url: str, key_prefix: str, record_first: bool
+) -> None:
+    """A turn's first line and its first record leave in one call, not two: the journal
+    tells the store a record is coming, and the flusher's round leaves the lines to it."""
+    store = redis_store(redis_url, prefix=key_prefix)
+    try:
+        sid = new_session_id()
+        await store.accept(sid, agent="a", message_id="m1", input="hi")
+        claim = await store.claim(sid, holder="w", lease_ms=60_000)
+        assert claim is not None
+        persistence = store.persistence(sid, claim.epoch, claim)
+        journal = Journal(persistence, head=None)
+        before = _appends()
+        if record_first:
+            journal.add("turn_start", {"turn": "m1"}, marks=[{"start": "m1"}])
+        persistence.writer.push({"type": "turn_start", "messageId": "m1"})
+        if not record_first:
+            journal.add("turn_start", {"turn": "m1"}, marks=[{"start": "m1"}])
+        await asyncio.wait_for(journal.flush(), 10)
+        await asyncio.wait_for(persistence.writer.flush(), 10)
+        assert _appends() - before == 1, "the line and the record went in separate calls"
+        assert [line["type"] for line in await store.read_lines(sid, 0)] == ["turn_start"]
+        assert len((await store.load(sid)).journal) == 1
+    finally:
+        await store.aclose()
