@@ -376,12 +376,15 @@ def counts(obs: Observation) -> dict[str, Any]:
 
 def failovers(obs: Observation) -> dict[str, Any]:
     """Primaries killed, the seconds until a replica served their slots, and until the
-    restarted node was an online replica again (replica-acknowledged writes accepted)."""
+    restarted node was an online replica again (replica-acknowledged writes accepted); the
+    failovers forced back to a rejoined node (a flap) and the longest of them."""
     failover = [float(f["failover_s"]) for f in obs.faults if f["fault"] == "primary"]
     rejoin = [float(f["rejoin_s"]) for f in obs.faults if f["fault"] == "rejoined"]
+    failback = [float(f["failback_s"]) for f in obs.faults if f["fault"] == "failed_back"]
     return {"primaries_killed": len(failover), "failover_p50_s": percentile(failover, 50),
             "failover_max_s": max(failover, default=None), "rejoin_p50_s": percentile(rejoin, 50),
-            "rejoin_max_s": max(rejoin, default=None)}
+            "rejoin_max_s": max(rejoin, default=None), "failed_back": len(failback),
+            "failback_max_s": max(failback, default=None)}
 
 
 def _took_over(recovery: dict[str, Any], taken: list[tuple[Any, int]]) -> bool:

@@ -21,7 +21,10 @@ Every few seconds (a gap drawn from the seed) it does one of:
   serving a session whose lease is held (else any session's, else the first primary),
   wait until its replica serves its slots (`failover_s`), then start the node again and
   wait until it is an online replica (`rejoined`, `rejoin_s`): `FX_ACK=replica` writes of
-  that shard are refused until then. On a cluster `redis`, `clients` and `squeeze` act
+  that shard are refused until then. Every other one (the first, the third, ...) flaps:
+  once the node is a replica, a second failover is forced back to it (`CLUSTER FAILOVER
+  FORCE`) while its shard serves, and the demoted node must replicate again (`failed_back`,
+  `failback_s`). On a cluster `redis`, `clients` and `squeeze` act
   on the AOF server, which is then the broker alone (`tests.chaos.system`).
 
 The first round does each kind once, in a seeded order, and always completes (even past
@@ -74,6 +77,7 @@ class Nemesis:
         self.kinds = tuple(k for k in CLUSTER_KINDS if k in kinds)
         self.rng = random.Random(f"nemesis-{seed}")
         self._poisoned = 0
+        self._primaries_killed = 0  # every other primary fault flaps (counted, not drawn: the schedule's draws stay as seeded)
         self.history = history
         self.stop_at = stop_at
         self.gap_s = gap_s
@@ -242,6 +246,10 @@ class Nemesis:
         finally:  # a failover that timed out still gets its node back
             rejoin_s = self.system.rejoin(node)
             self.history.record("fault", fault="rejoined", port=node.port, rejoin_s=round(rejoin_s, 3))
+        self._primaries_killed += 1
+        if self._primaries_killed % 2 == 1:
+            failback_s = self.system.fail_back(node)
+            self.history.record("fault", fault="failed_back", port=node.port, failback_s=round(failback_s, 3))
 
     # ------------------------------------------------------------------ recovery
 

@@ -276,7 +276,8 @@ def table(verdict: Verdict, seed: int, elapsed_s: float, *, cluster: bool = Fals
     faults = f["faults"]
     failovers = [("primaries killed: failover p50 / max; rejoined p50 / max",
                   f"{f['primaries_killed']}: {_s(f['failover_p50_s'])} / {_s(f['failover_max_s'])}; "
-                  f"{_s(f['rejoin_p50_s'])} / {_s(f['rejoin_max_s'])}")] if cluster else []
+                  f"{_s(f['rejoin_p50_s'])} / {_s(f['rejoin_max_s'])}"),
+                 ("failovers forced back (flaps): max", f"{f['failed_back']}: {_s(f['failback_max_s'])}")] if cluster else []
     rows = [
         ("seed", seed),
         ("wall time", f"{elapsed_s:.0f} s"),

@@ -304,6 +304,16 @@ class System:
         wait_until(replicated, REJOIN_TIMEOUT_S, interval_s=0.05, what=f"{node!r} replicating again")
         return time.monotonic() - started
 
+    def fail_back(self, node: RedisServer) -> float:
+        """A second failover at once, back to `node` (a rejoined replica): `CLUSTER FAILOVER
+        FORCE` while its shard's new primary serves, then the wait until every primary has
+        an online replica again (the demoted one replicates from `node`). Returns the seconds."""
+        assert self.cluster is not None
+        started = time.monotonic()
+        self.cluster.promote(node, timeout_s=FAILOVER_TIMEOUT_S)
+        self.rejoin(node)
+        return time.monotonic() - started
+
     # ------------------------------------------------------------------ workers
 
     def exits(self, *, except_pids: set[int]) -> list[dict[str, Any]]:

@@ -67,6 +67,7 @@ def test_a_short_schedule_on_a_cluster_store_kills_a_primary_and_passes(tmp_path
     assert all(figures["faults"][kind] >= 1 for kind in CLUSTER_FAULT_KINDS), figures["faults"]
     assert figures["faults_not_applied"] == 0
     assert figures["primaries_killed"] == figures["faults"]["primary"] and figures["failover_max_s"] > 0
+    assert figures["failed_back"] == (figures["primaries_killed"] + 1) // 2  # the first flaps
     assert figures["prompts"] > 0 and figures["reader_lines"] == figures["lines"]
     assert "chaos: passed (seed 13)" in proc.stdout
 
@@ -128,6 +129,7 @@ def test_each_rule_names_its_invariant() -> None:
 
 def test_primary_kills_are_counted_only_on_a_cluster_store() -> None:
     faults = [{"fault": "primary", "failover_s": 4.0}, {"fault": "rejoined", "rejoin_s": 2.5},
+              {"fault": "failed_back", "failback_s": 5.0},
               {"fault": "primary", "failover_s": 6.0}, {"fault": "rejoined", "rejoin_s": 3.5}]
     standalone = check(_observation(GOOD, faults=faults)).figures
     assert tuple(standalone["faults"]) == FAULT_KINDS and "primaries_killed" not in standalone
@@ -136,6 +138,7 @@ def test_primary_kills_are_counted_only_on_a_cluster_store() -> None:
     assert tuple(cluster.figures["faults"]) == CLUSTER_FAULT_KINDS and cluster.figures["faults"]["primary"] == 2
     assert (cluster.figures["primaries_killed"], cluster.figures["failover_p50_s"], cluster.figures["failover_max_s"],
             cluster.figures["rejoin_max_s"]) == (2, 4.0, 6.0, 3.5)
+    assert (cluster.figures["failed_back"], cluster.figures["failback_max_s"]) == (1, 5.0)
 
 
 def test_a_resent_push_of_one_start_is_not_a_duplicate() -> None:
