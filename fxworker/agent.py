@@ -67,7 +67,7 @@ from .runtime import LoopThread, SharedLoop
 from .settings import Settings
 from .store import RedisStore, close_default_store, default_store
 from .store.types import Accepted, InputKind
-from .wakers import CeleryWaker, Waker
+from .wakers import CeleryWaker, Waker, wake_failures
 
 log = logging.getLogger("fxworker.agent")
 T = TypeVar("T")
@@ -351,7 +351,9 @@ class Session:
         the session, so the caller still gets its acknowledgement."""
         try:
             await asyncio.to_thread(self.agent.wake, self.id, agent=owner, reason=reason)
-        except Exception as exc:  # noqa: BLE001 - whatever the broker raised: the sweeper wakes it
+        except Exception as exc:
+            if not isinstance(exc, wake_failures(self.agent.waker)):
+                raise  # a bug in the waker, not its broker away
             metrics.WAKES_FAILED.inc()
             log.warning("waking %s (%s) failed (%s: %s); the sweeper will wake it", self.id, reason,
                         type(exc).__name__, exc)

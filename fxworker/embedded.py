@@ -20,7 +20,7 @@ from .runtime import LoopThread
 from .settings import Settings
 from .store import default_store
 from .sweeper import Sweeper
-from .wakers import wake_payload
+from .wakers import BROKER_AWAY, wake_payload
 
 log = logging.getLogger("fxworker.embedded")
 
@@ -114,6 +114,9 @@ class InProcessWaker:
 
     def __repr__(self) -> str:
         return f"<InProcessWaker start_workers={self.start_workers}>"
+
+    # A worker loop that stopped under the wake (the process shutting down) refuses it.
+    failures = (RuntimeError, *BROKER_AWAY)
 
     def wake(self, session_id: str, *, agent: str, reason: str) -> None:
         worker = next_embedded_worker()

@@ -28,6 +28,18 @@ class Waker(Protocol):
     def wake(self, session_id: str, *, agent: str, reason: str) -> None: ...
 
 
+# What a waker raises when its broker is away or full, unless it names its own
+# (`failures`): a sender logs it and the sweeper wakes the session; anything else is a bug
+# and raises.
+BROKER_AWAY: tuple[type[BaseException], ...] = (OSError, TimeoutError)
+
+
+def wake_failures(waker: Any) -> tuple[type[BaseException], ...]:
+    """The exceptions of `waker.wake` that mean its broker is away (see `BROKER_AWAY`)."""
+    failures = getattr(waker, "failures", None)
+    return tuple(failures) if failures is not None else BROKER_AWAY
+
+
 class CeleryWaker:
     """Sends `fxworker.wake` to `fx.<agent>` on the Celery broker, immediately."""
 
@@ -47,6 +59,16 @@ class CeleryWaker:
 
             self._app = app
         return self._app
+
+    @property
+    def failures(self) -> tuple[type[BaseException], ...]:
+        """What `wake` raises when the broker is away or full: kombu's connection errors
+        (the Redis transport's, refused writes included, and RabbitMQ's), a Redis error, a
+        socket error or a timeout. Read only after a wake failed: it imports kombu."""
+        from kombu.exceptions import OperationalError
+        from redis.exceptions import RedisError
+
+        return (OperationalError, RedisError, *BROKER_AWAY)
 
     def wake(self, session_id: str, *, agent: str, reason: str) -> None:
         self.app.send_task(

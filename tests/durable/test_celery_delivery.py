@@ -127,6 +127,32 @@ def test_a_lost_wake_is_run_by_the_sweeper(pool: Any, client: Any) -> None:
     assert turn.result().stop_reason == "end_turn"
 
 
+def test_a_failed_wake_is_a_lost_one_only_when_the_broker_is_away(pool: Any, client: Any) -> None:
+    """A waker whose broker is away (a socket error) costs the prompt nothing: it is
+    acknowledged and the sweeper runs it. A waker that fails otherwise has a bug: the
+    prompt raises it instead of hiding it in a warning."""
+    class AwayWaker:
+        def wake(self, session_id: str, *, agent: str, reason: str) -> None:
+            raise ConnectionRefusedError("the broker is away")
+
+    class BuggyWaker:
+        def wake(self, session_id: str, *, agent: str, reason: str) -> None:
+            raise ValueError("a bug in the waker")
+
+    agent = client.agents["default"]
+    agent._waker = AwayWaker()
+    try:
+        away = agent.blocking_session()
+        turn = away.prompt("broker away")
+        agent._waker = BuggyWaker()
+        with pytest.raises(ValueError, match="a bug in the waker"):
+            agent.blocking_session().prompt("buggy waker")
+    finally:
+        agent._waker = client.waker
+    wait_until(lambda: turn_ended(client, away.id), 15, what="the sweeper's run")
+    assert turn.result().stop_reason == "end_turn"
+
+
 def test_fifty_prompts_from_five_processes_run_one_at_a_time_in_acceptance_order(
     pool: Any, client: Any, redis_url: str, prefix: str
 ) -> None:
