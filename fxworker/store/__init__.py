@@ -161,19 +161,12 @@ def redis_store(
     )
 
 
-_clusters: dict[str, bool] = {}  # store URL -> whether its server runs in cluster mode
-
-
 def _detect_cluster(address: StoreAddress) -> bool:
     """Whether to use a cluster client: what the URL's scheme says, else the server's answer."""
     if address.kind != "redis":
         return address.kind == "cluster"
-    if address.url in _clusters:
-        return _clusters[address.url]
     found = is_cluster(address)
-    if found is not None:
-        _clusters[address.url] = found
-    else:
+    if found is None:
         log.warning("could not ask %s whether it runs in cluster mode (it did not answer): taking it for one "
                     "Redis; name a cluster redis+cluster://host:port,... to say so", masked(address.url))
         return False

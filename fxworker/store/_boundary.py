@@ -268,14 +268,22 @@ def _sentinel_factories(
     return make_async, make_sync
 
 
+_cluster_answers: dict[str, bool] = {}  # store URL -> whether its server said it runs in cluster mode
+
+
 def is_cluster(address: StoreAddress, *, timeout_s: float = 5.0) -> bool | None:
     """Whether the server `address` names (a cluster's first seed) runs in cluster mode
-    (`INFO cluster`); None when it does not answer; False for a Sentinel address."""
+    (`INFO cluster`, asked once per URL and process: the start checks, the start line and
+    the store all need it); None when it does not answer; False for a Sentinel address."""
     if address.kind == "sentinel":
         return False
+    known = _cluster_answers.get(address.url)
+    if known is not None:
+        return known
     client = redis_py.Redis.from_url(address.first_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     try:
-        return bool(int(client.info("cluster").get("cluster_enabled", 0)))
+        found = _cluster_answers[address.url] = bool(int(client.info("cluster").get("cluster_enabled", 0)))
+        return found
     except RedisError:
         return None
     finally:

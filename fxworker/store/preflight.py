@@ -21,7 +21,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import redis as redis_py
 from redis.exceptions import RedisError
 
 from ..errors import FxConfigError
@@ -82,17 +81,10 @@ def check_server(settings: Settings) -> list[str]:
 
 
 def _store_infos(address: StoreAddress, problems: list[str]) -> list[tuple[str, Mapping[str, Any]]]:
-    """(where, INFO) of each primary of the store; adds to `problems` what contradicts the URL."""
+    """(where, INFO) of each primary of the store, read with the store's own kind of client;
+    adds to `problems` what contradicts the URL."""
     try:
-        if address.kind == "sentinel":
-            _, make_sync = client_factories(address, cluster=False, socket_timeout_s=5.0, max_connections=1,
-                                            pool_timeout_s=5.0)
-            client = make_sync()
-            try:
-                return [("", client.info())]
-            finally:
-                client.close()
-        cluster = is_cluster(address)
+        cluster = is_cluster(address)  # asked once per process: the store reuses the answer
         if cluster is None:
             log.warning("start-up checks skipped: the store at %s did not answer", masked(address.url))
             return []
@@ -100,16 +92,12 @@ def _store_infos(address: StoreAddress, problems: list[str]) -> list[tuple[str, 
             problems.append(f"FX_STORE_URL names a Redis Cluster ({masked(address.url)}) but the server is not in "
                             "cluster mode: write redis://host:port/db for one Redis")
             return []
-        if not cluster:
-            client = redis_py.Redis.from_url(address.url, socket_timeout=5, socket_connect_timeout=5)
-            try:
-                return [("", client.info())]
-            finally:
-                client.close()
-        _, make_sync = client_factories(address, cluster=True, socket_timeout_s=5.0, max_connections=2,
+        _, make_sync = client_factories(address, cluster=cluster, socket_timeout_s=5.0, max_connections=2,
                                         pool_timeout_s=5.0)
         client = make_sync()
         try:
+            if not cluster:
+                return [("", client.info())]
             from redis.cluster import RedisCluster
 
             replies = client.info(target_nodes=RedisCluster.PRIMARIES)
