@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,7 +18,7 @@ import redis
 
 from fxworker.errors import FxStoreUnavailableError
 from tests.chaos.faults import Pool, fault_env, lines_of
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, module_redis_server, module_redis_url  # noqa: F401
 from tests.support.workers import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.celery, pytest.mark.slow]
@@ -29,19 +28,8 @@ HEADROOM_BYTES = 16 * 1024  # full within about a second of load
 SQUEEZE_S = 4.0
 
 
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-@pytest.fixture(scope="module")
-def redis_url(redis_server: RedisServer) -> str:
-    """Overrides the suite's Redis for this module: the one whose memory this module squeezes."""
-    return redis_server.url
+# The suite's Redis is replaced, for this module, by one of its own: the one whose memory this module squeezes.
+PRIVATE_REDIS: dict[str, Any] = {}
 
 
 def _ended(agent: Any, session_id: str) -> set[str]:

@@ -9,32 +9,20 @@ on that worker or, if its lease died meanwhile, on the takeover the sweeper send
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from fxworker.errors import FxStoreUnavailableError
 from tests.chaos.faults import Pool, assert_no_stale_line, fault_env, lines_of, pid_of, requests_for, responder, wait_line
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, module_redis_server, module_redis_url  # noqa: F401
 from tests.support.workers import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.celery, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer(appendonly=True, args=("--appendfsync", "always"))
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-@pytest.fixture(scope="module")
-def redis_url(redis_server: RedisServer) -> str:
-    """Overrides the suite's Redis for this module: the one this module may restart."""
-    return redis_server.url
+# The suite's Redis is replaced, for this module, by one of its own: the one this module may restart.
+PRIVATE_REDIS: dict[str, Any] = {"appendonly": True, "args": ("--appendfsync", "always")}
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,10 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import redis
 
 
@@ -111,3 +113,21 @@ def delete_prefix(url: str, prefix: str) -> None:
 
 def external_redis_url() -> str | None:
     return os.environ.get("FX_TEST_REDIS_URL") or None
+
+
+@pytest.fixture(scope="module", name="redis_server")
+def module_redis_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    """A `redis-server` of the test module's own, started with the module's `PRIVATE_REDIS`
+    (`RedisServer` keyword arguments): for a module that restarts or squeezes its Redis.
+    Import it with `module_redis_url` to override the suite's Redis for that module."""
+    server = RedisServer(**getattr(request.module, "PRIVATE_REDIS", {}))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module", name="redis_url")
+def module_redis_url(redis_server: RedisServer) -> str:
+    """The module's own Redis (`module_redis_server`) in place of the suite's."""
+    return redis_server.url
