@@ -5,24 +5,17 @@ all along."""
 
 from __future__ import annotations
 
-import os
 import selectors
 import socket
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.redis_server import free_port
-from tests.support.workers import wait_until
+from tests.web._server import WebProcess
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 2.0
 TOKEN = "slow-clients-token"
 
@@ -41,30 +34,13 @@ def _half_open(port: int, kind: int) -> socket.socket:
 
 
 def test_half_open_connections_are_closed_and_others_served(redis_url: str, key_prefix: str) -> None:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FX_")}
-    env.update(REDIS_URL=redis_url, FX_PREFIX=key_prefix, FX_AGENTS="tests.durable.agents", FX_API_TOKEN=TOKEN,
-               FX_WEB_REQUEST_TIMEOUT_S=str(TIMEOUT_S), FX_LOG_LEVEL="WARNING",
-               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
-    log = tempfile.TemporaryFile()
-    web = subprocess.Popen([sys.executable, "-m", "fxworker", "web", "--port", str(port)], env=env, cwd=ROOT,
-                           stdout=log, stderr=log)
+    web = WebProcess(env={"REDIS_URL": redis_url, "FX_PREFIX": key_prefix, "FX_AGENTS": "tests.durable.agents",
+                          "FX_API_TOKEN": TOKEN, "FX_WEB_REQUEST_TIMEOUT_S": str(TIMEOUT_S)})
     sockets: list[socket.socket] = []
     try:
-        base = f"http://127.0.0.1:{port}"
-
-        def up() -> bool:
-            if web.poll() is not None:
-                log.seek(0)
-                raise AssertionError(log.read().decode(errors="replace")[-3000:])
-            try:
-                return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_until(up, 30, interval_s=0.1, what="fx web up")
+        base = web.wait_ready().url
         opened = time.monotonic()
-        sockets = [_half_open(port, i % 3) for i in range(600)]
+        sockets = [_half_open(web.port, i % 3) for i in range(600)]
         with httpx.Client(base_url=base, timeout=5, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
             assert client.get("/healthz").status_code == 200
             assert client.get("/v1/sessions").status_code == 200
@@ -90,6 +66,4 @@ def test_half_open_connections_are_closed_and_others_served(redis_url: str, key_
     finally:
         for s in sockets:
             s.close()
-        web.kill()
-        web.wait(10)
-        log.close()
+        web.close()
