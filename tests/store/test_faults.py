@@ -134,12 +134,7 @@ async def test_ack_replica_waits_for_a_replica() -> None:
         with pytest.raises(FxStoreUnavailableError):
             await lonely.accept(new_session_id(), agent="default", message_id="m1", input="x")
         await lonely.aclose()
-        replica = RedisServer(args=("--replicaof", "127.0.0.1", str(primary.port)))
-        probe = redis.Redis(host="127.0.0.1", port=replica.port)
-        try:
-            await wait_until_async(lambda: probe.info("replication").get("master_link_status") == "up", 10)
-        finally:
-            probe.close()
+        replica = await _linked_replica(primary)
         store = redis_store(primary.url, prefix="fx", ack="replica")
         sid = new_session_id()
         accepted = await store.accept(sid, agent="default", message_id="m1", input="x")
@@ -168,12 +163,7 @@ async def test_a_claim_no_replica_acknowledged_is_not_acted_on() -> None:
         store.core.ack_timeout_ms = 100
         with pytest.raises(FxStoreUnavailableError, match="claim"):
             await store.claim(sid, holder="w1", lease_ms=60_000)
-        replica = RedisServer(args=("--replicaof", "127.0.0.1", str(primary.port)))
-        probe = redis.Redis(host="127.0.0.1", port=replica.port)
-        try:
-            await wait_until_async(lambda: probe.info("replication").get("master_link_status") == "up", 10)
-        finally:
-            probe.close()
+        replica = await _linked_replica(primary)
         claim = await store.claim(sid, holder="w1", lease_ms=60_000)
         assert claim is not None and claim.epoch == 1
         copy = redis_store(replica.url, prefix="fx")
@@ -185,6 +175,20 @@ async def test_a_claim_no_replica_acknowledged_is_not_acted_on() -> None:
         if replica is not None:
             replica.close()
         primary.close()
+
+
+async def _linked_replica(primary: RedisServer) -> RedisServer:
+    """A replica of `primary`, once its link to it is up."""
+    replica = RedisServer(args=("--replicaof", "127.0.0.1", str(primary.port)))
+    probe = redis.Redis(host="127.0.0.1", port=replica.port)
+    try:
+        await wait_until_async(lambda: probe.info("replication").get("master_link_status") == "up", 10)
+    except BaseException:
+        replica.close()
+        raise
+    finally:
+        probe.close()
+    return replica
 
 
 async def _accepted(store: RedisStore, sid: str) -> None:
