@@ -15,6 +15,7 @@ import asyncio
 import inspect
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,11 @@ class _Queued:
     future: asyncio.Future[str | None] | None = field(default=None)
 
 
+# Whether an `append` function takes `marks`, by function: an engine is made per turn, and
+# reading a signature costs more than the rest of its set-up.
+_takes_marks: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
 def wants_marks(persistence: Persistence | None) -> bool:
     """Whether `persistence.append` takes `marks`: its `marks` attribute when it sets one
     (libfx's opt-in), else whether `append` has a `marks` parameter (or ``**kwargs``)."""
@@ -46,11 +52,22 @@ def wants_marks(persistence: Persistence | None) -> bool:
     declared = getattr(persistence, "marks", None)
     if isinstance(declared, bool):
         return declared
+    append = persistence.append
+    function = getattr(append, "__func__", append)
     try:
-        params = inspect.signature(persistence.append).parameters.values()
+        return _takes_marks[function]
+    except (KeyError, TypeError):  # not seen yet, or not weakly referable
+        pass
+    try:
+        params = inspect.signature(append).parameters.values()
     except (TypeError, ValueError):
         return True
-    return any(p.name == "marks" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    takes = any(p.name == "marks" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    try:
+        _takes_marks[function] = takes
+    except TypeError:
+        pass
+    return takes
 
 
 class Journal:
