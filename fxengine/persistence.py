@@ -58,7 +58,9 @@ class Loaded:
 
 @runtime_checkable
 class Persistence(Protocol):
-    """Where an engine records its journal. `save_checkpoint` is optional."""
+    """Where an engine records its journal. `save_checkpoint` is optional, and so is
+    `record_coming()`: called when a batch of records is on its way (before its `append`),
+    so a store may hold what it would write alone for that call."""
 
     async def load(self) -> Loaded: ...
 

@@ -63,23 +63,25 @@ class _MapRedisErrors:
                  tb: TracebackType | None) -> Literal[False]:
         if exc is None:
             return False
+        mapped: FxError | None = None
         if isinstance(exc, FxError):
-            if self.on_outage is not None and isinstance(exc, FxStoreUnavailableError):
-                self.on_outage()  # an ack the store could not give (a failover's replica gone)
-            return False
+            outage = isinstance(exc, FxStoreUnavailableError)  # e.g. an ack no replica gave
         # By class, not text: inside a pipeline redis-py rewrites the message ("Command # 1
         # (...) of pipeline caused error: ...") but keeps the class of the OOM reply.
-        if isinstance(exc, OutOfMemoryError):
-            if self.on_outage is not None:
-                self.on_outage()
-            raise FxStoreFullError(
+        elif isinstance(exc, OutOfMemoryError):
+            outage, mapped = True, FxStoreFullError(
                 "the session store is full (Redis is at its maxmemory): nothing was stored; "
                 "send it again with the same messageId once memory is freed"
-            ) from exc
-        if isinstance(exc, (RedisError, RedisClusterException, OSError)):
-            if self.on_outage is not None:
-                self.on_outage()
-            raise FxStoreUnavailableError(f"the session store is unavailable: {describe_redis_error(exc)}") from exc
+            )
+        elif isinstance(exc, (RedisError, RedisClusterException, OSError)):
+            outage = True
+            mapped = FxStoreUnavailableError(f"the session store is unavailable: {describe_redis_error(exc)}")
+        else:
+            return False
+        if outage and self.on_outage is not None:
+            self.on_outage()
+        if mapped is not None:
+            raise mapped from exc
         return False
 
 
