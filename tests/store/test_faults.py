@@ -125,70 +125,75 @@ async def test_ack_aof_is_refused_before_redis_7_2(redis_url: str, key_prefix: s
     await store.aclose()
 
 
-async def test_ack_replica_waits_for_a_replica() -> None:
-    primary = RedisServer(args=("--repl-diskless-sync-delay", "0"))
-    replica = None
+class Replicated:
+    """A primary (full syncs at once) and, once `attach()`ed, its replica."""
+
+    def __init__(self) -> None:
+        self.primary = RedisServer(args=("--repl-diskless-sync-delay", "0"))
+        self.replica: RedisServer | None = None
+
+    async def attach(self) -> RedisServer:
+        """Starts the replica and waits until its link to the primary is up."""
+        self.replica = RedisServer(args=("--replicaof", "127.0.0.1", str(self.primary.port)))
+        probe = redis.Redis(host="127.0.0.1", port=self.replica.port)
+        try:
+            await wait_until_async(lambda: probe.info("replication").get("master_link_status") == "up", 10)
+        finally:
+            probe.close()
+        return self.replica
+
+    def close(self) -> None:
+        if self.replica is not None:
+            self.replica.close()
+        self.primary.close()
+
+
+@pytest.fixture
+def replicated() -> Iterator[Replicated]:
+    servers = Replicated()
     try:
-        lonely = redis_store(primary.url, prefix="fx", ack="replica")
-        lonely.core.ack_timeout_ms = 100
-        with pytest.raises(FxStoreUnavailableError):
-            await lonely.accept(new_session_id(), agent="default", message_id="m1", input="x")
-        await lonely.aclose()
-        replica = await _linked_replica(primary)
-        store = redis_store(primary.url, prefix="fx", ack="replica")
-        sid = new_session_id()
-        accepted = await store.accept(sid, agent="default", message_id="m1", input="x")
-        assert accepted.created
-        copy = redis_store(replica.url, prefix="fx")
-        assert (await copy.state(sid)).pending == 1  # already on the replica when accept returned
-        await store.aclose()
-        await copy.aclose()
+        yield servers
     finally:
-        if replica is not None:
-            replica.close()
-        primary.close()
+        servers.close()
 
 
-async def test_a_claim_no_replica_acknowledged_is_not_acted_on() -> None:
+async def test_ack_replica_waits_for_a_replica(replicated: Replicated) -> None:
+    lonely = redis_store(replicated.primary.url, prefix="fx", ack="replica")
+    lonely.core.ack_timeout_ms = 100
+    with pytest.raises(FxStoreUnavailableError):
+        await lonely.accept(new_session_id(), agent="default", message_id="m1", input="x")
+    await lonely.aclose()
+    replica = await replicated.attach()
+    store = redis_store(replicated.primary.url, prefix="fx", ack="replica")
+    sid = new_session_id()
+    accepted = await store.accept(sid, agent="default", message_id="m1", input="x")
+    assert accepted.created
+    copy = redis_store(replica.url, prefix="fx")
+    assert (await copy.state(sid)).pending == 1  # already on the replica when accept returned
+    await store.aclose()
+    await copy.aclose()
+
+
+async def test_a_claim_no_replica_acknowledged_is_not_acted_on(replicated: Replicated) -> None:
     """Under `ack="replica"` a claim only the primary holds could be lost in a failover, and
     the promoted node would give the same epoch to the next claimer: two holders of one
     epoch. It raises instead, and the same holder's retry, once a replica is back, answers
     the same epoch (nothing counted twice)."""
-    primary = RedisServer(args=("--repl-diskless-sync-delay", "0"))
-    replica = None
     sid = new_session_id()
-    try:
-        await _accepted(redis_store(primary.url, prefix="fx"), sid)
-        store = redis_store(primary.url, prefix="fx", ack="replica")
-        store.core.ack_timeout_ms = 100
-        with pytest.raises(FxStoreUnavailableError, match="claim"):
-            await store.claim(sid, holder="w1", lease_ms=60_000)
-        replica = await _linked_replica(primary)
-        claim = await store.claim(sid, holder="w1", lease_ms=60_000)
-        assert claim is not None and claim.epoch == 1
-        copy = redis_store(replica.url, prefix="fx")
-        state = await copy.state(sid)
-        assert (state.lease_holder, state.epoch) == ("w1", 1)  # on the replica when the claim returned
-        await store.aclose()
-        await copy.aclose()
-    finally:
-        if replica is not None:
-            replica.close()
-        primary.close()
-
-
-async def _linked_replica(primary: RedisServer) -> RedisServer:
-    """A replica of `primary`, once its link to it is up."""
-    replica = RedisServer(args=("--replicaof", "127.0.0.1", str(primary.port)))
-    probe = redis.Redis(host="127.0.0.1", port=replica.port)
-    try:
-        await wait_until_async(lambda: probe.info("replication").get("master_link_status") == "up", 10)
-    except BaseException:
-        replica.close()
-        raise
-    finally:
-        probe.close()
-    return replica
+    await _accepted(redis_store(replicated.primary.url, prefix="fx"), sid)
+    store = redis_store(replicated.primary.url, prefix="fx", ack="replica")
+    store.core.ack_timeout_ms = 100
+    with pytest.raises(FxStoreUnavailableError, match="claim"):
+        await store.claim(sid, holder="w1", lease_ms=60_000)
+    replica = await replicated.attach()
+    store.core.ack_timeout_ms = 5000  # a replica now answers: no need to refuse fast (a loaded machine)
+    claim = await store.claim(sid, holder="w1", lease_ms=60_000)
+    assert claim is not None and claim.epoch == 1
+    copy = redis_store(replica.url, prefix="fx")
+    state = await copy.state(sid)
+    assert (state.lease_holder, state.epoch) == ("w1", 1)  # on the replica when the claim returned
+    await store.aclose()
+    await copy.aclose()
 
 
 async def _accepted(store: RedisStore, sid: str) -> None:
