@@ -204,10 +204,10 @@ class AsyncRunner:
         """The replies of `calls`, sent in one round trip (on one server), each the call's
         own: its value, or the error reply it met as an exception. A connection failure
         raises: it is every call's."""
-        if len(calls) == 1 or self.cluster:
-            return [await self._reply_or_error(call) for call in calls]
-        if self._packs:
+        if self._packs:  # one call too: packed, it skips redis-py's per-command layers
             replies = await self._send_packed(calls)
+        elif len(calls) == 1 or self.cluster:
+            return [await self._reply_or_error(call) for call in calls]
         else:
             pipe = self.client.pipeline(transaction=False)
             for call in calls:
