@@ -37,7 +37,7 @@ if tonumber(l[1] or 0) ~= epoch or l[2] ~= 'held' or tonumber(l[3] or 0) <= now_
   return {'fenced', tonumber(l[1] or 0), l[2] or '', tonumber(l[3] or 0)}
 end
 
-local m = redis.call('HMGET', meta, 'head', 'ui', 'turn', 'step', 'cancel')
+local m = redis.call('HMGET', meta, 'head', 'ui', 'turn', 'step', 'cancel', 'spared')
 local head, ui_last, turn, step, cancel = tonumber(m[1] or 0), tonumber(m[2] or 0), m[3] or '', m[4] or '', m[5] or ''
 
 local call_key = ''
@@ -173,6 +173,8 @@ if call_key ~= '' then
 end
 
 changed.head, changed.ui = head, ui_last
+-- Takeovers spared after outages (claim.lua) restart with the deaths.
+if m[6] and changed.deaths == 0 then redis.call('HDEL', meta, 'spared') end
 local flat = {}
 for k, v in pairs(changed) do flat[#flat + 1] = k; flat[#flat + 1] = v end
 redis.call('HSET', meta, unpack(flat))

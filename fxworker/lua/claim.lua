@@ -32,9 +32,10 @@
 -- open but inputs pending, one more death of the first of them (its worker died, or failed
 -- past handling, before its turn opened): a `start`, `end` or `drop` restarts the count,
 -- so an input no worker can open is ended after 3 (§6, nothing loops for ever). A holder
--- whose last renewal came before a store outage the caller met (ARGV[8]) is not counted:
--- a failover or a full Redis silences every holder at once, and three of them in a row
--- must not end a healthy turn as poison.
+-- whose last renewal came before a store outage the caller met (ARGV[8]) is spared (meta
+-- `spared`, reset with the deaths): a failover or a full Redis silences every holder at
+-- once, and three of them in a row must not end a healthy turn as poison. Past
+-- MAX_SPARED such takeovers without progress they count again.
 -- The epoch is also kept in meta, so a lease key that is gone cannot restart the count:
 -- such a session is refused whole (`incomplete`), never claimed at epoch 1 again.
 -- A session whose agent the caller cannot run is not claimed: its wakes back off in meta
@@ -42,6 +43,8 @@
 -- a claim of a caller that can run it forgets them.
 
 -- include: _whole.lua
+
+local MAX_SPARED = 6  -- takeovers after an outage not counted as deaths, between two progresses
 
 local meta, lease, inbox, log, pending, ckpt = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7], KEYS[9]
 local holder, lease_ms, now_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -58,7 +61,7 @@ if l[4] == 'held' then
   end
 end
 local m = redis.call('HMGET', meta, 'agent', 'head', 'ui', 'inbox', 'turn', 'turn_seq', 'yielded', 'cutoffs', 'deaths', 'cancel',
-                       'turn_cursor', 'epoch', 'unserved_ms', 'unserved_n', 'expiring', 'unserved_next_ms')
+                       'turn_cursor', 'epoch', 'unserved_ms', 'unserved_n', 'expiring', 'unserved_next_ms', 'spared')
 if not m[1] then
   if orphan_key() == 'meta' then return {'incomplete', 'meta'} end
   return {'unknown'}
@@ -97,11 +100,17 @@ local expires = now_ms + lease_ms
 redis.call('HSET', lease, 'holder', holder, 'epoch', epoch, 'expires_ms', string.format('%d', expires), 'state', 'held')
 
 local deaths = tonumber(m[9] or 0)
--- A holder silent since a store outage the caller saw (ARGV[8]: its last failed store call,
--- after the holder's last renewal) may have been cut off by that outage, not have died.
-local cut_off = tonumber(ARGV[8] or 0) >= tonumber(l[3] or 0) - lease_ms
-if taken == 1 and not cut_off and (turn ~= '' or redis.call('ZCARD', pending) > 0) then
-  deaths = redis.call('HINCRBY', meta, 'deaths', 1)
+if taken == 1 and (turn ~= '' or redis.call('ZCARD', pending) > 0) then
+  -- A holder silent since a store outage the caller saw (ARGV[8]: its last failed store
+  -- call, after the holder's last renewal) may have been cut off by that outage, not have
+  -- died: spared, up to MAX_SPARED times without progress (a store that keeps failing
+  -- must not keep a turn that kills its workers from ending).
+  local cut_off = tonumber(ARGV[8] or 0) >= tonumber(l[3] or 0) - lease_ms
+  if cut_off and tonumber(m[17] or 0) < MAX_SPARED then
+    redis.call('HINCRBY', meta, 'spared', 1)
+  else
+    deaths = redis.call('HINCRBY', meta, 'deaths', 1)
+  end
 end
 
 local function entry(seq)

@@ -132,6 +132,29 @@ async def test_deaths_count_takeovers_of_an_open_turn_without_progress(
     assert claim is not None and (claim.deaths, claim.taken_over) == (1, False)
 
 
+async def test_takeovers_after_outages_are_spared_only_so_often(store: RedisStore, sid: str, clock: FakeClock) -> None:
+    """A takeover from a holder silent since an outage is spared, 6 times without progress;
+    then they count as deaths again, so a turn that kills its workers ends as poison even
+    on a store that keeps failing (§6). Progress restarts both counts."""
+    await _session(store, sid)
+    claim = await store.claim(sid, holder="w1", lease_ms=1000)
+    assert claim is not None
+    await store.append(sid, claim.epoch, records=[("k1", b"start", [{"start": "m1"}])])
+    deaths = []
+    for n in range(9):
+        clock.advance(1000)
+        store.core.saw_outage()  # what the store's error mapper notes when a call meets an outage
+        claim = await store.claim(sid, holder=f"w{n + 2}", lease_ms=1000)
+        assert claim is not None and claim.taken_over
+        deaths.append(claim.deaths)
+    assert deaths == [0, 0, 0, 0, 0, 0, 1, 2, 3]
+    await store.append(sid, claim.epoch, records=[("k2", b"progress", [{"done": True}])])
+    clock.advance(1000)
+    store.core.saw_outage()
+    claim = await store.claim(sid, holder="w20", lease_ms=1000)
+    assert claim is not None and claim.deaths == 0
+
+
 async def test_a_claim_for_work_leaves_a_session_with_nothing_to_run_as_it_is(store: RedisStore, sid: str) -> None:
     """A second wake of work already run (the release's wake and the sender's both fire)
     must not bump the epoch or take a lease: the session reads the same afterwards."""
