@@ -17,6 +17,15 @@ async def _session(store: RedisStore, sid: str) -> None:
     await store.accept(sid, agent="default", message_id="m1", input="hello")
 
 
+async def _open_turn(store: RedisStore, sid: str) -> Claim:
+    """Prompt m1, claimed by w1 (a 1 s lease) and its turn opened by a start record."""
+    await _session(store, sid)
+    claim = await store.claim(sid, holder="w1", lease_ms=1000)
+    assert claim is not None
+    await store.append(sid, claim.epoch, records=[("k1", b"start", [{"start": "m1"}])])
+    return claim
+
+
 async def test_a_live_lease_excludes_every_other_claim(store: RedisStore, sid: str, clock: FakeClock) -> None:
     await _session(store, sid)
     first = await store.claim(sid, holder="w1", lease_ms=1000)
@@ -76,10 +85,7 @@ async def test_claiming_an_unknown_session_is_refused(store: RedisStore, sid: st
 
 
 async def test_cutoffs_count_in_a_row_and_progress_resets_them(store: RedisStore, sid: str) -> None:
-    await _session(store, sid)
-    claim = await store.claim(sid, holder="w1", lease_ms=1000)
-    assert claim is not None
-    await store.append(sid, claim.epoch, records=[("k1", b"start", [{"start": "m1"}])])
+    claim = await _open_turn(store, sid)
     counts = []
     for n in range(3):
         counts.append((await store.release(sid, claim.epoch, cutoff=True)).cutoffs)
@@ -110,10 +116,7 @@ async def test_a_named_step_keeps_its_cutoff_count(store: RedisStore, sid: str) 
 async def test_deaths_count_takeovers_of_an_open_turn_without_progress(
     store: RedisStore, sid: str, clock: FakeClock
 ) -> None:
-    await _session(store, sid)
-    claim = await store.claim(sid, holder="w1", lease_ms=1000)
-    assert claim is not None
-    await store.append(sid, claim.epoch, records=[("k1", b"start", [{"start": "m1"}])])
+    claim = await _open_turn(store, sid)
     deaths = []
     for n in range(3):
         clock.advance(1000)  # the holder died: its lease runs out
@@ -136,10 +139,7 @@ async def test_takeovers_after_outages_are_spared_only_so_often(store: RedisStor
     """A takeover from a holder silent since an outage is spared, 6 times without progress;
     then they count as deaths again, so a turn that kills its workers ends as poison even
     on a store that keeps failing (§6). Progress restarts both counts."""
-    await _session(store, sid)
-    claim = await store.claim(sid, holder="w1", lease_ms=1000)
-    assert claim is not None
-    await store.append(sid, claim.epoch, records=[("k1", b"start", [{"start": "m1"}])])
+    claim = await _open_turn(store, sid)
     deaths = []
     for n in range(9):
         clock.advance(1000)
@@ -207,10 +207,7 @@ async def test_a_holder_silent_since_an_outage_the_claimer_met_is_not_counted_de
     store = redis_store(server.url, prefix=f"fxt{uuid.uuid4().hex[:10]}", clock=clock)
     try:
         sid = new_session_id()
-        await _session(store, sid)
-        claim = await store.claim(sid, holder="w1", lease_ms=1000)
-        assert claim is not None
-        await store.append(sid, claim.epoch, records=[("k1", b"start", [{"start": "m1"}])])
+        claim = await _open_turn(store, sid)
         clock.advance(400)
         server.stop()  # the store goes away under the holder's renewal
         with pytest.raises(FxStoreUnavailableError):
