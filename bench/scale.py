@@ -60,7 +60,7 @@ CLONE_BATCH = 1000
 CLONE_LUA = """
 -- KEYS[1] the session index; ARGV[1] the template's key base, ARGV[2] the prefix,
 -- ARGV[3] now ms, ARGV[4..] the new session ids.
-local names = {'meta', 'lease', 'inbox', 'log', 'ui', 'msgs', 'pending', 'keys', 'ckpt'}
+local names = {'meta', 'lease', 'inbox', 'log', 'ui', 'msgs', 'pending', 'keys', 'ckpt', 'rest'}
 local plan = {}
 for _, n in ipairs(names) do
   local src = ARGV[1] .. n

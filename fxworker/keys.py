@@ -23,7 +23,7 @@ loses it again when new input is accepted):
                       gave, used by every input that gives none), unserved_ms /
                       unserved_n / unserved_next_ms (a wake found no process running
                       the agent: first miss, misses, next wake; cleared by a claim that
-                      runs it).
+                      runs it), rest (1 while `rest` holds the lines and the log).
                       Written by accept, append, claim, release, cancel; save_checkpoint
                       clears line_key. Its counters say which other keys must exist
                       (lua/_whole.lua): a session missing one is refused whole.
@@ -37,11 +37,12 @@ loses it again when new input is accepted):
                       emptied (the key kept) by a release that leaves the session at rest.
     log       STREAM  engine journal records, id `<cursor>-0`; fields k (idempotency
                       key), d (opaque bytes), e (writer epoch), m (marks JSON). append;
-                      read by claim; trimmed by save_checkpoint.
+                      read by claim; trimmed by save_checkpoint. At rest it is in `rest`.
     ui        STREAM  NDJSON lines of §4, id `<cursor>-0`, field l (the JSON text, with
                       `epoch` and `cursor` inside). append; read with XREAD (read_lines).
-                      At rest, release rewrites it and the log to their size (DUMP and
-                      RESTORE: Redis allocates a stream's last node at 4 KiB).
+                      At rest it keeps its last line only, rewritten to its size (DUMP
+                      and RESTORE: Redis allocates a stream's last node at 4 KiB); the
+                      lines before it are in `rest`.
     msgs      HASH    message-id index: id -> "kind:state:seq:end_cursor:bytes" with kind
                       p | s, state w (waiting) | r (open turn) | d (done). accept, append.
     pending   ZSET    ids not yet consumed, scored by inbox seq (acceptance order).
@@ -55,6 +56,18 @@ loses it again when new input is accepted):
                       key once a later record is covered.
     ckpt      HASH    data (opaque bytes, <= 4 MiB), through (log cursor it covers).
                       save_checkpoint; read by claim.
+    rest      STRING  a session at rest: its lines but the last and its whole log as one
+                      value (a stream costs some 400 B of its own and a key each; one
+                      value costs its bytes). Written by a release that leaves the
+                      session at rest (the log key goes, the lines keep their last);
+                      put back into the streams by the next claim, which deletes it.
+                      Read by read_lines for cursors before the last line (a reader
+                      that finds the lines after its cursor start past the next one
+                      knows they are here: line cursors are contiguous) and by load.
+                      Items `<length>:<bytes>`, in order: the number of lines, then
+                      each line's cursor and JSON text; the number of records, then
+                      each record's cursor, k, d, e and m (lua/_rest.lua,
+                      `_replies.parse_rest`).
 
 Across sessions (tag `{~index}`, no TTL):
 
@@ -87,9 +100,9 @@ INDEX_TAG = "{~index}"
 # messages taken off a queue (fxworker.broker), each a JSON object {queue, reason, at_ms, raw}.
 DEAD_LETTER_LIST = "dead"
 
-# The order scripts receive a session's keys in (KEYS[1]..KEYS[9]); every Lua header
+# The order scripts receive a session's keys in (KEYS[1]..KEYS[10]); every Lua header
 # repeats it.
-SESSION_KEY_NAMES = ("meta", "lease", "inbox", "log", "ui", "msgs", "pending", "keys", "ckpt")
+SESSION_KEY_NAMES = ("meta", "lease", "inbox", "log", "ui", "msgs", "pending", "keys", "ckpt", "rest")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,11 +118,13 @@ class SessionKeys:
     pending: str
     keys: str
     ckpt: str
-    # The nine names in script order, built once: every script call sends them.
+    rest: str
+    # The ten names in script order, built once: every script call sends them.
     names: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        names = (self.meta, self.lease, self.inbox, self.log, self.ui, self.msgs, self.pending, self.keys, self.ckpt)
+        names = (self.meta, self.lease, self.inbox, self.log, self.ui, self.msgs, self.pending, self.keys, self.ckpt,
+                 self.rest)
         object.__setattr__(self, "names", names)
 
     def all(self) -> list[str]:

@@ -501,3 +501,8 @@ def cancel(keys: SessionKeys, *, now_ms: int, message_id: str | None = None) -> 
 def state(keys: SessionKeys) -> Call:
     """state.lua: one atomic snapshot of a session."""
     return Call(SCRIPTS["state"], keys.names, [])
+
+
+def load(keys: SessionKeys) -> Call:
+    """load.lua: the checkpoint, the log and `rest` of a session, in one atomic read."""
+    return Call(SCRIPTS["load"], keys.names, [])

@@ -1,5 +1,5 @@
 -- _whole.lua: is a session's store whole? Not a script of its own: scripts.py puts it in
--- place of the line `-- include: _whole.lua` of a script whose KEYS 1-9 are one session's.
+-- place of the line `-- include: _whole.lua` of a script whose KEYS 1-10 are one session's.
 --
 -- A Redis that evicts keys (a maxmemory-policy other than noeviction), or a hand that
 -- deletes some, can leave a session half gone. Its own counters in `meta` say which keys
@@ -7,24 +7,37 @@
 -- lease stands from the first claim on. A session that fails this is refused
 -- (FX_SESSION_INCOMPLETE), never run or answered from what is left.
 --
--- lost_key(ui, inbox, head, epoch) -> nil, or the name of the first key that is gone
---   ui, inbox, head: meta's counters (0 when unset); epoch: meta's epoch (claims made)
+-- lost_key() -> nil, or the name of the first key that is gone, by meta's counters (0
+--   when unset): ui, inbox, head, epoch (claims made); rest (a session at rest keeps its
+--   log and most lines in `rest`, _rest.lua); turn (an open turn reads its input from the
+--   inbox)
 -- orphan_key() -> with meta gone: nil when no other key of the session is left, 'meta'
 --   when one is left that does not expire (a session lost its meta), else 'expired' (the
 --   rest of a session set to expire, still on its way out)
 
-local function lost_key(ui, inbox, head, epoch)
+local function lost_key()
+  local m = redis.call('HMGET', KEYS[1], 'ui', 'inbox', 'head', 'epoch', 'rest', 'turn')
+  local ui, inbox, head, epoch = tonumber(m[1] or 0), tonumber(m[2] or 0), tonumber(m[3] or 0), tonumber(m[4] or 0)
   if ui > 0 and redis.call('EXISTS', KEYS[5]) == 0 then return 'ui' end
-  if inbox > 0 and redis.call('EXISTS', KEYS[3]) == 0 then return 'inbox' end
+  -- The inbox holds what waits and the open turn's input (consumed entries are read no
+  -- more, and at rest it is gone): needed while either is there.
+  if inbox > 0 and redis.call('EXISTS', KEYS[3]) == 0
+     and ((m[6] or '') ~= '' or redis.call('ZCARD', KEYS[7]) > 0) then
+    return 'inbox'
+  end
   if inbox > 0 and redis.call('EXISTS', KEYS[6]) == 0 then return 'msgs' end
-  if head > 0 and redis.call('EXISTS', KEYS[4]) == 0 and redis.call('EXISTS', KEYS[9]) == 0 then return 'log' end
+  if m[5] then
+    if redis.call('EXISTS', KEYS[10]) == 0 then return 'rest' end
+  elseif head > 0 and redis.call('EXISTS', KEYS[4]) == 0 and redis.call('EXISTS', KEYS[9]) == 0 then
+    return 'log'
+  end
   if (epoch > 0 or head > 0) and redis.call('EXISTS', KEYS[2]) == 0 then return 'lease' end
   return nil
 end
 
 local function orphan_key()
   local left = nil
-  for i = 2, 9 do
+  for i = 2, 10 do
     if redis.call('EXISTS', KEYS[i]) == 1 then
       if redis.call('PTTL', KEYS[i]) == -1 then return 'meta' end
       left = 'expired'

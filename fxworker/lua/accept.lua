@@ -1,11 +1,11 @@
 -- accept.lua: store one prompt or steer in a session's inbox, once per message id.
 --
 -- KEYS  1 meta (HASH)  2 lease (HASH)  3 inbox (STREAM)  4 log (STREAM)  5 ui (STREAM)
---       6 msgs (HASH)  7 pending (ZSET)  8 keys (HASH)  9 ckpt (HASH)      -- one session, one slot
---       10 ready (ZSET)  11 sessions (ZSET)   -- optional: standalone Redis only ({~index} slot)
+--       6 msgs (HASH)  7 pending (ZSET)  8 keys (HASH)  9 ckpt (HASH)  10 rest -- one session, one slot
+--       11 ready (ZSET)  12 sessions (ZSET)   -- optional: standalone Redis only ({~index} slot)
 -- ARGV  1 kind ("p" prompt | "s" steer)   2 message id   3 input (JSON text)   4 agent name
 --       5 now_ms   6 create ("1" creates the session on first input, "0" refuses)
---       7 session id (the ready set's member, with KEYS 10-11)
+--       7 session id (the ready set's member, with KEYS 11-12)
 --       8 context (JSON text, "" or absent: the session's, meta `context`, if it has one; a
 --         given one becomes the session's)   9 settings (JSON text, "" or absent)
 --       10 steer max bytes   11 steer max queued count   12 steer max queued bytes
@@ -20,7 +20,7 @@
 -- reports the original (state w waiting | r its turn is open | d done); the same id with
 -- the other kind is refused. Steer limits hold for the queued (unconsumed) steers, in
 -- bytes of text as §6 counts them (ARGV 13), so quotes and escapes of the JSON never count.
--- The session is in the ready set before the input is stored (§5): given KEYS 10-11 (one
+-- The session is in the ready set before the input is stored (§5): given KEYS 11-12 (one
 -- server, no slots), the script marks it first, as mark_ready.lua does, whatever it then
 -- answers; on a cluster those keys sit in another slot, and the caller ran mark_ready.lua
 -- before this call.
@@ -30,17 +30,16 @@
 local meta, inbox, msgs, pending = KEYS[1], KEYS[3], KEYS[6], KEYS[7]
 local kind, mid, input, agent, now_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
-if KEYS[10] then redis.call('ZADD', KEYS[10], 'GT', now_ms, ARGV[7]) end
+if KEYS[11] then redis.call('ZADD', KEYS[11], 'GT', now_ms, ARGV[7]) end
 
-local m = redis.call('HMGET', meta, 'agent', 'ui', 'inbox', 'steers', 'steer_bytes', 'expiring', 'head', 'epoch',
-  'context')
+local m = redis.call('HMGET', meta, 'agent', 'ui', 'inbox', 'steers', 'steer_bytes', 'expiring', 'context')
 local owner, ui = m[1], tonumber(m[2] or 0)
 -- A session with a key gone is refused; one that was set to expire is gone: what is left
 -- of it goes, and the input finds no session.
 local lost
-if owner then lost = lost_key(ui, tonumber(m[3] or 0), tonumber(m[7] or 0), tonumber(m[8] or 0)) else lost = orphan_key() end
+if owner then lost = lost_key() else lost = orphan_key() end
 if lost == 'expired' or (lost and m[6] == '1') then
-  for i = 1, 9 do redis.call('DEL', KEYS[i]) end
+  for i = 1, 10 do redis.call('DEL', KEYS[i]) end
   m, owner, ui = {}, nil, 0
 elseif lost then
   return {'incomplete', lost}
@@ -66,7 +65,7 @@ if not owner then
   owner = agent
   fields[3], fields[4], fields[5], fields[6] = 'agent', agent, 'created_ms', now_ms
   -- Into the session index when created (NX: an older entry keeps its first-seen time).
-  if KEYS[11] then redis.call('ZADD', KEYS[11], 'NX', now_ms, ARGV[7]) end
+  if KEYS[12] then redis.call('ZADD', KEYS[12], 'NX', now_ms, ARGV[7]) end
 end
 if kind == 's' then
   local steers, bytes = tonumber(m[4] or 0) + 1, tonumber(m[5] or 0) + size
@@ -87,7 +86,7 @@ if kind == 's' then
 end
 if m[6] == '1' then
   -- New input revives a finished session that was set to expire.
-  for i = 1, 9 do redis.call('PERSIST', KEYS[i]) end  -- the session's keys, not the index
+  for i = 1, 10 do redis.call('PERSIST', KEYS[i]) end  -- the session's keys, not the index
   fields[#fields + 1], fields[#fields + 2] = 'expiring', 0
 end
 
@@ -97,7 +96,7 @@ local context = ARGV[8] or ''
 if context ~= '' then
   fields[#fields + 1], fields[#fields + 2] = 'context', context
 else
-  context = m[9] or ''
+  context = m[7] or ''
 end
 redis.call('HSET', meta, unpack(fields))
 -- Context, settings and a trace context only when there are some: most inputs carry none.

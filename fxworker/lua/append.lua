@@ -1,7 +1,7 @@
 -- append.lua: the fenced write of a worker: journal records, their marks and UI lines.
 --
 -- KEYS  1 meta (HASH)  2 lease (HASH)  3 inbox (STREAM)  4 log (STREAM)  5 ui (STREAM)
---       6 msgs (HASH)  7 pending (ZSET)  8 keys (HASH)  9 ckpt (HASH)      -- one session, one slot
+--       6 msgs (HASH)  7 pending (ZSET)  8 keys (HASH)  9 ckpt (HASH)  10 rest -- one session, one slot
 -- ARGV  1 epoch   2 now_ms   3 ttl_ms ("0" keeps finished sessions)   4 expected head
 --       ("" unchecked, "0" none yet, else a log cursor)   5 n records   6 n lines
 --       7 n store marks   8 call key: the idempotency key of a call with no records ("" none;

@@ -2,7 +2,7 @@
 -- or, given a prompt's message id, that turn only, while it is open or waiting.
 --
 -- KEYS  1 meta (HASH)  2 lease  3 inbox (STREAM)  4 log  5 ui  6 msgs  7 pending (ZSET)
---       8 keys  9 ckpt                                                     -- one session, one slot
+--       8 keys  9 ckpt  10 rest                                            -- one session, one slot
 -- ARGV  1 now_ms  2 target message id ('' = the open turn, else the next waiting one)
 -- Returns {"ok", target message id, inbox seq} | {"none"} | {"unknown"}
 --

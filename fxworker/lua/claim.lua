@@ -1,7 +1,7 @@
 -- claim.lua: take a session's lease and read everything a worker needs to continue it.
 --
 -- KEYS  1 meta (HASH)  2 lease (HASH)  3 inbox (STREAM)  4 log (STREAM)  5 ui (STREAM)
---       6 msgs (HASH)  7 pending (ZSET)  8 keys (HASH)  9 ckpt (HASH)      -- one session, one slot
+--       6 msgs (HASH)  7 pending (ZSET)  8 keys (HASH)  9 ckpt (HASH)  10 rest -- one session, one slot
 -- ARGV  1 holder   2 lease_ms   3 now_ms   4 "1": only when there is work
 --       5 the agents the caller can run, comma-separated ("" or absent: any)
 --       6 give-up ms (with 5: how long a session may wait for an agent nobody runs)
@@ -43,6 +43,7 @@
 -- a claim of a caller that can run it forgets them.
 
 -- include: _whole.lua
+-- include: _rest.lua
 
 local MAX_SPARED = 6  -- takeovers after an outage not counted as deaths, between two progresses
 
@@ -61,12 +62,13 @@ if l[4] == 'held' then
   end
 end
 local m = redis.call('HMGET', meta, 'agent', 'head', 'ui', 'inbox', 'turn', 'turn_seq', 'yielded', 'cutoffs', 'deaths', 'cancel',
-                       'turn_cursor', 'epoch', 'unserved_ms', 'unserved_n', 'expiring', 'unserved_next_ms', 'spared')
+                       'turn_cursor', 'epoch', 'unserved_ms', 'unserved_n', 'expiring', 'unserved_next_ms', 'spared',
+                       'rest')
 if not m[1] then
   if orphan_key() == 'meta' then return {'incomplete', 'meta'} end
   return {'unknown'}
 end
-local lost = lost_key(tonumber(m[3] or 0), tonumber(m[4] or 0), tonumber(m[2] or 0), tonumber(m[12] or 0))
+local lost = lost_key()
 if lost then
   -- A session set to expire that lost a key is expiring: gone, as if it had.
   if m[15] == '1' then return {'unknown'} end
@@ -98,6 +100,7 @@ if again == 0 then
 end
 local expires = now_ms + lease_ms
 redis.call('HSET', lease, 'holder', holder, 'epoch', epoch, 'expires_ms', string.format('%d', expires), 'state', 'held')
+if m[18] then rest_thaw() end  -- at rest: the log and the lines go back into their streams
 
 local deaths = tonumber(m[9] or 0)
 if taken == 1 and (turn ~= '' or redis.call('ZCARD', pending) > 0) then

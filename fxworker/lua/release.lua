@@ -1,8 +1,8 @@
 -- release.lua: let a session go; optionally count a deadline cut-off of its open step.
 --
 -- KEYS  1 meta (HASH)  2 lease (HASH)  3 inbox  4 log  5 ui  6 msgs  7 pending (ZSET)
---       8 keys  9 ckpt                                                     -- one session, one slot
---       10 ready (ZSET)             -- optional: standalone Redis only ({~index} slot)
+--       8 keys  9 ckpt  10 rest                                            -- one session, one slot
+--       11 ready (ZSET)             -- optional: standalone Redis only ({~index} slot)
 -- ARGV  1 epoch   2 cutoff ("1" the deadline cut off the open step)   3 now_ms
 --       4 ttl_ms ("0" keeps finished sessions)   5 session id (the ready set's member)
 -- Returns {"ok", released_now(0|1), cutoffs, pending} | {"fenced", lease_epoch, lease_state, lease_expires_ms}
@@ -12,12 +12,14 @@
 -- Invariant: only the epoch's own holder releases, once: a second release of the same
 -- epoch changes nothing (and counts no second cut-off). A holder whose lease expired but
 -- was not claimed again still heads the chain and may release it. The epoch stays, so the
--- next claim is epoch + 1. Given KEYS[10], a release that leaves nothing to run (no turn
+-- next claim is epoch + 1. Given KEYS[11], a release that leaves nothing to run (no turn
 -- open, no input waiting) takes the session out of the ready set: on one server an accept
 -- marks it in the same script that stores the input, so no mark of work still to come is
--- lost, and the sweeper does not read finished sessions again. Such a release also trims
--- the consumed inbox, drops the idempotency keys and rewrites the lines and the log to
--- their size (see below).
+-- lost, and the sweeper does not read finished sessions again. Such a release also drops
+-- the consumed inbox and the idempotency keys, and moves the log and the lines but the
+-- last into one value (_rest.lua).
+
+-- include: _rest.lua
 
 local meta, lease, pending = KEYS[1], KEYS[2], KEYS[7]
 local epoch, ttl_ms = tonumber(ARGV[1]), tonumber(ARGV[4])
@@ -25,7 +27,7 @@ local l = redis.call('HMGET', lease, 'epoch', 'state', 'expires_ms')
 if tonumber(l[1] or 0) ~= epoch then
   return {'fenced', tonumber(l[1] or 0), l[2] or '', tonumber(l[3] or 0)}
 end
-local m = redis.call('HMGET', meta, 'turn', 'cutoffs')
+local m = redis.call('HMGET', meta, 'turn', 'cutoffs', 'ui')
 local cutoffs = tonumber(m[2] or 0)
 local waiting = redis.call('ZCARD', pending)
 if l[2] ~= 'held' then return {'ok', 0, cutoffs, waiting} end
@@ -33,23 +35,24 @@ redis.call('HSET', lease, 'state', 'released', 'expires_ms', 0)
 local turn = m[1] or ''
 if ARGV[2] == '1' and turn ~= '' then cutoffs = redis.call('HINCRBY', meta, 'cutoffs', 1) end
 if turn == '' and waiting == 0 then
-  if KEYS[10] then redis.call('ZREM', KEYS[10], ARGV[5]) end
+  if KEYS[11] then redis.call('ZREM', KEYS[11], ARGV[5]) end
   -- At rest, the session gives back what its streams hold for appends to come: Redis
-  -- allocates a stream's node at 4 KiB and never shrinks it while it is the last one.
-  -- The inbox's entries are all consumed (it keeps its key, and its last id for the next
-  -- accept); the lines and the log are rewritten to their size (a reader blocked on
-  -- the lines waits on as before, for entries after its cursor). The idempotency keys
-  -- go: every retry they could answer is of a call this release now fences, and the
-  -- next epoch's records carry keys of their own.
-  redis.call('XTRIM', KEYS[3], 'MAXLEN', 0)
+  -- allocates a stream's node at 4 KiB and never shrinks it while it is the last one,
+  -- and a stream costs some 400 B even then. The inbox's entries are all consumed: it
+  -- goes (the next accept adds entry `<seq>-0` to a new one). The log and the lines but
+  -- the last go into `rest` (_rest.lua); the last line is rewritten to its size (a
+  -- reader blocked on the lines waits on as before, for entries after its cursor). The
+  -- idempotency keys go: every retry they could answer is of a call this release now
+  -- fences, and the next epoch's records carry keys of their own.
   redis.call('DEL', KEYS[8])
   redis.call('HDEL', meta, 'line_key')
+  rest_pack(tonumber(m[3] or 0))
   for _, k in ipairs({KEYS[4], KEYS[5]}) do
     local dumped = redis.call('DUMP', k)
     if dumped then redis.call('RESTORE', k, 0, dumped, 'REPLACE') end
   end
   if ttl_ms > 0 then
-    for k = 1, 9 do redis.call('PEXPIRE', KEYS[k], ttl_ms) end
+    for k = 1, 10 do redis.call('PEXPIRE', KEYS[k], ttl_ms) end
     redis.call('HSET', meta, 'expiring', 1)  -- accept.lua persists them again
   end
 end

@@ -1,7 +1,7 @@
 -- save_checkpoint.lua: store a checkpoint and trim what it covers (compaction).
 --
 -- KEYS  1 meta (HASH)  2 lease (HASH)  3 inbox (STREAM)  4 log (STREAM)  5 ui
---       6 msgs  7 pending (ZSET)  8 keys (HASH)  9 ckpt (HASH)              -- one session, one slot
+--       6 msgs  7 pending (ZSET)  8 keys (HASH)  9 ckpt (HASH)  10 rest      -- one session, one slot
 -- ARGV  1 epoch   2 now_ms   3 through (log cursor covered, "0" none)   4 data
 --       5 max bytes   6 ttl_ms ("0" keeps finished sessions)
 -- Returns {"ok", records_trimmed, log_length}

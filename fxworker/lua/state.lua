@@ -1,7 +1,7 @@
 -- state.lua: a consistent snapshot of one session (read only).
 --
 -- KEYS  1 meta (HASH)  2 lease (HASH)  3 inbox  4 log  5 ui  6 msgs  7 pending (ZSET)
---       8 keys  9 ckpt                                                     -- one session, one slot
+--       8 keys  9 ckpt  10 rest                                            -- one session, one slot
 -- ARGV  (none)
 -- Returns {} for no such session (or one set to expire that lost a key: expiring),
 --         {"incomplete", key} for one with a key gone (_whole.lua), else
@@ -22,7 +22,7 @@ if not m[1] then
   if orphan_key() == 'meta' then return {'incomplete', 'meta'} end
   return {}
 end
-local lost = lost_key(tonumber(m[3] or 0), tonumber(m[10] or 0), tonumber(m[8] or 0), tonumber(m[11] or 0))
+local lost = lost_key()
 if lost then
   if m[12] == '1' then return {} end
   return {'incomplete', lost}

@@ -25,11 +25,15 @@ from .types import ReadySession, SessionState
 READ_PAGE_LINES = 128
 # Stream ids are `<uint64>-<uint64>`: a cursor past this is no id Redis can read after.
 MAX_CURSOR = 2**64 - 1
+# Reads of the lines that may find them moved between the stream and `rest` by a claim and
+# a release each time: a session that turns over faster than a reader reads is read this
+# many times before its missing lines are called lost.
+REST_READS = 4
 
 
 def _read_raw_lines(
     core: StoreCore, session_id: str, cursor: int = 0, *, block_ms: int | None = None, count: int | None = None
-) -> Op[list[tuple[int, bytes]]]:
+) -> Plan[list[tuple[int, bytes]]]:
     """UI lines after `cursor` as (cursor, JSON bytes): one XREAD from `cursor-0`.
 
     At most `count` lines a call (default `READ_PAGE_LINES`): a reader of a long session
@@ -37,22 +41,37 @@ def _read_raw_lines(
     it waits (at most the store's `max_block_ms`) for a first line. Cursors are
     contiguous, so a reader resuming from any cursor sees each line once. A cursor
     past the stream's id space (2^64 - 1) is `FxInvalidCursorError`.
+
+    A session at rest keeps only its last line in the stream, the lines before it in
+    `rest` (lua/_rest.lua): a first line past `cursor + 1` says the ones between are
+    there, and a second call reads them. When `rest` is gone by then, the next claim
+    put them back into the stream, and the stream is read again.
     """
     if isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 0:
         raise FxInvalidCursorError(f"a stream cursor must be a non-negative integer, got {cursor!r}")
     if cursor > MAX_CURSOR:
         raise FxInvalidCursorError(f"a stream cursor is at most {MAX_CURSOR} (2^64 - 1), got one of {cursor.bit_length()} bits")
     count = READ_PAGE_LINES if count is None else count
-    step = core.xread(core.keys(session_id).ui, cursor, block_ms=block_ms, count=count)
-    return Op([step], lambda replies: [(n, bytes(f[b"l"])) for n, f in r.parse_stream(replies[0])],
+    keys = core.keys(session_id)
+    step = core.xread(keys.ui, cursor, block_ms=block_ms, count=count)
+    read = Op([step], lambda replies: [(n, bytes(f[b"l"])) for n, f in r.parse_stream(replies[0])],
               read=True, blocks=bool(block_ms))
+    for _ in range(REST_READS):
+        lines: list[tuple[int, bytes]] = yield read
+        if not lines or lines[0][0] == cursor + 1:
+            return lines
+        blob = yield Op([Command(("GET", keys.rest), key=keys.rest)], lambda replies: replies[0], read=True)
+        if blob is not None:
+            kept = [line for line in r.parse_rest(bytes(blob), records=False)[0] if line[0] > cursor]
+            return (kept + lines)[:count]
+    raise r.incomplete(session_id, "rest")
 
 
 def _read_lines(
     core: StoreCore, session_id: str, cursor: int = 0, *, block_ms: int | None = None, count: int | None = None
 ) -> Plan[list[dict[str, Any]]]:
     """UI lines after `cursor` as dicts, each with its `cursor` and writer `epoch`."""
-    raw = yield _read_raw_lines(core, session_id, cursor, block_ms=block_ms, count=count)
+    raw = yield from _read_raw_lines(core, session_id, cursor, block_ms=block_ms, count=count)
     return [json.loads(text) for _, text in raw]
 
 
@@ -129,37 +148,27 @@ def _load(core: StoreCore, session_id: str) -> Op[Loaded]:
     """The session's checkpoint and the log records after it (what a claim loads), read
     without a lease: `session.checkpoint()` exports from it. `FxUnknownSessionError` if none.
 
-    Three plain reads, the log before the checkpoint. Compaction (save_checkpoint.lua)
-    only trims records its new checkpoint covers, so whatever it does between the two
-    reads, the checkpoint read second covers every record trimmed from the log read
-    first: the pair is always a checkpoint plus the records after it (records it
-    covers are dropped here), a state the session really had.
+    One atomic read (load.lua): the checkpoint, the log and, at rest, `rest` that holds the
+    log; records the checkpoint covers are dropped here.
     """
-    keys = core.keys(session_id)
-    steps: list[Step] = [
-        Command(("HGET", keys.meta, "agent"), key=keys.meta),
-        Command(("XRANGE", keys.log, "-", "+"), key=keys.log),
-        Command(("HMGET", keys.ckpt, "data", "through"), key=keys.ckpt),
-    ]
 
     def parse(replies: list[Any]) -> Loaded:
-        agent, entries, (data, through) = replies
-        if not agent:
+        if not replies[0]:
             raise FxUnknownSessionError(f"no session {session_id}")
+        _agent, data, through, entries, rest = replies[0]
         covered = int(through) if through is not None else 0
         checkpoint = StoredCheckpoint(bytes(data or b""), str(covered)) if through is not None else None
-        records = []
+        stored = r.parse_rest(bytes(rest))[1] if rest is not None else []
         for entry_id, fields in entries or ():
-            cursor = int(r.text(entry_id).split("-", 1)[0])
-            if cursor <= covered:
-                continue
             if isinstance(fields, list):
                 fields = {fields[i]: fields[i + 1] for i in range(0, len(fields), 2)}
-            records.append(JournalRecord(str(cursor), bytes(fields.get(b"d", b""))))
+            stored.append((int(r.text(entry_id).split("-", 1)[0]), fields))
+        records = [JournalRecord(str(cursor), bytes(fields.get(b"d", b""))) for cursor, fields in stored
+                   if cursor > covered]
         head = records[-1].cursor if records else (checkpoint.through if checkpoint and covered else None)
         return Loaded(checkpoint=checkpoint, journal=records, head=head)
 
-    return Op(steps, parse, read=True)
+    return Op([scripts.load(core.keys(session_id))], parse, read=True)
 
 
 def _index(key: str, limit: int, *, newest_first: bool) -> Op[list[tuple[str, int]]]:
@@ -245,7 +254,7 @@ def _ready_from(
 class ReaderOperations:
     """The readers' operations of `RedisStore` (awaitable) and `store.sync` (blocking)."""
 
-    read_raw_lines = one_call(_read_raw_lines)
+    read_raw_lines = several_calls(_read_raw_lines)
     read_lines = several_calls(_read_lines)
     state = one_call(_state)
     states = one_call(_states)

@@ -28,6 +28,7 @@ import redis
 
 from fxengine.testing import Reply, delay, hold, text, tool_call
 from tests.chaos.tooling import events_key
+from tests.support.stored import stored_records
 from tests.support.workers import CeleryWorker, Workers, wait_until
 
 RESUME_NOTICE_PREFIX = "Resuming from"
@@ -208,12 +209,12 @@ def kill_and_time_resume(worker: CeleryWorker, agent: Any, session_id: str, afte
 
 def log_has_in_order(redis_url: str, prefix: str, session_id: str, *kinds: bytes) -> bool:
     """True when the session's stored journal holds records of `kinds` in this order
-    (a raw peek at the log stream: each record's bytes name its kind)."""
+    (a raw peek at the log, or at rest `rest`: each record's bytes name its kind)."""
     from fxworker.keys import session_keys
 
     r = redis.Redis.from_url(redis_url)
     try:
-        entries = r.xrange(session_keys(prefix, session_id).log)
+        entries = stored_records(r, session_keys(prefix, session_id))
     finally:
         r.close()
     want = list(kinds)

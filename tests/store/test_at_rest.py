@@ -1,7 +1,7 @@
-"""A session at rest gives back its streams' room for appends to come (release.lua): the
-consumed inbox is trimmed, the idempotency keys (every retry they answer is fenced now)
-are dropped, the lines and the log are rewritten to their size; nothing a reader, the next
-claim or the next accept needs goes."""
+"""A session at rest gives back what its streams hold for appends to come (release.lua,
+_rest.lua): the consumed inbox and the idempotency keys go (every retry they answer is fenced
+now), the log and the lines but the last become one value, `rest`; nothing a reader, the
+next claim or the next accept needs goes, and the next claim puts the streams back."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ import pytest
 import redis
 
 from fxworker.ids import new_session_id
+from fxworker.errors import FxSessionIncompleteError
 from fxworker.keys import session_keys
-from fxworker.store import RedisStore, redis_store
+from fxworker.store import RedisStore, memory_store, redis_store
+from fxworker.store._readers import _read_raw_lines
+from fxworker.store._replies import parse_rest
 from fxworker.store.types import StoreRecord
 from tests.support.redis_server import RedisServer
 
@@ -33,10 +36,19 @@ async def _one_turn(store: RedisStore, sid: str, n: int) -> None:
 
 async def test_a_session_at_rest_keeps_everything_a_reader_and_the_next_turn_need(store: RedisStore, sid: str) -> None:
     await _one_turn(store, sid, 1)
+    assert [r.data for r in (await store.load(sid)).journal] == [b"start", b"end"]
     first = await store.read_lines(sid, 0)
     assert [line["type"] for line in first] == ["turn_start", *["text_delta"] * 6, "turn_end"]
+    assert [line["cursor"] for line in first] == list(range(1, 9))
+    # From any cursor, in pages: the lines before the last come from `rest`.
+    assert [line["cursor"] for line in await store.read_lines(sid, 3, count=2)] == [4, 5]
+    assert [line["cursor"] for line in await store.read_lines(sid, 6, count=5)] == [7, 8]
+    assert [line["cursor"] for line in await store.read_lines(sid, 7)] == [8]
+    assert await store.read_lines(sid, 8) == []
+    # A blocking read from behind is answered at once.
+    assert [line["cursor"] for line in await store.read_lines(sid, 2, block_ms=5000, count=1)] == [3]
     assert (await store.state(sid)).status == "idle"
-    # The next turn: its input is accepted after the trimmed inbox, the claim loads the log.
+    # The next turn: its input is accepted into a new inbox, the claim loads the log.
     await store.accept(sid, agent="default", message_id="m2", input="again")
     claim = await store.claim(sid, holder="w", lease_ms=10_000)
     assert claim is not None
@@ -45,27 +57,109 @@ async def test_a_session_at_rest_keeps_everything_a_reader_and_the_next_turn_nee
     await store.append(sid, claim.epoch, lines=[{"type": "turn_start", "messageId": "m2"}])
     lines = await store.read_lines(sid, 0)
     assert [line["cursor"] for line in lines] == list(range(1, 10))
+    assert lines[:8] == first
     # A repeated prompt is still answered from the message index.
     repeated = await store.accept(sid, agent="default", message_id="m1", input="hello 1")
     assert repeated.repeated and repeated.status == "done"
 
 
+async def test_turns_after_rest_keep_the_whole_journal_and_every_line(store: RedisStore, sid: str) -> None:
+    for n in range(1, 4):
+        await _one_turn(store, sid, n)
+        loaded = await store.load(sid)
+        assert [r.data for r in loaded.journal] == [b"start", b"end"] * n and loaded.head == str(2 * n)
+    lines = await store.read_lines(sid, 0)
+    assert [line["cursor"] for line in lines] == list(range(1, 25))
+    assert [line["messageId"] for line in lines if line["type"] == "turn_end"] == ["m1", "m2", "m3"]
+    # A checkpoint through a record: the records it covers stay covered at rest and after.
+    await store.accept(sid, agent="default", message_id="m4", input="four")
+    claim = await store.claim(sid, holder="w", lease_ms=10_000)
+    assert claim is not None
+    await store.save_checkpoint(sid, claim.epoch, through="4", data=b"ckpt")
+    await store.append(sid, claim.epoch, records=[StoreRecord("r4", b"done", [{"drop": "m4"}])], lines=[])
+    released = await store.release(sid, claim.epoch)
+    assert released.released and released.pending == 0
+    loaded = await store.load(sid)
+    assert loaded.checkpoint is not None and loaded.checkpoint.data == b"ckpt"
+    assert [(r.cursor, r.data) for r in loaded.journal] == [("5", b"start"), ("6", b"end"), ("7", b"done")]
+    claim = await store.claim(sid, holder="w", lease_ms=10_000)
+    assert claim is not None and [r.data for r in claim.records] == [b"start", b"end", b"done"]
+
+
 @pytest.mark.redis
-async def test_at_rest_the_streams_hold_their_entries_not_room_for_more(redis_url: str, key_prefix: str) -> None:
+async def test_at_rest_a_session_is_its_last_line_and_one_value(redis_url: str, key_prefix: str) -> None:
     store = redis_store(redis_url, prefix=key_prefix)
     admin = redis.Redis.from_url(redis_url)
     sid = new_session_id()
     try:
         await _one_turn(store, sid, 1)
         keys = session_keys(key_prefix, sid)
-        sizes = {name: admin.memory_usage(getattr(keys, name)) for name in ("inbox", "log", "ui")}
-        # Redis allocates a stream's node at 4 KiB; at rest each holds what it stores.
-        assert all(size is not None and size < 2048 for size in sizes.values()), sizes
-        assert admin.xlen(keys.inbox) == 0 and admin.exists(keys.inbox)
-        assert admin.xlen(keys.log) == 2 and admin.xlen(keys.ui) == 8
-        assert not admin.exists(keys.keys) and not admin.hexists(keys.meta, "line_key")  # idempotency keys gone
+        assert not admin.exists(keys.inbox, keys.log, keys.keys)
+        assert [e[0] for e in admin.xrange(keys.ui)] == [b"8-0"]
+        # Redis allocates a stream's node at 4 KiB; at rest the last line is rewritten to its size.
+        ui = admin.memory_usage(keys.ui)
+        assert ui is not None and ui < 1024, ui
+        lines, records = parse_rest(admin.get(keys.rest))
+        assert [n for n, _ in lines] == list(range(1, 8))
+        assert [(n, f[b"d"], f[b"e"]) for n, f in records] == [(1, b"start", b"1"), (2, b"end", b"1")]
+        meta = admin.hgetall(keys.meta)
+        assert meta[b"rest"] == b"1" and b"line_key" not in meta
+        assert not {b"turn", b"turn_seq", b"turn_cursor", b"yielded", b"cutoffs", b"deaths"} & set(meta)
+        # The next claim puts the streams back, with their ids, and deletes the value.
+        await store.accept(sid, agent="default", message_id="m2", input="again")
+        claim = await store.claim(sid, holder="w", lease_ms=10_000)
+        assert claim is not None
+        assert not admin.exists(keys.rest) and not admin.hexists(keys.meta, "rest")
+        assert [e[0] for e in admin.xrange(keys.ui)] == [f"{n}-0".encode() for n in range(1, 9)]
+        assert [(e[0], e[1][b"d"]) for e in admin.xrange(keys.log)] == [(b"1-0", b"start"), (b"2-0", b"end")]
     finally:
         admin.close()
+        await store.aclose()
+
+
+@pytest.mark.redis
+async def test_a_reader_that_meets_the_streams_put_back_reads_them_again(redis_url: str, key_prefix: str) -> None:
+    """Between a reader's two calls (the lines, then `rest`) a claim puts `rest` back into
+    the streams: the reader reads the stream again and misses nothing. The plan is driven
+    call by call to put the claim in between."""
+    store = redis_store(redis_url, prefix=key_prefix)
+    sid = new_session_id()
+    try:
+        await _one_turn(store, sid, 1)
+        plan = _read_raw_lines(store._core, sid, 2, count=10)
+        stream = await store._exec(next(plan))
+        assert [n for n, _ in stream] == [8]  # at rest: the last line only
+        read_rest = plan.send(stream)
+        await store.accept(sid, agent="default", message_id="m2", input="again")
+        assert await store.claim(sid, holder="w", lease_ms=10_000) is not None
+        read_again = plan.send(await store._exec(read_rest))  # `rest` is gone: the lines again
+        with pytest.raises(StopIteration) as done:
+            plan.send(await store._exec(read_again))
+        assert [n for n, _ in done.value.value] == list(range(3, 9))
+    finally:
+        await store.aclose()
+
+
+async def test_a_session_at_rest_with_its_lines_lost_is_refused(store: RedisStore, sid: str) -> None:
+    await _one_turn(store, sid, 1)
+    store.sync.client.delete(store._core.keys(sid).rest)
+    with pytest.raises(FxSessionIncompleteError, match="rest"):
+        await store.read_lines(sid, 0)
+    with pytest.raises(FxSessionIncompleteError, match="rest"):
+        await store.state(sid)
+
+
+async def test_a_session_set_to_expire_keeps_its_deadline_at_rest_and_back(sid: str) -> None:
+    store = memory_store(session_ttl_s=60)
+    try:
+        await _one_turn(store, sid, 1)
+        keys = store._core.keys(sid)
+        client = store.sync.client
+        assert all(0 < client.pttl(k) <= 60_000 for k in (keys.meta, keys.ui, keys.rest, keys.lease, keys.msgs))
+        claim = await store.claim(sid, holder="w", lease_ms=10_000)  # no input: the streams come back all the same
+        assert claim is not None and not client.exists(keys.rest)
+        assert all(0 < client.pttl(k) <= 60_000 for k in (keys.ui, keys.log))
+    finally:
         await store.aclose()
 
 

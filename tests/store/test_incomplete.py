@@ -28,11 +28,25 @@ def _delete(store: RedisStore, sid: str, name: str) -> None:
     assert store.sync.client.delete(key) == 1, f"{name} was not there to delete"
 
 
-@pytest.mark.parametrize("name", ["meta", "lease", "inbox", "log", "ui", "msgs"])
+async def _running(store: RedisStore, sid: str, clock: FakeClock) -> None:
+    """A session with a turn open whose worker's lease ran out: the inbox holds its input
+    and the log its records (at rest both go, the log into `rest`)."""
+    await store.accept(sid, agent="default", message_id="m1", input="hello")
+    claim = await store.claim(sid, holder="w1", lease_ms=1000)
+    assert isinstance(claim, Claim)
+    await store.append(sid, claim.epoch, records=[("k1", b"start", [{"start": "m1"}])],
+                       lines=[{"type": "turn_start", "messageId": "m1"}])
+    clock.advance(2000)
+
+
+@pytest.mark.parametrize("name, at_rest", [
+    ("meta", True), ("lease", True), ("ui", True), ("msgs", True), ("rest", True),
+    ("meta", False), ("lease", False), ("inbox", False), ("log", False), ("ui", False), ("msgs", False),
+])
 async def test_a_session_missing_a_key_is_refused_by_state_accept_and_claim(
-    store: RedisStore, sid: str, name: str
+    store: RedisStore, sid: str, clock: FakeClock, name: str, at_rest: bool
 ) -> None:
-    await _worked(store, sid)
+    await (_worked(store, sid) if at_rest else _running(store, sid, clock))
     _delete(store, sid, name)
     with pytest.raises(FxSessionIncompleteError) as refused:
         await store.state(sid)

@@ -35,6 +35,7 @@ def _sample_calls() -> dict[str, Call]:
                                                    ttl_ms=0),
         "cancel": scripts.cancel(keys, now_ms=1),
         "state": scripts.state(keys),
+        "load": scripts.load(keys),
     }
 
 

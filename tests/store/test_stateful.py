@@ -19,6 +19,7 @@ from fxworker.errors import FxLeaseLostError
 from fxworker.ids import new_session_id
 from fxworker.store import redis_store
 from tests.store.conftest import FakeClock
+from tests.support.stored import stored_records
 
 LEASE_MS = 1000
 WORKERS = st.sampled_from(["w1", "w2", "w3"])
@@ -140,7 +141,7 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @invariant()
     def only_the_chain_head_writes_are_stored(self) -> None:
-        raw = self.store.client.xrange(self.store._core.keys(self.sid).log)
+        raw = stored_records(self.store.client, self.store._core.keys(self.sid))
         stored = [(fields[b"d"], int(fields[b"e"])) for _, fields in raw]
         assert stored == self.log
         epochs = [e for _, e in stored]
