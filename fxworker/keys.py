@@ -23,10 +23,12 @@ loses it again when new input is accepted):
                       gave, used by every input that gives none), unserved_ms /
                       unserved_n / unserved_next_ms (a wake found no process running
                       the agent: first miss, misses, next wake; cleared by a claim that
-                      runs it), rest (1 while `rest` holds the lines and the log).
+                      runs it), rest (1 while `rest` holds the log). At rest the open
+                      turn's fields are gone (read as 0 or "").
                       Written by accept, append, claim, release, cancel; save_checkpoint
                       clears line_key. Its counters say which other keys must exist
-                      (lua/_whole.lua): a session missing one is refused whole.
+                      (lua/_whole.lua): a session missing one is refused whole (the
+                      inbox only while an input waits or a turn is open).
     lease     HASH    holder, epoch, expires_ms, state (held | released). The epoch
                       never goes down, even across releases. claim, renew, release;
                       checked by append and save_checkpoint.
@@ -34,15 +36,15 @@ loses it again when new input is accepted):
                       (p | s | c), id, in, cx?, st? (only when given), at. accept, cancel; read by claim and
                       by a running worker's polling XREAD (`watch_inbox`); trimmed by
                       save_checkpoint below the oldest input still needed, and
-                      emptied (the key kept) by a release that leaves the session at rest.
+                      deleted by a release that leaves the session at rest (the next
+                      accept adds its `<seq>-0` to a new one).
     log       STREAM  engine journal records, id `<cursor>-0`; fields k (idempotency
                       key), d (opaque bytes), e (writer epoch), m (marks JSON). append;
                       read by claim; trimmed by save_checkpoint. At rest it is in `rest`.
     ui        STREAM  NDJSON lines of §4, id `<cursor>-0`, field l (the JSON text, with
                       `epoch` and `cursor` inside). append; read with XREAD (read_lines).
-                      At rest it keeps its last line only, rewritten to its size (DUMP
-                      and RESTORE: Redis allocates a stream's last node at 4 KiB); the
-                      lines before it are in `rest`.
+                      At rest, release rewrites it to its size (DUMP and RESTORE: Redis
+                      allocates a stream's last node at 4 KiB).
     msgs      HASH    message-id index: id -> "kind:state:seq:end_cursor:bytes" with kind
                       p | s, state w (waiting) | r (open turn) | d (done). accept, append.
     pending   ZSET    ids not yet consumed, scored by inbox seq (acceptance order).
@@ -56,18 +58,12 @@ loses it again when new input is accepted):
                       key once a later record is covered.
     ckpt      HASH    data (opaque bytes, <= 4 MiB), through (log cursor it covers).
                       save_checkpoint; read by claim.
-    rest      STRING  a session at rest: its lines but the last and its whole log as one
-                      value (a stream costs some 400 B of its own and a key each; one
-                      value costs its bytes). Written by a release that leaves the
-                      session at rest (the log key goes, the lines keep their last);
-                      put back into the streams by the next claim, which deletes it.
-                      Read by read_lines for cursors before the last line (a reader
-                      that finds the lines after its cursor start past the next one
-                      knows they are here: line cursors are contiguous) and by load.
-                      Items `<length>:<bytes>`, in order: the number of lines, then
-                      each line's cursor and JSON text; the number of records, then
-                      each record's cursor, k, d, e and m (lua/_rest.lua,
-                      `_replies.parse_rest`).
+    rest      STRING  a session at rest's log, as one value (a stream costs some 400 B of
+                      its own; one value costs its bytes). Written by a release that
+                      leaves the session at rest, which deletes the log; put back into
+                      the log by the next claim, which deletes it. Read by load.
+                      Items `<length>:<bytes>`, three per record: cursor, d, e
+                      (lua/_rest.lua, `_replies.parse_rest`).
 
 Across sessions (tag `{~index}`, no TTL):
 

@@ -9,7 +9,7 @@
 --
 -- lost_key() -> nil, or the name of the first key that is gone, by meta's counters (0
 --   when unset): ui, inbox, head, epoch (claims made); rest (a session at rest keeps its
---   log and most lines in `rest`, _rest.lua); turn (an open turn reads its input from the
+--   log in `rest`, _rest.lua); turn (an open turn reads its input from the
 --   inbox)
 -- orphan_key() -> with meta gone: nil when no other key of the session is left, 'meta'
 --   when one is left that does not expire (a session lost its meta), else 'expired' (the

@@ -100,7 +100,7 @@ if again == 0 then
 end
 local expires = now_ms + lease_ms
 redis.call('HSET', lease, 'holder', holder, 'epoch', epoch, 'expires_ms', string.format('%d', expires), 'state', 'held')
-if m[18] then rest_thaw() end  -- at rest: the log and the lines go back into their streams
+if m[18] then rest_thaw() end  -- at rest: the log goes back into its stream
 
 local deaths = tonumber(m[9] or 0)
 if taken == 1 and (turn ~= '' or redis.call('ZCARD', pending) > 0) then

@@ -16,8 +16,8 @@
 -- open, no input waiting) takes the session out of the ready set: on one server an accept
 -- marks it in the same script that stores the input, so no mark of work still to come is
 -- lost, and the sweeper does not read finished sessions again. Such a release also drops
--- the consumed inbox and the idempotency keys, and moves the log and the lines but the
--- last into one value (_rest.lua).
+-- the consumed inbox and the idempotency keys, moves the log into one value (_rest.lua)
+-- and rewrites the lines to their size.
 
 -- include: _rest.lua
 
@@ -27,7 +27,7 @@ local l = redis.call('HMGET', lease, 'epoch', 'state', 'expires_ms')
 if tonumber(l[1] or 0) ~= epoch then
   return {'fenced', tonumber(l[1] or 0), l[2] or '', tonumber(l[3] or 0)}
 end
-local m = redis.call('HMGET', meta, 'turn', 'cutoffs', 'ui')
+local m = redis.call('HMGET', meta, 'turn', 'cutoffs')
 local cutoffs = tonumber(m[2] or 0)
 local waiting = redis.call('ZCARD', pending)
 if l[2] ~= 'held' then return {'ok', 0, cutoffs, waiting} end
@@ -38,19 +38,17 @@ if turn == '' and waiting == 0 then
   if KEYS[11] then redis.call('ZREM', KEYS[11], ARGV[5]) end
   -- At rest, the session gives back what its streams hold for appends to come: Redis
   -- allocates a stream's node at 4 KiB and never shrinks it while it is the last one,
-  -- and a stream costs some 400 B even then. The inbox's entries are all consumed: it
-  -- goes (the next accept adds entry `<seq>-0` to a new one). The log and the lines but
-  -- the last go into `rest` (_rest.lua); the last line is rewritten to its size (a
-  -- reader blocked on the lines waits on as before, for entries after its cursor). The
-  -- idempotency keys go: every retry they could answer is of a call this release now
-  -- fences, and the next epoch's records carry keys of their own.
+  -- and a stream costs some 400 B even when small. The inbox's entries are all
+  -- consumed: it goes (the next accept adds entry `<seq>-0` to a new one). The log goes
+  -- into `rest` (_rest.lua). The lines are rewritten to their size (a reader blocked on
+  -- them waits on as before, for entries after its cursor). The idempotency keys go:
+  -- every retry they could answer is of a call this release now fences, and the next
+  -- epoch's records carry keys of their own.
   redis.call('DEL', KEYS[8])
   redis.call('HDEL', meta, 'line_key')
-  rest_pack(tonumber(m[3] or 0))
-  for _, k in ipairs({KEYS[4], KEYS[5]}) do
-    local dumped = redis.call('DUMP', k)
-    if dumped then redis.call('RESTORE', k, 0, dumped, 'REPLACE') end
-  end
+  rest_pack()
+  local dumped = redis.call('DUMP', KEYS[5])
+  if dumped then redis.call('RESTORE', KEYS[5], 0, dumped, 'REPLACE') end
   if ttl_ms > 0 then
     for k = 1, 10 do redis.call('PEXPIRE', KEYS[k], ttl_ms) end
     redis.call('HSET', meta, 'expiring', 1)  -- accept.lua persists them again

@@ -25,15 +25,11 @@ from .types import ReadySession, SessionState
 READ_PAGE_LINES = 128
 # Stream ids are `<uint64>-<uint64>`: a cursor past this is no id Redis can read after.
 MAX_CURSOR = 2**64 - 1
-# Reads of the lines that may find them moved between the stream and `rest` by a claim and
-# a release each time: a session that turns over faster than a reader reads is read this
-# many times before its missing lines are called lost.
-REST_READS = 4
 
 
 def _read_raw_lines(
     core: StoreCore, session_id: str, cursor: int = 0, *, block_ms: int | None = None, count: int | None = None
-) -> Plan[list[tuple[int, bytes]]]:
+) -> Op[list[tuple[int, bytes]]]:
     """UI lines after `cursor` as (cursor, JSON bytes): one XREAD from `cursor-0`.
 
     At most `count` lines a call (default `READ_PAGE_LINES`): a reader of a long session
@@ -41,37 +37,22 @@ def _read_raw_lines(
     it waits (at most the store's `max_block_ms`) for a first line. Cursors are
     contiguous, so a reader resuming from any cursor sees each line once. A cursor
     past the stream's id space (2^64 - 1) is `FxInvalidCursorError`.
-
-    A session at rest keeps only its last line in the stream, the lines before it in
-    `rest` (lua/_rest.lua): a first line past `cursor + 1` says the ones between are
-    there, and a second call reads them. When `rest` is gone by then, the next claim
-    put them back into the stream, and the stream is read again.
     """
     if isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 0:
         raise FxInvalidCursorError(f"a stream cursor must be a non-negative integer, got {cursor!r}")
     if cursor > MAX_CURSOR:
         raise FxInvalidCursorError(f"a stream cursor is at most {MAX_CURSOR} (2^64 - 1), got one of {cursor.bit_length()} bits")
     count = READ_PAGE_LINES if count is None else count
-    keys = core.keys(session_id)
-    step = core.xread(keys.ui, cursor, block_ms=block_ms, count=count)
-    read = Op([step], lambda replies: [(n, bytes(f[b"l"])) for n, f in r.parse_stream(replies[0])],
+    step = core.xread(core.keys(session_id).ui, cursor, block_ms=block_ms, count=count)
+    return Op([step], lambda replies: [(n, bytes(f[b"l"])) for n, f in r.parse_stream(replies[0])],
               read=True, blocks=bool(block_ms))
-    for _ in range(REST_READS):
-        lines: list[tuple[int, bytes]] = yield read
-        if not lines or lines[0][0] == cursor + 1:
-            return lines
-        blob = yield Op([Command(("GET", keys.rest), key=keys.rest)], lambda replies: replies[0], read=True)
-        if blob is not None:
-            kept = [line for line in r.parse_rest(bytes(blob), records=False)[0] if line[0] > cursor]
-            return (kept + lines)[:count]
-    raise r.incomplete(session_id, "rest")
 
 
 def _read_lines(
     core: StoreCore, session_id: str, cursor: int = 0, *, block_ms: int | None = None, count: int | None = None
 ) -> Plan[list[dict[str, Any]]]:
     """UI lines after `cursor` as dicts, each with its `cursor` and writer `epoch`."""
-    raw = yield from _read_raw_lines(core, session_id, cursor, block_ms=block_ms, count=count)
+    raw = yield _read_raw_lines(core, session_id, cursor, block_ms=block_ms, count=count)
     return [json.loads(text) for _, text in raw]
 
 
@@ -158,7 +139,7 @@ def _load(core: StoreCore, session_id: str) -> Op[Loaded]:
         _agent, data, through, entries, rest = replies[0]
         covered = int(through) if through is not None else 0
         checkpoint = StoredCheckpoint(bytes(data or b""), str(covered)) if through is not None else None
-        stored = r.parse_rest(bytes(rest))[1] if rest is not None else []
+        stored = r.parse_rest(bytes(rest)) if rest is not None else []
         for entry_id, fields in entries or ():
             if isinstance(fields, list):
                 fields = {fields[i]: fields[i + 1] for i in range(0, len(fields), 2)}
@@ -254,7 +235,7 @@ def _ready_from(
 class ReaderOperations:
     """The readers' operations of `RedisStore` (awaitable) and `store.sync` (blocking)."""
 
-    read_raw_lines = several_calls(_read_raw_lines)
+    read_raw_lines = one_call(_read_raw_lines)
     read_lines = several_calls(_read_lines)
     state = one_call(_state)
     states = one_call(_states)

@@ -125,29 +125,18 @@ def parse_stream(reply: Any) -> list[tuple[int, dict[bytes, bytes]]]:
     return out
 
 
-# A record's fields in `rest`, in the order _rest.lua keeps them.
-REST_RECORD_FIELDS = (b"d", b"e")
 
-
-def parse_rest(
-    blob: bytes, *, records: bool = True
-) -> tuple[list[tuple[int, bytes]], list[tuple[int, dict[bytes, bytes]]]]:
-    """A session's `rest` value (lua/_rest.lua) as its lines (cursor, JSON text) and its
-    records (cursor, fields as in the log stream), each in cursor order; without
-    `records`, the lines only."""
-    pos = 0
-
-    def take() -> bytes:
-        nonlocal pos
-        colon = blob.index(b":", pos)
-        end = colon + 1 + int(blob[pos:colon])
-        value = blob[colon + 1:end]
-        pos = end
-        return value
-
-    lines = [(int(take()), take()) for _ in range(int(take()))]
-    stored = []
-    for _ in range(int(take()) if records else 0):
-        cursor = int(take())
-        stored.append((cursor, {name: take() for name in REST_RECORD_FIELDS}))
-    return lines, stored
+def parse_rest(blob: bytes) -> list[tuple[int, dict[bytes, bytes]]]:
+    """A session's `rest` value (lua/_rest.lua): its log's records as (cursor, fields `d`
+    data and `e` writer epoch), in cursor order."""
+    records = []
+    pos, end = 0, len(blob)
+    while pos < end:
+        values = []
+        for _ in range(3):
+            colon = blob.index(b":", pos)
+            stop = colon + 1 + int(blob[pos:colon])
+            values.append(blob[colon + 1:stop])
+            pos = stop
+        records.append((int(values[0]), {b"d": values[1], b"e": values[2]}))
+    return records

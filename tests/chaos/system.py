@@ -38,7 +38,6 @@ from fxworker.store import store_clients
 from tests.chaos.faults import Pool, fault_env
 from tests.support.redis_server import RedisServer
 from tests.support.redis_topology import RedisClusterProcesses, replica_online
-from tests.support.stored import stored_lines
 from tests.support.workers import ROOT, Workers, wait_until
 from tests.web._server import WebProcess
 
@@ -200,8 +199,9 @@ class System:
 
     def lines(self, session_id: str) -> list[dict[str, Any]]:
         """Every line the store holds for the session, in cursor order."""
-        keys = session_keys(self.prefix, session_id)
-        return [json.loads(text) for _, text in self.retrying(lambda r: stored_lines(r, keys))]
+        key = session_keys(self.prefix, session_id).ui
+        entries = self.retrying(lambda r: r.xrange(key))
+        return [json.loads(fields[b"l"]) for _, fields in entries]
 
     def last_epoch(self, session_id: str) -> int | None:
         """The epoch of the session's newest stored line (None: no line yet)."""

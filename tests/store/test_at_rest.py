@@ -1,7 +1,8 @@
 """A session at rest gives back what its streams hold for appends to come (release.lua,
 _rest.lua): the consumed inbox and the idempotency keys go (every retry they answer is fenced
-now), the log and the lines but the last become one value, `rest`; nothing a reader, the
-next claim or the next accept needs goes, and the next claim puts the streams back."""
+now), the log becomes one value, `rest`, and the lines are rewritten to their size; nothing
+a reader, the next claim or the next accept needs goes, and the next claim puts the log
+back."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from fxworker.ids import new_session_id
 from fxworker.errors import FxSessionIncompleteError
 from fxworker.keys import session_keys
 from fxworker.store import RedisStore, memory_store, redis_store
-from fxworker.store._readers import _read_raw_lines
 from fxworker.store._replies import parse_rest
 from fxworker.store.types import StoreRecord
 from tests.support.redis_server import RedisServer
@@ -40,13 +40,8 @@ async def test_a_session_at_rest_keeps_everything_a_reader_and_the_next_turn_nee
     first = await store.read_lines(sid, 0)
     assert [line["type"] for line in first] == ["turn_start", *["text_delta"] * 6, "turn_end"]
     assert [line["cursor"] for line in first] == list(range(1, 9))
-    # From any cursor, in pages: the lines before the last come from `rest`.
     assert [line["cursor"] for line in await store.read_lines(sid, 3, count=2)] == [4, 5]
-    assert [line["cursor"] for line in await store.read_lines(sid, 6, count=5)] == [7, 8]
-    assert [line["cursor"] for line in await store.read_lines(sid, 7)] == [8]
     assert await store.read_lines(sid, 8) == []
-    # A blocking read from behind is answered at once.
-    assert [line["cursor"] for line in await store.read_lines(sid, 2, block_ms=5000, count=1)] == [3]
     assert (await store.state(sid)).status == "idle"
     # The next turn: its input is accepted into a new inbox, the claim loads the log.
     await store.accept(sid, agent="default", message_id="m2", input="again")
@@ -87,7 +82,7 @@ async def test_turns_after_rest_keep_the_whole_journal_and_every_line(store: Red
 
 
 @pytest.mark.redis
-async def test_at_rest_a_session_is_its_last_line_and_one_value(redis_url: str, key_prefix: str) -> None:
+async def test_at_rest_the_log_is_one_value_and_the_lines_hold_their_size(redis_url: str, key_prefix: str) -> None:
     store = redis_store(redis_url, prefix=key_prefix)
     admin = redis.Redis.from_url(redis_url)
     sid = new_session_id()
@@ -95,58 +90,32 @@ async def test_at_rest_a_session_is_its_last_line_and_one_value(redis_url: str, 
         await _one_turn(store, sid, 1)
         keys = session_keys(key_prefix, sid)
         assert not admin.exists(keys.inbox, keys.log, keys.keys)
-        assert [e[0] for e in admin.xrange(keys.ui)] == [b"8-0"]
-        # Redis allocates a stream's node at 4 KiB; at rest the last line is rewritten to its size.
+        # Redis allocates a stream's node at 4 KiB; at rest the lines are rewritten to their size.
         ui = admin.memory_usage(keys.ui)
-        assert ui is not None and ui < 1024, ui
-        lines, records = parse_rest(admin.get(keys.rest))
-        assert [n for n, _ in lines] == list(range(1, 8))
+        assert admin.xlen(keys.ui) == 8 and ui is not None and ui < 2048, ui
+        records = parse_rest(admin.get(keys.rest))
         assert [(n, f[b"d"], f[b"e"]) for n, f in records] == [(1, b"start", b"1"), (2, b"end", b"1")]
         meta = admin.hgetall(keys.meta)
         assert meta[b"rest"] == b"1" and b"line_key" not in meta
         assert not {b"turn", b"turn_seq", b"turn_cursor", b"yielded", b"cutoffs", b"deaths"} & set(meta)
-        # The next claim puts the streams back, with their ids, and deletes the value.
+        # The next claim puts the log back, with its ids, and deletes the value.
         await store.accept(sid, agent="default", message_id="m2", input="again")
         claim = await store.claim(sid, holder="w", lease_ms=10_000)
         assert claim is not None
         assert not admin.exists(keys.rest) and not admin.hexists(keys.meta, "rest")
-        assert [e[0] for e in admin.xrange(keys.ui)] == [f"{n}-0".encode() for n in range(1, 9)]
         assert [(e[0], e[1][b"d"]) for e in admin.xrange(keys.log)] == [(b"1-0", b"start"), (b"2-0", b"end")]
     finally:
         admin.close()
         await store.aclose()
 
 
-@pytest.mark.redis
-async def test_a_reader_that_meets_the_streams_put_back_reads_them_again(redis_url: str, key_prefix: str) -> None:
-    """Between a reader's two calls (the lines, then `rest`) a claim puts `rest` back into
-    the streams: the reader reads the stream again and misses nothing. The plan is driven
-    call by call to put the claim in between."""
-    store = redis_store(redis_url, prefix=key_prefix)
-    sid = new_session_id()
-    try:
-        await _one_turn(store, sid, 1)
-        plan = _read_raw_lines(store._core, sid, 2, count=10)
-        stream = await store._exec(next(plan))
-        assert [n for n, _ in stream] == [8]  # at rest: the last line only
-        read_rest = plan.send(stream)
-        await store.accept(sid, agent="default", message_id="m2", input="again")
-        assert await store.claim(sid, holder="w", lease_ms=10_000) is not None
-        read_again = plan.send(await store._exec(read_rest))  # `rest` is gone: the lines again
-        with pytest.raises(StopIteration) as done:
-            plan.send(await store._exec(read_again))
-        assert [n for n, _ in done.value.value] == list(range(3, 9))
-    finally:
-        await store.aclose()
-
-
-async def test_a_session_at_rest_with_its_lines_lost_is_refused(store: RedisStore, sid: str) -> None:
+async def test_a_session_at_rest_with_its_log_lost_is_refused(store: RedisStore, sid: str) -> None:
     await _one_turn(store, sid, 1)
     store.sync.client.delete(store._core.keys(sid).rest)
     with pytest.raises(FxSessionIncompleteError, match="rest"):
-        await store.read_lines(sid, 0)
-    with pytest.raises(FxSessionIncompleteError, match="rest"):
         await store.state(sid)
+    with pytest.raises(FxSessionIncompleteError, match="rest"):
+        await store.claim(sid, holder="w", lease_ms=10_000)
 
 
 async def test_a_session_set_to_expire_keeps_its_deadline_at_rest_and_back(sid: str) -> None:
@@ -156,9 +125,9 @@ async def test_a_session_set_to_expire_keeps_its_deadline_at_rest_and_back(sid: 
         keys = store._core.keys(sid)
         client = store.sync.client
         assert all(0 < client.pttl(k) <= 60_000 for k in (keys.meta, keys.ui, keys.rest, keys.lease, keys.msgs))
-        claim = await store.claim(sid, holder="w", lease_ms=10_000)  # no input: the streams come back all the same
+        claim = await store.claim(sid, holder="w", lease_ms=10_000)  # no input: the log comes back all the same
         assert claim is not None and not client.exists(keys.rest)
-        assert all(0 < client.pttl(k) <= 60_000 for k in (keys.ui, keys.log))
+        assert 0 < client.pttl(keys.log) <= 60_000
     finally:
         await store.aclose()
 
