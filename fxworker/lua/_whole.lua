@@ -3,14 +3,14 @@
 --
 -- A Redis that evicts keys (a maxmemory-policy other than noeviction), or a hand that
 -- deletes some, can leave a session half gone. Its own counters in `meta` say which keys
--- must exist: a stream keeps its key when trimmed empty, `msgs` is never emptied, and the
--- lease stands from the first claim on. A session that fails this is refused
+-- must exist: a stream keeps its key when trimmed empty (at rest the inbox goes and the
+-- log moves to `rest`), `msgs` is never emptied, and the lease stands from the first
+-- claim on. A session that fails this is refused
 -- (FX_SESSION_INCOMPLETE), never run or answered from what is left.
 --
 -- lost_key() -> nil, or the name of the first key that is gone, by meta's counters (0
 --   when unset): ui, inbox, head, epoch (claims made); rest (a session at rest keeps its
---   log in `rest`, _rest.lua); turn (an open turn reads its input from the
---   inbox)
+--   log in `rest`, _rest.lua); turn (an open turn reads its input from the inbox)
 -- orphan_key() -> with meta gone: nil when no other key of the session is left, 'meta'
 --   when one is left that does not expire (a session lost its meta), else 'expired' (the
 --   rest of a session set to expire, still on its way out)
