@@ -8,25 +8,24 @@
 -- claim on. A session that fails this is refused
 -- (FX_SESSION_INCOMPLETE), never run or answered from what is left.
 --
--- lost_key() -> nil, or the name of the first key that is gone, by meta's counters (0
---   when unset): ui, inbox, head, epoch (claims made); rest (a session at rest keeps its
---   log in `rest`, _rest.lua); turn (an open turn reads its input from the inbox)
+-- lost_key(ui, inbox, head, epoch, rest, turn) -> nil, or the name of the first key that
+--   is gone. ui, inbox, head: meta's counters (0 when unset); epoch: meta's epoch (claims
+--   made); rest: meta's `rest` (a session at rest keeps its log in `rest`, _rest.lua);
+--   turn: meta's `turn` (an open turn reads its input from the inbox)
 -- orphan_key() -> with meta gone: nil when no other key of the session is left, 'meta'
 --   when one is left that does not expire (a session lost its meta), else 'expired' (the
 --   rest of a session set to expire, still on its way out)
 
-local function lost_key()
-  local m = redis.call('HMGET', KEYS[1], 'ui', 'inbox', 'head', 'epoch', 'rest', 'turn')
-  local ui, inbox, head, epoch = tonumber(m[1] or 0), tonumber(m[2] or 0), tonumber(m[3] or 0), tonumber(m[4] or 0)
+local function lost_key(ui, inbox, head, epoch, rest, turn)
   if ui > 0 and redis.call('EXISTS', KEYS[5]) == 0 then return 'ui' end
   -- The inbox holds what waits and the open turn's input (consumed entries are read no
   -- more, and at rest it is gone): needed while either is there.
   if inbox > 0 and redis.call('EXISTS', KEYS[3]) == 0
-     and ((m[6] or '') ~= '' or redis.call('ZCARD', KEYS[7]) > 0) then
+     and ((turn or '') ~= '' or redis.call('ZCARD', KEYS[7]) > 0) then
     return 'inbox'
   end
   if inbox > 0 and redis.call('EXISTS', KEYS[6]) == 0 then return 'msgs' end
-  if m[5] then
+  if rest then
     if redis.call('EXISTS', KEYS[10]) == 0 then return 'rest' end
   elseif head > 0 and redis.call('EXISTS', KEYS[4]) == 0 and redis.call('EXISTS', KEYS[9]) == 0 then
     return 'log'

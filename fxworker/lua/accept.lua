@@ -32,12 +32,17 @@ local kind, mid, input, agent, now_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV
 
 if KEYS[11] then redis.call('ZADD', KEYS[11], 'GT', now_ms, ARGV[7]) end
 
-local m = redis.call('HMGET', meta, 'agent', 'ui', 'inbox', 'steers', 'steer_bytes', 'expiring', 'context')
+local m = redis.call('HMGET', meta, 'agent', 'ui', 'inbox', 'steers', 'steer_bytes', 'expiring', 'context', 'head', 'epoch',
+  'rest', 'turn')
 local owner, ui = m[1], tonumber(m[2] or 0)
 -- A session with a key gone is refused; one that was set to expire is gone: what is left
 -- of it goes, and the input finds no session.
 local lost
-if owner then lost = lost_key() else lost = orphan_key() end
+if owner then
+  lost = lost_key(ui, tonumber(m[3] or 0), tonumber(m[8] or 0), tonumber(m[9] or 0), m[10], m[11])
+else
+  lost = orphan_key()
+end
 if lost == 'expired' or (lost and m[6] == '1') then
   for i = 1, 10 do redis.call('DEL', KEYS[i]) end
   m, owner, ui = {}, nil, 0

@@ -68,7 +68,8 @@ if not m[1] then
   if orphan_key() == 'meta' then return {'incomplete', 'meta'} end
   return {'unknown'}
 end
-local lost = lost_key()
+local lost = lost_key(tonumber(m[3] or 0), tonumber(m[4] or 0), tonumber(m[2] or 0), tonumber(m[12] or 0),
+                      m[18], m[5])
 if lost then
   -- A session set to expire that lost a key is expiring: gone, as if it had.
   if m[15] == '1' then return {'unknown'} end

@@ -125,7 +125,6 @@ def parse_stream(reply: Any) -> list[tuple[int, dict[bytes, bytes]]]:
     return out
 
 
-
 def parse_rest(blob: bytes) -> list[tuple[int, dict[bytes, bytes]]]:
     """A session's `rest` value (lua/_rest.lua): its log's records as (cursor, fields `d`
     data and `e` writer epoch), in cursor order."""
