@@ -1,11 +1,16 @@
 """The `FX_AGENTS` module of the benches' worker processes.
 
 The agents of `tests.durable.agents` (`default` on the scripted model at
-`FX_TEST_MODEL_URL`, tool `lookup`), plus two things only a bench needs inside a worker:
+`FX_TEST_MODEL_URL`, tool `lookup`), plus what only a bench needs inside a worker:
 
 - the Celery task ``fxbench.noop``: pushes the time it ran to the Redis list it is given,
   so the client times a Celery round trip of a task that does nothing (the floor of any
   Celery-driven design) against the same broker and worker as the turns;
+- the Celery task ``fxbench.floor_turn``: the least a durable, Celery-woken turn does, on
+  the worker's process loop as a wake is: one Lua call to take a lease, the model request
+  (aiohttp, one pooled session, the streamed reply read to its end), one Lua call to store
+  the reply and an end line, one to let the lease go, which also pushes to the list it is
+  given. The worker CPU of a real turn is measured against it (bench/e2e.py);
 - with ``FX_BENCH_COUNT_FILE`` set, a count of this process's Redis round trips (socket
   writes: one per command, one per pipeline), asyncio clients (the store, the sweeper)
   apart from blocking ones (the Celery broker), written to that file every 50 ms as
@@ -19,10 +24,13 @@ import os
 import threading
 import time
 
+import aiohttp
 import redis
+import redis.asyncio
 
 from bench._harness import count_round_trips
 from fxworker.celery_app import app
+from fxworker.tasks import process_loop
 from tests.durable.agents import AGENTS  # noqa: F401 - the agents this module exports
 
 
@@ -55,3 +63,54 @@ def noop(key: str) -> None:
     if _noop_client is None:
         _noop_client = redis.Redis.from_url(os.environ["REDIS_URL"])
     _noop_client.rpush(key, repr(ran))
+
+
+# ---------------------------------------------------------------------------- the floor turn
+
+_FLOOR_CLAIM = "redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'epoch', 1); return redis.call('XRANGE', KEYS[2], '-', '+')"
+_FLOOR_RECORD = ("redis.call('XADD', KEYS[1], '*', 'd', ARGV[1]); "
+                 "return redis.call('XADD', KEYS[2], '*', 'l', ARGV[2])")
+_FLOOR_RELEASE = "redis.call('HDEL', KEYS[1], 'holder'); return redis.call('RPUSH', KEYS[2], ARGV[1])"
+
+
+class _Floor:
+    """The floor turn's clients, built on the process loop at its first use."""
+
+    def __init__(self) -> None:
+        self.redis = redis.asyncio.Redis.from_url(os.environ["REDIS_URL"], max_connections=100)
+        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100))
+        self.url = os.environ["FX_TEST_MODEL_URL"].rstrip("/") + "/chat/completions"
+        self.claim = self.redis.register_script(_FLOOR_CLAIM)
+        self.record = self.redis.register_script(_FLOOR_RECORD)
+        self.release = self.redis.register_script(_FLOOR_RELEASE)
+
+    async def turn(self, session: str, prompt: str, done_key: str) -> None:
+        keys = [f"{session}:meta", f"{session}:log", f"{session}:lines"]
+        await self.claim(keys=keys[:2], args=["holder"])
+        body = {"model": "scripted", "stream": True, "messages": [{"role": "user", "content": prompt}]}
+        text: list[str] = []
+        async with self.http.post(self.url, json=body) as response:
+            async for line in response.content:
+                if line.startswith(b"data: {"):
+                    for choice in json.loads(line[6:]).get("choices") or ():
+                        text.append((choice.get("delta") or {}).get("content") or "")
+        reply = "".join(text)
+        await self.record(keys=keys[1:], args=[json.dumps({"role": "assistant", "content": reply}),
+                                              json.dumps({"type": "turn_end", "text": reply})])
+        await self.release(keys=[keys[0], done_key], args=[reply])
+
+
+_floor: _Floor | None = None
+
+
+async def _floor_turn(session: str, prompt: str, done_key: str) -> None:
+    global _floor
+    if _floor is None:
+        _floor = _Floor()
+    await _floor.turn(session, prompt, done_key)
+
+
+@app.task(name="fxbench.floor_turn", ignore_result=True)
+def floor_turn(session: str, prompt: str, done_key: str) -> None:
+    """The floor turn (see the module docstring), run on the process loop like a wake."""
+    process_loop().run(_floor_turn(session, prompt, done_key))

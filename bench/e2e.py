@@ -10,6 +10,12 @@ Prints the one-session time, the many-session time and their ratio, where the ma
 time goes (when the model requests arrived, relative to the first prompt), and the Redis
 commands per turn (`INFO commandstats` deltas over the many-session run, client included).
 
+The worker's CPU per turn is set beside two floors measured on the same worker, each
+round of turns followed by a round of each, `SESSIONS` at once: the floor turn
+(``fxbench.floor_turn`` of bench/_agents.py: the Celery wake, on the process loop a lease
+taken, the same model request on aiohttp read to its end, the reply and an end line
+stored and the lease let go, one Lua call each) and the Celery no-op task.
+
 Run: ``.venv/bin/python bench/e2e.py`` (about 20 s); ``--sessions N``, ``--delay-ms MS``;
 ``--monitor`` also lists every Redis command of one turn, by the process that sent it;
 ``--profile PATH`` samples the worker with py-spy during the many-session run; ``--json
@@ -37,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._harness import cpu_s, monitor  # noqa: E402
+from fxworker.keys import queue_name  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 from tests.support.workers import CeleryWorker  # noqa: E402
 
@@ -98,7 +105,7 @@ def commandstats(client: redis.Redis) -> dict[str, int]:
 
 def extra_env() -> dict[str, str]:
     """`FX_BENCH_AGENTS` (a module on `FX_BENCH_PYTHONPATH`) replaces the worker's agents module."""
-    env = {}
+    env = {"FX_AGENTS": "bench._agents"}  # tests.durable.agents' agents and the floor tasks
     if os.environ.get("FX_BENCH_AGENTS"):
         env["FX_AGENTS"] = os.environ["FX_BENCH_AGENTS"]
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("FX_BENCH_PYTHONPATH", "")])
@@ -193,8 +200,13 @@ def run(args: Any, server: RedisServer, model: ModelProcess, worker: CeleryWorke
     pids = {"worker": worker.pid, "model server": model.proc.pid, "redis": server.proc.pid if server.proc else None,
             "client": os.getpid()}
     rounds: list[dict[str, Any]] = []
+    floors: dict[str, list[float]] = {"floor turn": [], "Celery no-op": []}
     script_calls: collections.Counter[str] = collections.Counter()
     for i in range(args.rounds):
+        for name, send in (("floor turn", floor_turn), ("Celery no-op", noop)):
+            before_s = cpu_s(worker.pid)
+            sent_all(agent.waker.app, stats, args.sessions, send, prompt, prefix)
+            floors[name].append((cpu_s(worker.pid) - before_s) * 1000 / args.sessions)
         cpu_before = {name: cpu_s(pid) for name, pid in pids.items()}
         before = commandstats(stats)
         t0_wall_ms = time.time() * 1000
@@ -242,12 +254,34 @@ def run(args: Any, server: RedisServer, model: ModelProcess, worker: CeleryWorke
           f"({rounds[0]['s'] / one_s:.1f}x), median of {len(rounds)} {median_s * 1000:.0f} ms ({median_s / one_s:.1f}x)")
     cpu_ms = sorted(r["cpu"]["worker"] * 1000 / n for r in rounds)[len(rounds) // 2]
     print(f"RESULT worker CPU per turn {cpu_ms:.1f} ms (median of {len(rounds)} rounds)")
+    floor_ms = {name: sorted(v)[len(v) // 2] for name, v in floors.items()}
+    print("RESULT worker CPU per task, " + ", ".join(f"{name} {v:.2f} ms" for name, v in floor_ms.items())
+          + f" (medians of {len(rounds)} rounds of {n} at once, interleaved with the turns'); a turn "
+          + ", ".join(f"{cpu_ms / v:.2f}x the {name}" for name, v in floor_ms.items()))
     agent.close()
-    write_rows(args.json, n, one_s, median_s, cpu_ms, args.delay_ms, rounds)
+    write_rows(args.json, n, one_s, median_s, cpu_ms, args.delay_ms, rounds, floor_ms)
+
+
+def floor_turn(app: Any, i: int, prompt: str, key: str) -> None:
+    app.send_task("fxbench.floor_turn", args=[f"{key}:{i}", prompt, key], queue=queue_name("default"))
+
+
+def noop(app: Any, i: int, prompt: str, key: str) -> None:
+    app.send_task("fxbench.noop", args=[key], queue=queue_name("default"))
+
+
+def sent_all(app: Any, client: redis.Redis, n: int, send: Any, prompt: str, prefix: str) -> None:
+    """Sends `n` floor tasks at once and waits until each has pushed to their list."""
+    key = f"{prefix}:bench:floor:{uuid.uuid4().hex[:8]}"
+    for i in range(n):
+        send(app, i, prompt, key)
+    for _ in range(n):
+        if client.blpop([key], timeout=30) is None:
+            raise RuntimeError(f"a {send.__name__} task did not end within 30 s")
 
 
 def write_rows(path: str | None, n: int, one_s: float, median_s: float, cpu_ms: float, delay_ms: int,
-               rounds: list[dict[str, Any]]) -> None:
+               rounds: list[dict[str, Any]], floor_ms: dict[str, float]) -> None:
     """The issue-11 figures as summary rows (bench/_harness.py), when --json is given."""
     if not path:
         return
@@ -258,8 +292,15 @@ def write_rows(path: str | None, n: int, one_s: float, median_s: float, cpu_ms: 
         ratio_row(item, f"{n} sessions at once on 1 worker ({delay_ms} ms model)", median_s * 1000, "ms",
                   "one session alone", one_s * 1000, target=2.0, at_most=True, note="bench/e2e.py, median of rounds"),
         ratio_row(item, "worker CPU per turn (e2e burst)", cpu_ms, "ms", "5 ms target", 5.0, target=1.0, at_most=True),
+        ratio_row("streaming (issue 25)", "worker CPU per one-step turn (e2e burst)", cpu_ms, "ms", "2 ms target", 2.0,
+                  target=1.0, at_most=True),
+        *(ratio_row("streaming (issue 25)", "worker CPU per one-step turn (e2e burst)", cpu_ms, "ms",
+                    f"{name}, same worker", ms, note=note)
+          for (name, ms), note in zip(floor_ms.items(), (
+              "Celery wake, lease, aiohttp model request, 1 write, release (bench/_agents.py)", "")))
     ]
     write_json(path, "e2e", rows, {"one_s": one_s, "median_s": median_s, "cpu_ms_per_turn": cpu_ms,
+                                   "cpu_ms_per_floor_task": floor_ms,
                                    "rounds": [{k: v for k, v in r.items() if k != "commands"} for r in rounds]})
 
 
