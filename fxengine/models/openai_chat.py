@@ -16,12 +16,14 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal
 
+import aiohttp
 import httpx
 
 from ..codes import Code
 from ..errors import FxInputError, FxProviderError
 from ..providers.base import MODEL_IDLE_TIMEOUT_S, WIRE_RESPONSES, ModelSpec, Provider
 from ..providers.credentials import mask_secrets
+from .aio import AioClient, ModelResponse
 from .responses import ResponsesDecoder, responses_body
 from ..tools.definition import Tool
 from ..usage import clean_usage
@@ -178,7 +180,7 @@ def _error_message(body: bytes) -> str:
     return json.dumps(parsed)[:500]
 
 
-def _retry_after(headers: httpx.Headers) -> float | None:
+def _retry_after(headers: Mapping[str, str]) -> float | None:
     """Seconds to wait before the retry: `retry-after-ms` (as OpenAI sends), else `retry-after`."""
     ms = headers.get("retry-after-ms")
     if ms is not None:
@@ -203,7 +205,7 @@ def _idle_timeout(client: httpx.AsyncClient, provider: Provider) -> httpx.Timeou
                          write=base.write, pool=base.pool)
 
 
-async def _as_event(response: httpx.Response) -> AsyncIterator[bytes]:
+async def _as_event(response: ModelResponse) -> AsyncIterator[bytes]:
     """A whole (non-streamed) Chat Completions reply as the one event of a stream: its
     `choices[].message` reads as a delta (`_sse_py.ChatStreamDecoder`). JSON whitespace
     may hold line ends; strings cannot, so flattening them keeps the value."""
@@ -211,10 +213,10 @@ async def _as_event(response: httpx.Response) -> AsyncIterator[bytes]:
     yield b"data: " + raw.replace(b"\r", b" ").replace(b"\n", b" ") + b"\n\ndata: [DONE]\n\n"
 
 
-class _MapHttpxErrors:
-    """Turns what httpx raises while a model request runs into a retryable `AttemptFailed`
-    with its `FX_PROVIDER_*` code. A plain class, not @contextmanager: it wraps every
-    model request (`fxworker.store._boundary.map_redis_errors` is its store twin)."""
+class _MapTransportErrors:
+    """Turns what httpx or aiohttp raise while a model request runs into a retryable
+    `AttemptFailed` with its `FX_PROVIDER_*` code. A plain class, not @contextmanager: it
+    wraps every model request (`fxworker.store._boundary.map_redis_errors` is its store twin)."""
 
     __slots__ = ()
 
@@ -223,14 +225,15 @@ class _MapHttpxErrors:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> Literal[False]:
-        if exc is None or isinstance(exc, AttemptFailed) or not isinstance(exc, httpx.HTTPError):
+        if exc is None or isinstance(exc, AttemptFailed):
             return False
         name = type(exc).__name__
-        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
+        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout,
+                            aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)):
             error = FxProviderError(f"cannot reach the model provider ({name})", code=Code.PROVIDER_UNREACHABLE)
-        elif isinstance(exc, httpx.TimeoutException):
+        elif isinstance(exc, (httpx.TimeoutException, aiohttp.ServerTimeoutError)):
             error = FxProviderError(f"the model provider timed out ({name})", code=Code.PROVIDER_TIMEOUT)
-        elif isinstance(exc, httpx.TransportError):
+        elif isinstance(exc, (httpx.TransportError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError)):
             # The connection broke mid-body: the same as a cut stream.
             error = FxProviderError(f"the model stream was cut ({name})", code=Code.PROVIDER_STREAM_CUT)
         else:
@@ -238,12 +241,12 @@ class _MapHttpxErrors:
         raise AttemptFailed(error, retryable=True) from None
 
 
-_MAP_HTTPX_ERRORS = _MapHttpxErrors()
+_MAP_TRANSPORT_ERRORS = _MapTransportErrors()
 
 
-def map_httpx_errors() -> _MapHttpxErrors:
-    """The provider boundary: `with map_httpx_errors(): ...` around a model request."""
-    return _MAP_HTTPX_ERRORS
+def map_transport_errors() -> _MapTransportErrors:
+    """The provider boundary: `with map_transport_errors(): ...` around a model request."""
+    return _MAP_TRANSPORT_ERRORS
 
 
 async def stream_attempt(
@@ -271,9 +274,13 @@ async def stream_attempt(
     responses = provider.wire == WIRE_RESPONSES
     wire_body = responses_body(body) if responses else body
     decoder: Any = ResponsesDecoder() if responses else ChatStreamDecoder()
-    with map_httpx_errors():
-        async with client.stream("POST", provider.chat_url, json=wire_body, headers=headers,
-                                 timeout=_idle_timeout(client, provider)) as response:
+    timeout = _idle_timeout(client, provider)
+    with map_transport_errors():
+        # A worker's client sends on aiohttp directly (fxengine/models/aio.py).
+        request = (client.post_json(provider.chat_url, wire_body, headers=headers, timeout=timeout)
+                   if isinstance(client, AioClient)
+                   else client.stream("POST", provider.chat_url, json=wire_body, headers=headers, timeout=timeout))
+        async with request as response:
             _report_response(response, diag, attempt, step, started)
             if response.status_code != 200:
                 raise await _refused(response, secrets)
@@ -297,7 +304,7 @@ async def _headers(client: httpx.AsyncClient, provider: Provider) -> dict[str, s
     return headers
 
 
-def _report_response(response: httpx.Response, diag: Diagnostic, attempt: int, step: int, started: float) -> None:
+def _report_response(response: ModelResponse, diag: Diagnostic, attempt: int, step: int, started: float) -> None:
     event: dict[str, Any] = {"type": "transport.response", "attempt": attempt, "status": response.status_code,
                              "elapsedMs": int((time.monotonic() - started) * 1000), "step": step}
     request_id = response.headers.get("x-vercel-id") or response.headers.get("x-request-id")
@@ -306,7 +313,7 @@ def _report_response(response: httpx.Response, diag: Diagnostic, attempt: int, s
     diag(event)
 
 
-async def _refused(response: httpx.Response, secrets: list[str]) -> AttemptFailed:
+async def _refused(response: ModelResponse, secrets: list[str]) -> AttemptFailed:
     """The failure of a request the provider answered with an error status (its body, bounded and masked)."""
     raw = b""
     async for piece in response.aiter_bytes():

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from fxengine import Engine, Turn, TurnResult, create_engine
+from fxengine.models.aio import AioClient
 from fxengine.testing import ScriptedModel
 
 
@@ -19,9 +20,15 @@ def model() -> Iterator[ScriptedModel]:
         yield server
 
 
-@pytest.fixture
-async def http_client() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=httpx.Timeout(10.0)) as client:
+@pytest.fixture(params=["httpx", "aiohttp"])
+async def http_client(request: pytest.FixtureRequest) -> AsyncIterator[httpx.AsyncClient]:
+    """A plain httpx client, and a worker's (`AioClient`: the model request on aiohttp)."""
+    if request.param == "httpx":
+        client = httpx.AsyncClient(timeout=httpx.Timeout(10.0))
+    else:
+        client = AioClient(timeout=httpx.Timeout(10.0), limits=httpx.Limits(max_connections=16),
+                           verify=httpx.create_ssl_context())
+    async with client:
         yield client
 
 
