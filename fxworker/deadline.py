@@ -4,27 +4,26 @@
   (`yield_at`); the runner writes `turn_yield`, releases and the delivery requeues a wake;
 - hard, `deadline_ms - min(2 s, reserve_ms / 2)`: a call still running is cut off.
 
-A warm shutdown (SIGTERM sets the worker loop's `stopping` event) pulls the deadline in to
-`now + reserve_ms`: the turn yields at once, a request or tool call that ends within the
-reserve finishes first, and what still runs at the pulled-in hard stop is cut off.
+A warm shutdown (SIGTERM sets the worker loop's `stopping` signal) pulls the deadline in
+to `now + reserve_ms`: the turn yields at once, a request or tool call that ends within
+the reserve finishes first, and what still runs at the pulled-in hard stop is cut off.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 
 from .ids import now_ms
+from .runtime import StopSignal
 
 HARD_STOP_MAX_MS = 2000  # the hard stop comes at most this long before the deadline
-SHUTDOWN_POLL_S = 0.1  # how often the shutdown watch looks at the (threading) stopping event
 
 
 class Deadline:
     """The soft and hard stops of one delivery, and its warm-shutdown watch."""
 
-    def __init__(self, deadline_ms: int, reserve_ms: int, stopping: threading.Event | None = None) -> None:
+    def __init__(self, deadline_ms: int, reserve_ms: int, stopping: StopSignal | None = None) -> None:
         self.deadline_ms = deadline_ms
         self.reserve_ms = reserve_ms
         self.stopping = stopping
@@ -57,27 +56,31 @@ class Deadline:
         """Calls `on_hard_stop` at the hard stop, and on a warm shutdown `on_shutdown` at
         once and `on_hard_stop` at the pulled-in hard stop. Returns the disarm."""
         loop = asyncio.get_running_loop()
-        timer = None
+        timers: list[asyncio.TimerHandle] = []
+        disarmed = False
+
+        def hard_stop_at_its_time() -> None:
+            for timer in timers:
+                timer.cancel()
+            timers[:] = [loop.call_later(max(0.0, (self.hard_stop_ms - now_ms()) / 1000), on_hard_stop)]
+
+        def shutdown() -> None:
+            if disarmed:  # set() had already queued this when the disarm came
+                return
+            self.deadline_ms = min(self.deadline_ms, now_ms() + self.reserve_ms)
+            on_shutdown()
+            hard_stop_at_its_time()
+
         if self.reserve_ms > 0:
-            timer = loop.call_later(max(0.0, (self.hard_stop_ms - now_ms()) / 1000), on_hard_stop)
-        watch = None
-        if self.stopping is not None:
-            watch = asyncio.create_task(self._watch_shutdown(self.stopping, on_hard_stop, on_shutdown))
+            hard_stop_at_its_time()
+        unwatch = self.stopping.on_set(shutdown) if self.stopping is not None else None
 
         def disarm() -> None:
-            if timer is not None:
+            nonlocal disarmed
+            disarmed = True
+            for timer in timers:
                 timer.cancel()
-            if watch is not None:
-                watch.cancel()
+            if unwatch is not None:
+                unwatch()
 
         return disarm
-
-    async def _watch_shutdown(
-        self, stopping: threading.Event, on_hard_stop: Callable[[], None], on_shutdown: Callable[[], None]
-    ) -> None:
-        while not stopping.is_set():
-            await asyncio.sleep(SHUTDOWN_POLL_S)
-        self.deadline_ms = min(self.deadline_ms, now_ms() + self.reserve_ms)
-        on_shutdown()
-        await asyncio.sleep(max(0.0, (self.hard_stop_ms - now_ms()) / 1000))
-        on_hard_stop()

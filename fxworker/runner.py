@@ -36,7 +36,6 @@ import contextlib
 import dataclasses
 import enum
 import logging
-import threading
 from collections import deque
 from collections.abc import Awaitable
 from typing import Any
@@ -56,6 +55,7 @@ from .deadline import Deadline
 from .errors import FxLeaseLostError, FxStoreUnavailableError
 from .ids import new_holder_id, now_ms
 from .leases import LeaseKeeper
+from .runtime import StopSignal
 from .protocol import Outcome, RunResult, WorkerAgent
 from .store import RedisStore
 from .store.persistence import LineWriter, StorePersistence, retry_unavailable
@@ -97,7 +97,7 @@ class Runner:
         deadline_ms: int,
         reason: str = "wake",
         http_client: httpx.AsyncClient | None = None,
-        stopping: threading.Event | None = None,
+        stopping: StopSignal | None = None,
     ) -> None:
         self.agent = agent
         self.store: RedisStore = agent.store

@@ -24,7 +24,7 @@ import concurrent.futures
 import logging
 import threading
 import zlib
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import httpx
@@ -46,6 +46,45 @@ HTTP_LIMITS = httpx.Limits(max_connections=64, max_keepalive_connections=16)
 HTTP_TIMEOUT = httpx.Timeout(connect=10.0, read=600.0, write=30.0, pool=600.0)
 
 
+class StopSignal(threading.Event):
+    """A warm shutdown's flag (a `threading.Event`): `set()`, from any thread, also runs
+    what the running turns asked for with `on_set`, each on its own loop, at once; no
+    turn polls the flag (a poll per turn every 100 ms cost a worker carrying 300 streams
+    3,000 loop wake-ups a second)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._guard = threading.Lock()
+        self._waiting: dict[int, tuple[asyncio.AbstractEventLoop, Callable[[], None]]] = {}
+        self._next = 0
+
+    def set(self) -> None:
+        with self._guard:
+            super().set()
+            waiting, self._waiting = list(self._waiting.values()), {}
+        for loop, callback in waiting:
+            try:
+                loop.call_soon_threadsafe(callback)
+            except RuntimeError:  # that loop is closed: nothing of it runs any more
+                pass
+
+    def on_set(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Calls `callback` on the running loop once the flag is set (soon, if it is);
+        returns the cancel."""
+        loop = asyncio.get_running_loop()
+        with self._guard:
+            if not self.is_set():
+                key = self._next
+                self._next += 1
+                self._waiting[key] = (loop, callback)
+                return lambda: self._forget(key)
+        return loop.call_soon(callback).cancel
+
+    def _forget(self, key: int) -> None:
+        with self._guard:
+            self._waiting.pop(key, None)
+
+
 class LoopThread:
     """An asyncio loop running in a daemon thread, with the process's shared HTTP clients."""
 
@@ -55,7 +94,7 @@ class LoopThread:
         self._ready = threading.Event()
         self._clients: list[httpx.AsyncClient | None] = [None] * HTTP_CLIENTS
         self._tls: Any = None  # one TLS context for every client (building one is slow)
-        self.stopping = threading.Event()  # warm shutdown: running turns yield and requeue
+        self.stopping = StopSignal()  # warm shutdown: running turns yield and requeue
         self.killed = False
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()

@@ -9,6 +9,7 @@ import threading
 
 from fxworker.deadline import HARD_STOP_MAX_MS, Deadline
 from fxworker.ids import now_ms
+from fxworker.runtime import StopSignal
 
 
 def test_the_stops_sit_the_reserve_and_at_most_2_s_before_the_deadline() -> None:
@@ -36,7 +37,7 @@ async def test_the_hard_stop_fires_once_at_its_time_and_disarm_stops_it() -> Non
 
 
 async def test_a_warm_shutdown_yields_at_once_and_cuts_off_at_the_pulled_in_hard_stop() -> None:
-    stopping = threading.Event()
+    stopping = StopSignal()
     events: list[tuple[str, int]] = []
     cut_off = asyncio.Event()
 
@@ -55,6 +56,45 @@ async def test_a_warm_shutdown_yields_at_once_and_cuts_off_at_the_pulled_in_hard
         disarm()
     assert [kind for kind, _ in events] == ["shutdown", "hard"]
     assert deadline.shutting_down and deadline.past_soft()
-    assert deadline.deadline_ms <= shutdown_at + 400 + 200  # pulled in to now + reserve (poll 0.1 s)
+    assert deadline.deadline_ms <= shutdown_at + 400 + 50  # pulled in to now + reserve, at once
     assert abs(deadline.yield_at() - now_ms()) < 50  # the engine yields now
     assert events[1][1] >= deadline.hard_stop_ms
+
+
+async def test_a_shutdown_signalled_from_another_thread_reaches_the_loop_at_once() -> None:
+    stopping = StopSignal()
+    shut = asyncio.Event()
+    deadline = Deadline(now_ms() + 120_000, 10_000, stopping)
+    disarm = deadline.arm(on_hard_stop=lambda: None, on_shutdown=shut.set)
+    try:
+        signaller = threading.Thread(target=stopping.set)
+        signaller.start()
+        await asyncio.wait_for(shut.wait(), 1)
+        signaller.join(1)
+    finally:
+        disarm()
+    assert deadline.deadline_ms <= now_ms() + 10_000
+
+
+async def test_a_disarmed_deadline_ignores_a_shutdown_already_on_its_way() -> None:
+    stopping = StopSignal()
+    events: list[str] = []
+    disarm = Deadline(now_ms() + 120_000, 400, stopping).arm(
+        on_hard_stop=lambda: events.append("hard"), on_shutdown=lambda: events.append("shutdown"))
+    stopping.set()  # queues the watch's callback on this loop
+    disarm()  # before it runs
+    await asyncio.sleep(0.3)  # past the hard stop a shutdown would have pulled in
+    assert events == []
+
+
+async def test_a_deadline_armed_after_the_shutdown_began_yields_at_once() -> None:
+    stopping = StopSignal()
+    stopping.set()
+    shut = asyncio.Event()
+    deadline = Deadline(now_ms() + 120_000, 400, stopping)
+    disarm = deadline.arm(on_hard_stop=lambda: None, on_shutdown=shut.set)
+    try:
+        await asyncio.wait_for(shut.wait(), 1)
+    finally:
+        disarm()
+    assert deadline.past_soft()
