@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import aiohttp
 import httpx
+import orjson
 from httpx_aiohttp import AiohttpTransport
 
 
@@ -69,7 +70,10 @@ class AioClient(httpx.AsyncClient):
                   timeout: httpx.Timeout) -> Any:
         """`async with client.post_json(...) as response:` the model request on aiohttp;
         `response` is an `AioResponse`."""
-        data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        try:
+            data = orjson.dumps(body)  # a twentieth of the standard library's time
+        except orjson.JSONEncodeError:  # an integer past 64 bits, a key that is not a string
+            data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
         return _Post(self.session.post(
             url, data=data, headers={**self.model_headers, **headers, "Content-Type": "application/json"},
             allow_redirects=False,

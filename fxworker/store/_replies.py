@@ -14,6 +14,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
+
 from ..errors import FxLeaseLostError, FxSessionIncompleteError
 from .types import InboxKind, Input, Mark
 
@@ -24,7 +26,17 @@ _MARK_NAMES = ("start", "end", "yield", "accepted", "step", "done", "drop")
 
 
 # One encoder for every call: `json.dumps` with options builds a new one each time.
-dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_std_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON, non-ASCII kept: orjson's (a tenth of the standard library's time for a
+    line), the standard library's for what orjson refuses (an integer past 64 bits, a key
+    that is not a string, a lone surrogate)."""
+    try:
+        return orjson.dumps(value).decode()
+    except orjson.JSONEncodeError:
+        return _std_dumps(value)
 
 
 def kind_code(kind: str) -> str:
