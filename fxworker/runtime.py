@@ -92,7 +92,7 @@ class LoopThread:
         self.name = name
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
-        self._clients: list[httpx.AsyncClient | None] = [None] * HTTP_CLIENTS
+        self._clients: list[AioClient | None] = [None] * HTTP_CLIENTS
         self._tls: Any = None  # one TLS context for every client (building one is slow)
         self.stopping = StopSignal()  # warm shutdown: running turns yield and requeue
         self.killed = False
@@ -127,12 +127,12 @@ class LoopThread:
 
         async def build() -> None:
             for shard in range(HTTP_CLIENTS):
-                self._http_client(shard)
+                self._http_client(shard).session  # noqa: B018 - its aiohttp session, built now
                 await asyncio.sleep(0)
 
         return self.submit(build())
 
-    def _http_client(self, shard: int) -> httpx.AsyncClient:
+    def _http_client(self, shard: int) -> AioClient:
         client = self._clients[shard]
         if client is None:  # built on first use, on the loop
             if self._tls is None:
