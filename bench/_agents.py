@@ -11,6 +11,9 @@ The agents of `tests.durable.agents` (`default` on the scripted model at
   (aiohttp, one pooled session, the streamed reply read to its end), one Lua call to store
   the reply and an end line, one to let the lease go, which also pushes to the list it is
   given. The worker CPU of a real turn is measured against it (bench/e2e.py);
+- ``fxbench.floor_turn_sync``: the same four steps in the task's own thread, without the
+  loop: blocking redis-py and urllib3 (a turn cannot stream this way at scale, a thread
+  per running turn; it shows what the hop to the loop costs);
 - with ``FX_BENCH_COUNT_FILE`` set, a count of this process's Redis round trips (socket
   writes: one per command, one per pipeline), asyncio clients (the store, the sweeper)
   apart from blocking ones (the Celery broker), written to that file every 50 ms as
@@ -27,6 +30,7 @@ import time
 import aiohttp
 import redis
 import redis.asyncio
+import urllib3
 
 from bench._harness import count_round_trips
 from fxworker.celery_app import app
@@ -114,3 +118,48 @@ async def _floor_turn(session: str, prompt: str, done_key: str) -> None:
 def floor_turn(session: str, prompt: str, done_key: str) -> None:
     """The floor turn (see the module docstring), run on the process loop like a wake."""
     process_loop().run(_floor_turn(session, prompt, done_key))
+
+
+class _SyncFloor:
+    """The floor turn's blocking clients, shared by the task threads."""
+
+    def __init__(self) -> None:
+        self.redis = redis.Redis.from_url(os.environ["REDIS_URL"], max_connections=200)
+        self.http = urllib3.PoolManager(maxsize=200)
+        self.url = os.environ["FX_TEST_MODEL_URL"].rstrip("/") + "/chat/completions"
+        self.claim = self.redis.register_script(_FLOOR_CLAIM)
+        self.record = self.redis.register_script(_FLOOR_RECORD)
+        self.release = self.redis.register_script(_FLOOR_RELEASE)
+
+    def turn(self, session: str, prompt: str, done_key: str) -> None:
+        keys = [f"{session}:meta", f"{session}:log", f"{session}:lines"]
+        self.claim(keys=keys[:2], args=["holder"])
+        body = json.dumps({"model": "scripted", "stream": True, "messages": [{"role": "user", "content": prompt}]})
+        text: list[str] = []
+        response = self.http.request("POST", self.url, body=body, headers={"Content-Type": "application/json"},
+                                     preload_content=False)
+        try:
+            for line in response:
+                if line.startswith(b"data: {"):
+                    for choice in json.loads(line[6:]).get("choices") or ():
+                        text.append((choice.get("delta") or {}).get("content") or "")
+        finally:
+            response.release_conn()
+        reply = "".join(text)
+        self.record(keys=keys[1:], args=[json.dumps({"role": "assistant", "content": reply}),
+                                         json.dumps({"type": "turn_end", "text": reply})])
+        self.release(keys=[keys[0], done_key], args=[reply])
+
+
+_sync_floor: _SyncFloor | None = None
+_sync_floor_lock = threading.Lock()
+
+
+@app.task(name="fxbench.floor_turn_sync", ignore_result=True)
+def floor_turn_sync(session: str, prompt: str, done_key: str) -> None:
+    """The floor turn in the task's thread (see the module docstring)."""
+    global _sync_floor
+    with _sync_floor_lock:
+        if _sync_floor is None:
+            _sync_floor = _SyncFloor()
+    _sync_floor.turn(session, prompt, done_key)

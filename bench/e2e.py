@@ -14,7 +14,8 @@ The worker's CPU per turn is set beside two floors measured on the same worker, 
 round of turns followed by a round of each, `SESSIONS` at once: the floor turn
 (``fxbench.floor_turn`` of bench/_agents.py: the Celery wake, on the process loop a lease
 taken, the same model request on aiohttp read to its end, the reply and an end line
-stored and the lease let go, one Lua call each) and the Celery no-op task.
+stored and the lease let go, one Lua call each), the same in the task's thread with
+blocking clients (``fxbench.floor_turn_sync``: no hop to the loop), and the Celery no-op.
 
 Run: ``.venv/bin/python bench/e2e.py`` (about 20 s); ``--sessions N``, ``--delay-ms MS``;
 ``--monitor`` also lists every Redis command of one turn, by the process that sent it;
@@ -200,10 +201,11 @@ def run(args: Any, server: RedisServer, model: ModelProcess, worker: CeleryWorke
     pids = {"worker": worker.pid, "model server": model.proc.pid, "redis": server.proc.pid if server.proc else None,
             "client": os.getpid()}
     rounds: list[dict[str, Any]] = []
-    floors: dict[str, list[float]] = {"floor turn": [], "Celery no-op": []}
+    floors: dict[str, list[float]] = {"floor turn": [], "floor turn in the task thread": [], "Celery no-op": []}
     script_calls: collections.Counter[str] = collections.Counter()
     for i in range(args.rounds):
-        for name, send in (("floor turn", floor_turn), ("Celery no-op", noop)):
+        for name, send in (("floor turn", floor_turn), ("floor turn in the task thread", floor_turn_sync),
+                           ("Celery no-op", noop)):
             before_s = cpu_s(worker.pid)
             sent_all(agent.waker.app, stats, args.sessions, send, prompt, prefix)
             floors[name].append((cpu_s(worker.pid) - before_s) * 1000 / args.sessions)
@@ -266,6 +268,10 @@ def floor_turn(app: Any, i: int, prompt: str, key: str) -> None:
     app.send_task("fxbench.floor_turn", args=[f"{key}:{i}", prompt, key], queue=queue_name("default"))
 
 
+def floor_turn_sync(app: Any, i: int, prompt: str, key: str) -> None:
+    app.send_task("fxbench.floor_turn_sync", args=[f"{key}:{i}", prompt, key], queue=queue_name("default"))
+
+
 def noop(app: Any, i: int, prompt: str, key: str) -> None:
     app.send_task("fxbench.noop", args=[key], queue=queue_name("default"))
 
@@ -297,7 +303,8 @@ def write_rows(path: str | None, n: int, one_s: float, median_s: float, cpu_ms: 
         *(ratio_row("streaming (issue 25)", "worker CPU per one-step turn (e2e burst)", cpu_ms, "ms",
                     f"{name}, same worker", ms, note=note)
           for (name, ms), note in zip(floor_ms.items(), (
-              "Celery wake, lease, aiohttp model request, 1 write, release (bench/_agents.py)", "")))
+              "Celery wake, lease, aiohttp model request, 1 write, release (bench/_agents.py)",
+              "the same with blocking clients in the Celery thread, no loop", "")))
     ]
     write_json(path, "e2e", rows, {"one_s": one_s, "median_s": median_s, "cpu_ms_per_turn": cpu_ms,
                                    "cpu_ms_per_floor_task": floor_ms,
