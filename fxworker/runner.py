@@ -55,8 +55,8 @@ from .deadline import Deadline
 from .errors import FxLeaseLostError, FxStoreUnavailableError
 from .ids import new_holder_id, now_ms
 from .leases import LeaseKeeper
-from .runtime import StopSignal
 from .protocol import Outcome, RunResult, WorkerAgent
+from .runtime import StopSignal
 from .store import RedisStore
 from .store.persistence import LineWriter, StorePersistence, retry_unavailable
 from .store.types import Claim, Idle, Input, Released, Serving, Unserved

@@ -90,15 +90,13 @@ class AioClient(httpx.AsyncClient):
 class _Post:
     """The request's context: enters as an `AioResponse`, releases the connection on exit."""
 
-    __slots__ = ("_request", "_response")
+    __slots__ = ("_request",)
 
     def __init__(self, request: Any) -> None:
         self._request = request
-        self._response: aiohttp.ClientResponse | None = None
 
     async def __aenter__(self) -> AioResponse:
-        self._response = await self._request.__aenter__()
-        return AioResponse(self._response)
+        return AioResponse(await self._request.__aenter__())
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
