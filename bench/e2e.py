@@ -19,7 +19,8 @@ blocking clients (``fxbench.floor_turn_sync``: no hop to the loop), and the Cele
 
 Run: ``.venv/bin/python bench/e2e.py`` (about 20 s); ``--sessions N``, ``--delay-ms MS``;
 ``--monitor`` also lists every Redis command of one turn, by the process that sent it;
-``--profile PATH`` samples the worker with py-spy during the many-session run; ``--json
+``--profile PATH`` samples the worker with py-spy during the many-session run (the floors
+are then left out, so the samples are the turns'); ``--json
 PATH`` also writes the summary rows (bench/run_all.py).
 """
 
@@ -204,8 +205,9 @@ def run(args: Any, server: RedisServer, model: ModelProcess, worker: CeleryWorke
     floors: dict[str, list[float]] = {"floor turn": [], "floor turn in the task thread": [], "Celery no-op": []}
     script_calls: collections.Counter[str] = collections.Counter()
     for i in range(args.rounds):
-        for name, send in (("floor turn", floor_turn), ("floor turn in the task thread", floor_turn_sync),
-                           ("Celery no-op", noop)):
+        for name, send in () if args.profile else (("floor turn", floor_turn),
+                                                   ("floor turn in the task thread", floor_turn_sync),
+                                                   ("Celery no-op", noop)):
             before_s = cpu_s(worker.pid)
             sent_all(agent.waker.app, stats, args.sessions, send, prompt, prefix)
             floors[name].append((cpu_s(worker.pid) - before_s) * 1000 / args.sessions)
@@ -256,10 +258,11 @@ def run(args: Any, server: RedisServer, model: ModelProcess, worker: CeleryWorke
           f"({rounds[0]['s'] / one_s:.1f}x), median of {len(rounds)} {median_s * 1000:.0f} ms ({median_s / one_s:.1f}x)")
     cpu_ms = sorted(r["cpu"]["worker"] * 1000 / n for r in rounds)[len(rounds) // 2]
     print(f"RESULT worker CPU per turn {cpu_ms:.1f} ms (median of {len(rounds)} rounds)")
-    floor_ms = {name: sorted(v)[len(v) // 2] for name, v in floors.items()}
-    print("RESULT worker CPU per task, " + ", ".join(f"{name} {v:.2f} ms" for name, v in floor_ms.items())
-          + f" (medians of {len(rounds)} rounds of {n} at once, interleaved with the turns'); a turn "
-          + ", ".join(f"{cpu_ms / v:.2f}x the {name}" for name, v in floor_ms.items()))
+    floor_ms = {name: sorted(v)[len(v) // 2] for name, v in floors.items() if v}
+    if floor_ms:
+        print("RESULT worker CPU per task, " + ", ".join(f"{name} {v:.2f} ms" for name, v in floor_ms.items())
+              + f" (medians of {len(rounds)} rounds of {n} at once, interleaved with the turns'); a turn "
+              + ", ".join(f"{cpu_ms / v:.2f}x the {name}" for name, v in floor_ms.items()))
     agent.close()
     write_rows(args.json, n, one_s, median_s, cpu_ms, args.delay_ms, rounds, floor_ms)
 
