@@ -203,13 +203,17 @@ def run(args: Any, server: RedisServer, model: ModelProcess, worker: CeleryWorke
             "client": os.getpid()}
     rounds: list[dict[str, Any]] = []
     floors: dict[str, list[float]] = {"floor turn": [], "floor turn in the task thread": [], "Celery no-op": []}
+    floor_sends = () if args.profile else (("floor turn", floor_turn), ("floor turn in the task thread", floor_turn_sync),
+                                           ("Celery no-op", noop))
+    floor_walls: dict[str, list[float]] = {name: [] for name in floors}
+    # The floor turns' own one-alone times, to set their bursts beside the turns'.
+    floor_one_s = {name: min(sent_all(agent.waker.app, stats, 1, send, prompt, prefix) for _ in range(ONE_RUNS))
+                   for name, send in floor_sends[:2]}
     script_calls: collections.Counter[str] = collections.Counter()
     for i in range(args.rounds):
-        for name, send in () if args.profile else (("floor turn", floor_turn),
-                                                   ("floor turn in the task thread", floor_turn_sync),
-                                                   ("Celery no-op", noop)):
+        for name, send in floor_sends:
             before_s = cpu_s(worker.pid)
-            sent_all(agent.waker.app, stats, args.sessions, send, prompt, prefix)
+            floor_walls[name].append(sent_all(agent.waker.app, stats, args.sessions, send, prompt, prefix))
             floors[name].append((cpu_s(worker.pid) - before_s) * 1000 / args.sessions)
         cpu_before = {name: cpu_s(pid) for name, pid in pids.items()}
         before = commandstats(stats)
@@ -263,8 +267,14 @@ def run(args: Any, server: RedisServer, model: ModelProcess, worker: CeleryWorke
         print("RESULT worker CPU per task, " + ", ".join(f"{name} {v:.2f} ms" for name, v in floor_ms.items())
               + f" (medians of {len(rounds)} rounds of {n} at once, interleaved with the turns'); a turn "
               + ", ".join(f"{cpu_ms / v:.2f}x the {name}" for name, v in floor_ms.items()))
+    # The floor turns' bursts: (median seconds of `n` at once, seconds of one alone).
+    floor_bursts = {name: (sorted(floor_walls[name])[len(rounds) // 2], one) for name, one in floor_one_s.items()}
+    if floor_bursts:
+        print(f"RESULT {n} at once against one alone (medians of {len(rounds)} rounds): a turn {median_s / one_s:.2f}x; "
+              + "; ".join(f"the {name} {many * 1000:.0f} ms / {one * 1000:.0f} ms = {many / one:.2f}x"
+                          for name, (many, one) in floor_bursts.items()))
     agent.close()
-    write_rows(args.json, n, one_s, median_s, cpu_ms, args.delay_ms, rounds, floor_ms)
+    write_rows(args.json, n, one_s, median_s, cpu_ms, args.delay_ms, rounds, floor_ms, floor_bursts)
 
 
 def floor_turn(app: Any, i: int, prompt: str, key: str) -> None:
@@ -279,18 +289,22 @@ def noop(app: Any, i: int, prompt: str, key: str) -> None:
     app.send_task("fxbench.noop", args=[key], queue=queue_name("default"))
 
 
-def sent_all(app: Any, client: redis.Redis, n: int, send: Any, prompt: str, prefix: str) -> None:
-    """Sends `n` floor tasks at once and waits until each has pushed to their list."""
+def sent_all(app: Any, client: redis.Redis, n: int, send: Any, prompt: str, prefix: str) -> float:
+    """Sends `n` floor tasks at once and waits until each has pushed to their list; the
+    seconds that took."""
     key = f"{prefix}:bench:floor:{uuid.uuid4().hex[:8]}"
+    t0 = time.monotonic()
     for i in range(n):
         send(app, i, prompt, key)
     for _ in range(n):
         if client.blpop([key], timeout=30) is None:
             raise RuntimeError(f"a {send.__name__} task did not end within 30 s")
+    return time.monotonic() - t0
 
 
 def write_rows(path: str | None, n: int, one_s: float, median_s: float, cpu_ms: float, delay_ms: int,
-               rounds: list[dict[str, Any]], floor_ms: dict[str, float]) -> None:
+               rounds: list[dict[str, Any]], floor_ms: dict[str, float],
+               floor_bursts: dict[str, tuple[float, float]]) -> None:
     """The issue-11 figures as summary rows (bench/_harness.py), when --json is given."""
     if not path:
         return
@@ -307,7 +321,10 @@ def write_rows(path: str | None, n: int, one_s: float, median_s: float, cpu_ms: 
                     f"{name}, same worker", ms, note=note)
           for (name, ms), note in zip(floor_ms.items(), (
               "Celery wake, lease, aiohttp model request, 1 write, release (bench/_agents.py)",
-              "the same with blocking clients in the Celery thread, no loop", "")))
+              "the same with blocking clients in the Celery thread, no loop", ""))),
+        *(ratio_row("streaming (issue 25)", f"{name}: {n} at once on 1 worker ({delay_ms} ms model)", many * 1000,
+                    "ms", "one alone", one * 1000, note="the floor of the 100-at-once row")
+          for name, (many, one) in floor_bursts.items()),
     ]
     write_json(path, "e2e", rows, {"one_s": one_s, "median_s": median_s, "cpu_ms_per_turn": cpu_ms,
                                    "cpu_ms_per_floor_task": floor_ms,
