@@ -53,7 +53,9 @@ class AioClient(httpx.AsyncClient):
         self._limits = limits
         self._verify = verify
         self._session: aiohttp.ClientSession | None = None
-        super().__init__(timeout=timeout, transport=AiohttpTransport(client=lambda: self.session))
+        # The transport builds a TLS context of its own unless given one (20 ms each).
+        self.transport = AiohttpTransport(verify=verify, client=lambda: self.session)
+        super().__init__(timeout=timeout, transport=self.transport)
         # The headers a model request sends besides its own: httpx's defaults but the
         # encodings, which aiohttp names and decodes itself.
         self.model_headers = {k: v for k, v in self.headers.items() if k.lower() != "accept-encoding"}
