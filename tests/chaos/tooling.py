@@ -15,7 +15,9 @@ so a test knows which process to kill, stop or signal. Its tools record each sta
 window a fault can hit). Each start of either also pushes one JSON object to
 `<FX_PREFIX>:fault:runs` (`runs_key`) for the chaos checker (`tests/chaos/checker.py`):
 `{"x": execution id, "tool", "epoch", "pid", "token": a fresh id of this start, "intent":
-whether the session's stored journal held the call's id when it started}`. The token tells
+whether the session's stored journal held the call's id when it started}` (a start on a
+worker that lost its lease may come after the session went to rest: its log is then in
+`rest`). The token tells
 a start that ran twice from one push a client library resent.
 
 These records live on `REDIS_URL`; the journal a start looks its intent up in lives in the
@@ -107,16 +109,29 @@ async def _held(name: str, ctx: Any) -> bool:
     return True
 
 
+# The session's journal wherever Redis holds it, in one read: its log, at rest the log's
+# records in `rest` (fxworker/lua/_rest.lua), and its checkpoint. Read apart, a release
+# moving the log into `rest` (or a claim moving it back) between two reads could hide it.
+_JOURNAL_LUA = """
+local log = {}
+for _, entry in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do
+  local fields = entry[2]
+  for i = 1, #fields, 2 do
+    if fields[i] == 'd' then log[#log + 1] = fields[i + 1] end
+  end
+end
+return {log, redis.call('GET', KEYS[2]) or '', redis.call('HGET', KEYS[3], 'data') or ''}
+"""
+
+
 async def _intent_stored(execution_id: str) -> bool:
-    """True when the session's journal (log or checkpoint) holds the call's id: its intent."""
+    """True when the session's journal (log, `rest` or checkpoint) holds the call's id: its intent."""
     from fxworker.keys import session_keys
 
     session_id, call_id = execution_id.split(":", 1)[0], execution_id.rsplit(":", 1)[-1].encode()
     keys = session_keys(PREFIX, session_id)
-    r = _store()
-    if any(call_id in fields.get(b"d", b"") for _, fields in await r.xrange(keys.log)):
-        return True
-    return call_id in (await r.hget(keys.ckpt, "data") or b"")
+    log, rest, checkpoint = await _store().eval(_JOURNAL_LUA, 3, keys.log, keys.rest, keys.ckpt)
+    return any(call_id in data for data in log) or call_id in rest or call_id in checkpoint
 
 
 async def _start(name: str, ctx: Any, tool: str) -> None:
