@@ -217,33 +217,34 @@ def test_a_stall_goes_silent_before_the_first_chunk_or_after_one() -> None:
 
 
 @pytest.mark.redis
-async def test_a_start_finds_its_intent_in_the_log_at_rest_or_in_the_checkpoint(
-    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_start_finds_its_intent_in_the_log_at_rest_or_in_the_checkpoint(redis_url: str, key_prefix: str) -> None:
     """A worker that lost its lease may start a call after the session went to rest: the
     intent its start looks up is then in `rest`, not in the log (§11.3 counts on it)."""
     import redis.asyncio as aioredis
 
+    from fxworker.ids import new_session_id
     from fxworker.keys import session_keys
+    from fxworker.store import redis_store
     from tests.chaos import tooling
 
     client = aioredis.Redis.from_url(redis_url)
-    monkeypatch.setattr(tooling, "PREFIX", key_prefix)
-    monkeypatch.setattr(tooling, "STORE_URL", "")
-    monkeypatch.setattr(tooling, "_client", client)
-    keys = session_keys(key_prefix, "fxs_intent")
-    call = "fxs_intent:m-1:1:call_0de369936c"
+    store = redis_store(redis_url, prefix=key_prefix)
+    session_id = new_session_id()
+    keys = session_keys(key_prefix, session_id)
+    call = f"{session_id}:m-1:1:call_0de369936c"
     try:
-        assert not await tooling._intent_stored(call)
+        await client.hset(keys.meta, "agent", "default")
+        assert not await tooling._intent_stored(call, store)
         await client.xadd(keys.log, {"d": b"..call_0de369936c..", "e": 1}, id="1-0")
-        assert await tooling._intent_stored(call)
+        assert await tooling._intent_stored(call, store)
         await client.delete(keys.log)
         await client.set(keys.rest, b"1:1" + b"19:..call_0de369936c.." + b"1:1")
-        assert await tooling._intent_stored(call)
+        assert await tooling._intent_stored(call, store)
         await client.delete(keys.rest)
-        await client.hset(keys.ckpt, "data", b"..call_0de369936c..")
-        assert await tooling._intent_stored(call)
+        await client.hset(keys.ckpt, mapping={"data": b"..call_0de369936c..", "through": 1})
+        assert await tooling._intent_stored(call, store)
         await client.delete(keys.ckpt)
-        assert not await tooling._intent_stored(call)
+        assert not await tooling._intent_stored(call, store)
     finally:
+        await store.aclose()
         await client.aclose()

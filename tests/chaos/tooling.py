@@ -40,12 +40,10 @@ from fxengine.tools import Tool
 
 PREFIX = os.environ.get("FX_PREFIX", "fx")
 REDIS_URL = os.environ.get("REDIS_URL", "")
-STORE_URL = os.environ.get("FX_STORE_URL", "")
 MODEL_URL = os.environ.get("FX_TEST_MODEL_URL", "http://127.0.0.1:9/v1")
 POLL_S = 0.02
 
 _client: aioredis.Redis | None = None
-_store_client: Any = None
 _events_client: redis_sync.Redis | None = None
 
 
@@ -87,18 +85,6 @@ def _redis() -> aioredis.Redis:
     return _client
 
 
-def _store() -> Any:
-    """The store's client (a cluster client on a cluster), on the worker's process loop."""
-    global _store_client
-    if not STORE_URL:
-        return _redis()
-    if _store_client is None:
-        from fxworker.store import store_clients
-
-        _store_client = store_clients(STORE_URL)[0]()
-    return _store_client
-
-
 async def _held(name: str, ctx: Any) -> bool:
     """Waits for the release of `name`; False when the turn aborted first."""
     r = _redis()
@@ -109,29 +95,22 @@ async def _held(name: str, ctx: Any) -> bool:
     return True
 
 
-# The session's journal wherever Redis holds it, in one read: its log, at rest the log's
-# records in `rest` (fxworker/lua/_rest.lua), and its checkpoint. Read apart, a release
-# moving the log into `rest` (or a claim moving it back) between two reads could hide it.
-_JOURNAL_LUA = """
-local log = {}
-for _, entry in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do
-  local fields = entry[2]
-  for i = 1, #fields, 2 do
-    if fields[i] == 'd' then log[#log + 1] = fields[i + 1] end
-  end
-end
-return {log, redis.call('GET', KEYS[2]) or '', redis.call('HGET', KEYS[3], 'data') or ''}
-"""
+def _journal_store() -> Any:
+    """The store of the tools' sessions: this worker's own (`FX_STORE_URL`, else `REDIS_URL`)."""
+    from fxworker.settings import Settings
+    from fxworker.store import default_store
+
+    return default_store(Settings.from_env())
 
 
-async def _intent_stored(execution_id: str) -> bool:
-    """True when the session's journal (log, `rest` or checkpoint) holds the call's id: its intent."""
-    from fxworker.keys import session_keys
-
+async def _intent_stored(execution_id: str, store: Any = None) -> bool:
+    """True when the session's journal holds the call's id: its intent. `store.load()`
+    reads the checkpoint and the log (at rest, `rest`) in one atomic read (load.lua): read
+    apart, a release moving the log into `rest` between two reads could hide it."""
     session_id, call_id = execution_id.split(":", 1)[0], execution_id.rsplit(":", 1)[-1].encode()
-    keys = session_keys(PREFIX, session_id)
-    log, rest, checkpoint = await _store().eval(_JOURNAL_LUA, 3, keys.log, keys.rest, keys.ckpt)
-    return any(call_id in data for data in log) or call_id in rest or call_id in checkpoint
+    loaded = await (store or _journal_store()).load(session_id)
+    checkpoint = loaded.checkpoint.data if loaded.checkpoint is not None else b""
+    return call_id in checkpoint or any(call_id in record.data for record in loaded.journal)
 
 
 async def _start(name: str, ctx: Any, tool: str) -> None:
