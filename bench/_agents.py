@@ -26,6 +26,7 @@ import json
 import os
 import threading
 import time
+from typing import Any
 
 import aiohttp
 import redis
@@ -77,30 +78,54 @@ _FLOOR_RECORD = ("redis.call('XADD', KEYS[1], '*', 'd', ARGV[1]); "
 _FLOOR_RELEASE = "redis.call('HDEL', KEYS[1], 'holder'); return redis.call('RPUSH', KEYS[2], ARGV[1])"
 
 
-class _Floor:
+class _FloorParts:
+    """What both floor turns share: the three scripts on `client` (blocking or asyncio),
+    the model's URL, a session's keys, the request body, a stream line's text and what
+    the record stores."""
+
+    def __init__(self, client: Any) -> None:
+        self.claim = client.register_script(_FLOOR_CLAIM)
+        self.record = client.register_script(_FLOOR_RECORD)
+        self.release = client.register_script(_FLOOR_RELEASE)
+        self.url = os.environ["FX_TEST_MODEL_URL"].rstrip("/") + "/chat/completions"
+
+    @staticmethod
+    def keys(session: str) -> list[str]:
+        return [f"{session}:meta", f"{session}:log", f"{session}:lines"]
+
+    @staticmethod
+    def body(prompt: str) -> dict[str, Any]:
+        return {"model": "scripted", "stream": True, "messages": [{"role": "user", "content": prompt}]}
+
+    @staticmethod
+    def texts(line: bytes) -> list[str]:
+        """The text deltas of one line of the model's stream."""
+        if not line.startswith(b"data: {"):
+            return []
+        return [(choice.get("delta") or {}).get("content") or "" for choice in json.loads(line[6:]).get("choices") or ()]
+
+    @staticmethod
+    def stored(reply: str) -> list[str]:
+        return [json.dumps({"role": "assistant", "content": reply}), json.dumps({"type": "turn_end", "text": reply})]
+
+
+class _Floor(_FloorParts):
     """The floor turn's clients, built on the process loop at its first use."""
 
     def __init__(self) -> None:
         self.redis = redis.asyncio.Redis.from_url(os.environ["REDIS_URL"], max_connections=100)
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100))
-        self.url = os.environ["FX_TEST_MODEL_URL"].rstrip("/") + "/chat/completions"
-        self.claim = self.redis.register_script(_FLOOR_CLAIM)
-        self.record = self.redis.register_script(_FLOOR_RECORD)
-        self.release = self.redis.register_script(_FLOOR_RELEASE)
+        super().__init__(self.redis)
 
     async def turn(self, session: str, prompt: str, done_key: str) -> None:
-        keys = [f"{session}:meta", f"{session}:log", f"{session}:lines"]
+        keys = self.keys(session)
         await self.claim(keys=keys[:2], args=["holder"])
-        body = {"model": "scripted", "stream": True, "messages": [{"role": "user", "content": prompt}]}
         text: list[str] = []
-        async with self.http.post(self.url, json=body) as response:
+        async with self.http.post(self.url, json=self.body(prompt)) as response:
             async for line in response.content:
-                if line.startswith(b"data: {"):
-                    for choice in json.loads(line[6:]).get("choices") or ():
-                        text.append((choice.get("delta") or {}).get("content") or "")
+                text += self.texts(line)
         reply = "".join(text)
-        await self.record(keys=keys[1:], args=[json.dumps({"role": "assistant", "content": reply}),
-                                              json.dumps({"type": "turn_end", "text": reply})])
+        await self.record(keys=keys[1:], args=self.stored(reply))
         await self.release(keys=[keys[0], done_key], args=[reply])
 
 
@@ -120,34 +145,27 @@ def floor_turn(session: str, prompt: str, done_key: str) -> None:
     process_loop().run(_floor_turn(session, prompt, done_key))
 
 
-class _SyncFloor:
+class _SyncFloor(_FloorParts):
     """The floor turn's blocking clients, shared by the task threads."""
 
     def __init__(self) -> None:
         self.redis = redis.Redis.from_url(os.environ["REDIS_URL"], max_connections=200)
         self.http = urllib3.PoolManager(maxsize=200)
-        self.url = os.environ["FX_TEST_MODEL_URL"].rstrip("/") + "/chat/completions"
-        self.claim = self.redis.register_script(_FLOOR_CLAIM)
-        self.record = self.redis.register_script(_FLOOR_RECORD)
-        self.release = self.redis.register_script(_FLOOR_RELEASE)
+        super().__init__(self.redis)
 
     def turn(self, session: str, prompt: str, done_key: str) -> None:
-        keys = [f"{session}:meta", f"{session}:log", f"{session}:lines"]
+        keys = self.keys(session)
         self.claim(keys=keys[:2], args=["holder"])
-        body = json.dumps({"model": "scripted", "stream": True, "messages": [{"role": "user", "content": prompt}]})
         text: list[str] = []
-        response = self.http.request("POST", self.url, body=body, headers={"Content-Type": "application/json"},
-                                     preload_content=False)
+        response = self.http.request("POST", self.url, body=json.dumps(self.body(prompt)),
+                                     headers={"Content-Type": "application/json"}, preload_content=False)
         try:
             for line in response:
-                if line.startswith(b"data: {"):
-                    for choice in json.loads(line[6:]).get("choices") or ():
-                        text.append((choice.get("delta") or {}).get("content") or "")
+                text += self.texts(line)
         finally:
             response.release_conn()
         reply = "".join(text)
-        self.record(keys=keys[1:], args=[json.dumps({"role": "assistant", "content": reply}),
-                                         json.dumps({"type": "turn_end", "text": reply})])
+        self.record(keys=keys[1:], args=self.stored(reply))
         self.release(keys=[keys[0], done_key], args=[reply])
 
 

@@ -202,18 +202,17 @@ def run(args: Any, server: RedisServer, model: ModelProcess, worker: CeleryWorke
     pids = {"worker": worker.pid, "model server": model.proc.pid, "redis": server.proc.pid if server.proc else None,
             "client": os.getpid()}
     rounds: list[dict[str, Any]] = []
-    floors: dict[str, list[float]] = {"floor turn": [], "floor turn in the task thread": [], "Celery no-op": []}
-    floor_sends = () if args.profile else (("floor turn", floor_turn), ("floor turn in the task thread", floor_turn_sync),
-                                           ("Celery no-op", noop))
-    floor_walls: dict[str, list[float]] = {name: [] for name in floors}
+    floor_tasks = {} if args.profile else FLOOR_TASKS
+    floors: dict[str, list[float]] = {name: [] for name in floor_tasks}
+    floor_walls: dict[str, list[float]] = {name: [] for name in floor_tasks}
     # The floor turns' own one-alone times, to set their bursts beside the turns'.
-    floor_one_s = {name: min(sent_all(agent.waker.app, stats, 1, send, prompt, prefix) for _ in range(ONE_RUNS))
-                   for name, send in floor_sends[:2]}
+    floor_one_s = {name: min(sent_all(agent.waker.app, stats, 1, task, prompt, prefix) for _ in range(ONE_RUNS))
+                   for name, task in floor_tasks.items() if task != "fxbench.noop"}
     script_calls: collections.Counter[str] = collections.Counter()
     for i in range(args.rounds):
-        for name, send in floor_sends:
+        for name, task in floor_tasks.items():
             before_s = cpu_s(worker.pid)
-            floor_walls[name].append(sent_all(agent.waker.app, stats, args.sessions, send, prompt, prefix))
+            floor_walls[name].append(sent_all(agent.waker.app, stats, args.sessions, task, prompt, prefix))
             floors[name].append((cpu_s(worker.pid) - before_s) * 1000 / args.sessions)
         cpu_before = {name: cpu_s(pid) for name, pid in pids.items()}
         before = commandstats(stats)
@@ -262,7 +261,7 @@ def run(args: Any, server: RedisServer, model: ModelProcess, worker: CeleryWorke
           f"({rounds[0]['s'] / one_s:.1f}x), median of {len(rounds)} {median_s * 1000:.0f} ms ({median_s / one_s:.1f}x)")
     cpu_ms = sorted(r["cpu"]["worker"] * 1000 / n for r in rounds)[len(rounds) // 2]
     print(f"RESULT worker CPU per turn {cpu_ms:.1f} ms (median of {len(rounds)} rounds)")
-    floor_ms = {name: sorted(v)[len(v) // 2] for name, v in floors.items() if v}
+    floor_ms = {name: sorted(v)[len(v) // 2] for name, v in floors.items()}
     if floor_ms:
         print("RESULT worker CPU per task, " + ", ".join(f"{name} {v:.2f} ms" for name, v in floor_ms.items())
               + f" (medians of {len(rounds)} rounds of {n} at once, interleaved with the turns'); a turn "
@@ -277,28 +276,22 @@ def run(args: Any, server: RedisServer, model: ModelProcess, worker: CeleryWorke
     write_rows(args.json, n, one_s, median_s, cpu_ms, args.delay_ms, rounds, floor_ms, floor_bursts)
 
 
-def floor_turn(app: Any, i: int, prompt: str, key: str) -> None:
-    app.send_task("fxbench.floor_turn", args=[f"{key}:{i}", prompt, key], queue=queue_name("default"))
+# The floors' Celery tasks (bench/_agents.py), by their names here.
+FLOOR_TASKS = {"floor turn": "fxbench.floor_turn", "floor turn in the task thread": "fxbench.floor_turn_sync",
+               "Celery no-op": "fxbench.noop"}
 
 
-def floor_turn_sync(app: Any, i: int, prompt: str, key: str) -> None:
-    app.send_task("fxbench.floor_turn_sync", args=[f"{key}:{i}", prompt, key], queue=queue_name("default"))
-
-
-def noop(app: Any, i: int, prompt: str, key: str) -> None:
-    app.send_task("fxbench.noop", args=[key], queue=queue_name("default"))
-
-
-def sent_all(app: Any, client: redis.Redis, n: int, send: Any, prompt: str, prefix: str) -> float:
-    """Sends `n` floor tasks at once and waits until each has pushed to their list; the
+def sent_all(app: Any, client: redis.Redis, n: int, task: str, prompt: str, prefix: str) -> float:
+    """Sends `n` tasks `task` at once and waits until each has pushed to their list; the
     seconds that took."""
     key = f"{prefix}:bench:floor:{uuid.uuid4().hex[:8]}"
     t0 = time.monotonic()
     for i in range(n):
-        send(app, i, prompt, key)
+        args = [key] if task == "fxbench.noop" else [f"{key}:{i}", prompt, key]
+        app.send_task(task, args=args, queue=queue_name("default"))
     for _ in range(n):
         if client.blpop([key], timeout=30) is None:
-            raise RuntimeError(f"a {send.__name__} task did not end within 30 s")
+            raise RuntimeError(f"a {task} task did not end within 30 s")
     return time.monotonic() - t0
 
 
