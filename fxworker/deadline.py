@@ -56,13 +56,14 @@ class Deadline:
         """Calls `on_hard_stop` at the hard stop, and on a warm shutdown `on_shutdown` at
         once and `on_hard_stop` at the pulled-in hard stop. Returns the disarm."""
         loop = asyncio.get_running_loop()
-        timers: list[asyncio.TimerHandle] = []
+        timer: asyncio.TimerHandle | None = None
         disarmed = False
 
         def hard_stop_at_its_time() -> None:
-            for timer in timers:
+            nonlocal timer
+            if timer is not None:
                 timer.cancel()
-            timers[:] = [loop.call_later(max(0.0, (self.hard_stop_ms - now_ms()) / 1000), on_hard_stop)]
+            timer = loop.call_later(max(0.0, (self.hard_stop_ms - now_ms()) / 1000), on_hard_stop)
 
         def shutdown() -> None:
             if disarmed:  # set() had already queued this when the disarm came
@@ -78,7 +79,7 @@ class Deadline:
         def disarm() -> None:
             nonlocal disarmed
             disarmed = True
-            for timer in timers:
+            if timer is not None:
                 timer.cancel()
             if unwatch is not None:
                 unwatch()

@@ -124,8 +124,7 @@ class AioResponse:
     def aiter_raw(self) -> AsyncIterator[bytes]:
         return self._response.content.iter_any()
 
-    def aiter_bytes(self) -> AsyncIterator[bytes]:
-        return self._response.content.iter_any()
+    aiter_bytes = aiter_raw  # aiohttp has decoded the body already
 
     async def aread(self) -> bytes:
         return await self._response.read()
