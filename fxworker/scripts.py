@@ -22,6 +22,7 @@ from importlib import resources
 from typing import Any, NamedTuple, Union
 
 from hiredis import pack_command as _pack_command
+from redis.crc import key_slot
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -121,20 +122,24 @@ class SyncRunner:
         missing = _first_noscript(replies)
         if missing is not None:
             self.load()
-            for i in _rerun(steps, replies, missing):
-                replies[i] = self._run_step(steps[i])
+            again = _rerun(steps, replies, missing)
+            pipe = self.client.pipeline(transaction=False)  # one connection: a WAIT counts its own writes
+            for i in again:
+                _queue(pipe, steps[i])
+            for i, reply in zip(again, pipe.execute(raise_on_error=False)):
+                replies[i] = reply
         return _raise_errors(replies)
 
     def _run_on_node(self, group: list[Step]) -> list[Any]:
         """A cluster call and the waits after it, in one pipeline on the call's node (a
         WAIT counts the writes of its own connection)."""
-        node = self.client.get_node_from_key(group[0].keys[0])  # type: ignore[union-attr]
+        node = self.client.get_node_from_key(_route_key(group[0]))
         for attempt in (0, 1):
             pipe = self.client.pipeline(transaction=False)
             for step in group:
                 _queue(pipe, step, node=node)
             replies = list(pipe.execute(raise_on_error=False))
-            if attempt == 0 and isinstance(replies[0], NoScriptError):
+            if attempt == 0 and _first_noscript(replies) is not None:
                 self.load()
                 continue
             break
@@ -286,21 +291,25 @@ class AsyncRunner:
         missing = _first_noscript(replies)
         if missing is not None:
             await self.load()
-            for i in _rerun(steps, replies, missing):
-                replies[i] = await self._run_step(steps[i])
+            again = _rerun(steps, replies, missing)
+            pipe = self.client.pipeline(transaction=False)  # one connection: a WAIT counts its own writes
+            for i in again:
+                _queue(pipe, steps[i])
+            for i, reply in zip(again, await pipe.execute(raise_on_error=False)):
+                replies[i] = reply
         return _raise_errors(replies)
 
     async def _run_on_node(self, group: list[Step]) -> list[Any]:
         """A cluster call and the waits after it, in one pipeline on the call's node (a
         WAIT counts the writes of its own connection)."""
         await self.client.initialize()  # the slot map: a new client has none yet
-        node = self.client.get_node_from_key(group[0].keys[0])  # type: ignore[union-attr]
+        node = self.client.get_node_from_key(_route_key(group[0]))
         for attempt in (0, 1):
             pipe = self.client.pipeline(transaction=False)
             for step in group:
                 _queue(pipe, step, node=node)
             replies = list(await pipe.execute(raise_on_error=False))
-            if attempt == 0 and isinstance(replies[0], NoScriptError):
+            if attempt == 0 and _first_noscript(replies) is not None:
                 await self.load()
                 continue
             break
@@ -330,13 +339,22 @@ def _is_wait(step: Step) -> bool:
     return isinstance(step, Command) and step.key is None and step.args[0] in ("WAIT", "WAITAOF")
 
 
+def _route_key(step: Step) -> str | None:
+    return step.keys[0] if isinstance(step, Call) else step.key
+
+
 def _node_groups(steps: Sequence[Step]) -> list[list[Step]]:
     """`steps` cut into runs of one step each, except that a call keeps the waits that
-    follow it (they must go to its node, on its connection)."""
+    follow it (they must go to its node, on its connection), and a read keeps the call in
+    its slot that follows it (`ack_read`: its WAIT must count that read's node)."""
     groups: list[list[Step]] = []
     for step in steps:
-        if _is_wait(step) and groups and isinstance(groups[-1][0], Call):
-            groups[-1].append(step)
+        last = groups[-1] if groups else None
+        if last is not None and _is_wait(step) and any(isinstance(s, Call) for s in last):
+            last.append(step)
+        elif (last is not None and len(last) == 1 and isinstance(step, Call) and isinstance(last[0], Command)
+              and last[0].key is not None and key_slot(last[0].key.encode()) == key_slot(step.keys[0].encode())):
+            last.append(step)
         else:
             groups.append([step])
     return groups
@@ -501,6 +519,11 @@ def cancel(keys: SessionKeys, *, now_ms: int, message_id: str | None = None) -> 
 def state(keys: SessionKeys) -> Call:
     """state.lua: one atomic snapshot of a session."""
     return Call(SCRIPTS["state"], keys.names, [])
+
+
+def ack_read(keys: SessionKeys) -> Call:
+    """ack_read.lua: after a read of `keys`' lines, the write a WAIT on its connection waits for."""
+    return Call(SCRIPTS["ack_read"], (keys.meta,), [])
 
 
 def load(keys: SessionKeys) -> Call:

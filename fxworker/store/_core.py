@@ -24,6 +24,7 @@ from fxengine.persistence import Mark
 from ..errors import FxAckUnsupportedError, FxConfigError, FxStoreUnavailableError
 from ..ids import now_ms, validate_session_id
 from ..keys import SessionKeys, check_prefix, index_keys, session_keys
+from .. import scripts
 from ..scripts import Command, Step
 from .types import StoreRecord
 
@@ -133,14 +134,27 @@ class StoreCore:
             return [Command(("WAITAOF", 1, 0, self.ack_timeout_ms))]
         return []
 
-    def check_ack(self, replies: list[Any], what: str) -> None:
+    def read_ack_steps(self, keys: SessionKeys) -> list[Step]:
+        """After a read of `keys`' lines: what makes the ack level hold for what it returned.
+
+        A line flush does not wait for the ack level, so a read can find lines only the
+        primary holds. A failover would lose them and the next writer would store others at
+        their cursors: a reader sent them would hold lines the store does not. `ack_read`
+        writes after the read, on its connection, and the wait after it covers the read.
+        """
+        if self.ack == "primary":
+            return []
+        return [scripts.ack_read(keys), *self.ack_steps()]
+
+    def check_ack(self, replies: list[Any], what: str, *, then: str = "repeating the call with the same ids is safe") -> None:
         if self.ack == "replica" and int(replies[0]) < 1:
             raise FxStoreUnavailableError(
-                f"{what} is stored on the primary but no replica acknowledged it within {self.ack_timeout_ms} ms; "
-                "repeating the call with the same ids is safe"
+                f"{what} is stored on the primary but no replica acknowledged it within {self.ack_timeout_ms} ms; {then}"
             )
         if self.ack == "aof" and int(replies[0][0]) < 1:
-            raise FxStoreUnavailableError(f"{what} is stored but not yet fsynced to the AOF within {self.ack_timeout_ms} ms")
+            raise FxStoreUnavailableError(
+                f"{what} is stored but not yet fsynced to the AOF within {self.ack_timeout_ms} ms; {then}"
+            )
 
     def xread(self, key: str, after: int, *, block_ms: int | None, count: int | None) -> Command:
         """One XREAD of `key` after entry `after`-0 (a blocking one waits at most `max_block_ms`)."""

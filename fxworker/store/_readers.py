@@ -43,9 +43,18 @@ def _read_raw_lines(
     if cursor > MAX_CURSOR:
         raise FxInvalidCursorError(f"a stream cursor is at most {MAX_CURSOR} (2^64 - 1), got one of {cursor.bit_length()} bits")
     count = READ_PAGE_LINES if count is None else count
-    step = core.xread(core.keys(session_id).ui, cursor, block_ms=block_ms, count=count)
-    return Op([step], lambda replies: [(n, bytes(f[b"l"])) for n, f in r.parse_stream(replies[0])],
-              read=True, blocks=bool(block_ms))
+    keys = core.keys(session_id)
+    # Under FX_ACK=replica (or aof) the read waits for the ack level to hold its lines.
+    steps: list[Step] = [core.xread(keys.ui, cursor, block_ms=block_ms, count=count), *core.read_ack_steps(keys)]
+
+    def parse(replies: list[Any]) -> list[tuple[int, bytes]]:
+        lines = [(n, bytes(f[b"l"])) for n, f in r.parse_stream(replies[0])]
+        if lines and len(replies) > 2:
+            core.check_ack(replies[2:], f"the lines of session {session_id} after cursor {cursor}",
+                           then=f"read again from cursor {cursor}")
+        return lines
+
+    return Op(steps, parse, read=True, blocks=bool(block_ms))
 
 
 def _read_lines(

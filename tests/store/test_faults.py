@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from collections.abc import Iterator
 
@@ -194,6 +195,50 @@ async def test_a_claim_no_replica_acknowledged_is_not_acted_on(replicated: Repli
     assert (state.lease_holder, state.epoch) == ("w1", 1)  # on the replica when the claim returned
     await store.aclose()
     await copy.aclose()
+
+
+async def test_a_reader_is_never_sent_a_line_no_replica_holds(replicated: Replicated) -> None:
+    """Under `ack="replica"` a line only the primary holds is lost if the primary dies: a
+    reader that had been sent it would then hold a line the promoted store does not (the
+    next writer stores another at its cursor). A read waits for a replica to hold what it
+    returns, and raises FX_STORE_UNAVAILABLE rather than hand out lines it cannot vouch for."""
+    replica = await replicated.attach()
+    assert replica.proc is not None
+    store = redis_store(replicated.primary.url, prefix="fx", ack="replica")
+    store.core.ack_timeout_ms = 5000
+    sid = new_session_id()
+    await store.accept(sid, agent="default", message_id="m1", input="x")
+    claim = await store.claim(sid, holder="w1", lease_ms=60_000)
+    assert claim is not None
+    await store.append(sid, claim.epoch, lines=[{"type": "text_delta", "delta": "kept"}])
+    assert [line["delta"] for line in await store.read_lines(sid, 0)] == ["kept"]
+    replica.proc.send_signal(signal.SIGSTOP)  # the replica stops acknowledging
+    try:
+        store.core.ack_timeout_ms = 200
+        # A line flush does not wait for a replica (a record that needs it does: durable=True).
+        await store.append(sid, claim.epoch, lines=[{"type": "text_delta", "delta": "primary only"}])
+        with pytest.raises(FxStoreUnavailableError, match="replica"):
+            await store.read_lines(sid, 0)
+        with pytest.raises(FxStoreUnavailableError, match="replica"):
+            store.sync.read_lines(sid, 1)
+        # What no replica holds yet is not in the way of an empty read.
+        assert await store.read_lines(sid, 2) == []
+    finally:
+        replica.proc.send_signal(signal.SIGCONT)
+    store.core.ack_timeout_ms = 5000
+    assert [line["delta"] for line in await store.read_lines(sid, 0)] == ["kept", "primary only"]
+    assert [line["delta"] for line in store.sync.read_lines(sid, 1, block_ms=100)] == ["primary only"]
+    # Redis at its memory limit refuses writes, not reads: the read's write grows nothing.
+    admin = redis.Redis.from_url(replicated.primary.url)
+    try:
+        admin.config_set("maxmemory", 1)
+        with pytest.raises(FxStoreFullError):
+            await store.accept(sid, agent="default", message_id="m2", input="y")
+        assert [line["delta"] for line in await store.read_lines(sid, 0)] == ["kept", "primary only"]
+    finally:
+        admin.config_set("maxmemory", 0)
+        admin.close()
+    await store.aclose()
 
 
 async def _accepted(store: RedisStore, sid: str) -> None:

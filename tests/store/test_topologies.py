@@ -5,11 +5,13 @@ acknowledged input outlives a kill -9 of that node's primary."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 
 from fxworker.errors import FxStoreUnavailableError
 from fxworker.ids import new_session_id
@@ -80,6 +82,39 @@ async def test_replica_acks_on_a_cluster_survive_a_primary_kill(cluster: RedisCl
         others = [s for s in sessions if s not in on_victim]
         await store.accept(others[0], agent="default", message_id="m-after", input="after")
         print(f"failover {failover_s:.1f} s; {len(on_victim)} sessions on the killed primary")
+    finally:
+        await store.aclose()
+
+
+async def test_a_cluster_reader_is_never_sent_a_line_no_replica_holds(cluster: RedisClusterProcesses) -> None:
+    """The read, its `ack_read` write and the WAIT go to the session's node on one
+    connection: with that node's replica stopped, a line only the primary holds is refused
+    to a reader, and read once the replica has it."""
+    store = redis_store(cluster.seed_url, prefix="fxtopo", ack="replica")
+    try:
+        store.core.ack_timeout_ms = 5000
+        sid = new_session_id()
+        await store.accept(sid, agent="default", message_id="m1", input="x")
+        claim = await store.claim(sid, holder="w1", lease_ms=60_000)
+        assert claim is not None
+        await store.append(sid, claim.epoch, lines=[{"type": "text_delta", "delta": "kept"}])
+        primary = cluster.primary_of(f"fxtopo:{{{sid}}}:meta")
+        [replica] = [n for n in cluster.live() if n.port != primary.port
+                     and redis.Redis(host="127.0.0.1", port=n.port).info("replication").get("master_port") == primary.port]
+        assert replica.proc is not None
+        replica.proc.send_signal(signal.SIGSTOP)
+        try:
+            store.core.ack_timeout_ms = 200
+            await store.append(sid, claim.epoch, lines=[{"type": "text_delta", "delta": "primary only"}])
+            with pytest.raises(FxStoreUnavailableError, match="replica"):
+                await store.read_lines(sid, 0)
+            with pytest.raises(FxStoreUnavailableError, match="replica"):
+                store.sync.read_lines(sid, 1)
+        finally:
+            replica.proc.send_signal(signal.SIGCONT)
+        store.core.ack_timeout_ms = 5000
+        assert [line["delta"] for line in await store.read_lines(sid, 0)] == ["kept", "primary only"]
+        assert [line["delta"] for line in store.sync.read_lines(sid, 1)] == ["primary only"]
     finally:
         await store.aclose()
 
