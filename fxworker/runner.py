@@ -118,6 +118,7 @@ class Runner:
         self._engine_key: tuple[Any, Any] | None = None
         self.persistence: StorePersistence | None = None
         self.released: Released | None = None  # the store's answer to this delivery's release
+        self.driving = False  # awaiting the running turn's end in `_drive`
         self.owner: str | None = None  # the owning agent, when run() answers MISROUTED
         self.unserved: Unserved | None = None  # and the store's backoff, when nothing was claimed
 
@@ -172,6 +173,8 @@ class Runner:
             log.error("%s is left to its lease (%s ms) after a failure it could not record",
                       self.session_id, self.lease_ms)
             return Outcome.NOOP
+        if self.released is not None:  # the turn's end record let the session go
+            return outcome
         cut_off = Stopped.CUT_OFF in self.stopped
         released = self.released = await self._release(cutoff=cut_off)
         if cut_off:
@@ -301,6 +304,8 @@ class Runner:
 
     def _lost(self, exc: BaseException) -> None:
         """The lease keeper's renewal was refused: stop this turn here and now."""
+        if self._let_go():
+            return  # a renewal after this runner let the session go itself
         self.stopped |= Stopped.FENCED
         if self.turn is not None:
             self.turn.detach()
@@ -309,7 +314,7 @@ class Runner:
 
     def _hard_stop(self) -> None:
         """At the deadline's hard stop: cut off whatever is still running."""
-        if self.turn is None or Stopped.FENCED in self.stopped:
+        if self.turn is None or Stopped.FENCED in self.stopped or self._let_go():
             return
         self.stopped |= Stopped.CUT_OFF
         metrics.DEADLINE_CUTOFFS.inc()
@@ -363,6 +368,10 @@ class Runner:
         while True:
             if Stopped.FENCED in self.stopped:
                 raise self._fenced_stop()
+            if self.released is not None:
+                # An input the watcher passed on after the release is not this runner's:
+                # its own wake finds the session free.
+                return Outcome.DONE
             entry = self._next_input()
             if entry is None:
                 return Outcome.DONE
@@ -511,6 +520,7 @@ class Runner:
         settings = settings or {}
         assert self.writer is not None
         persistence = self.persistence = StorePersistence(self.store, self.claim, writer=self.writer)
+        persistence.release_with_end = self._release_with_end
         self.engine = await create_engine(
             model=settings.get("model") or self.agent.model,
             api_key=self.agent.api_key,
@@ -529,6 +539,19 @@ class Runner:
         )
         self._engine_key = key
         return self.engine
+
+    def _release_with_end(self) -> bool:
+        """Asked as the running turn's end record is sent: may that call let the session
+        go (one round trip less, and an input accepted after it finds the session free)?
+        Only for a turn ending in `_drive` with no stop and no input waiting here, as then
+        nothing follows it; the store lets go only if no input waits there either
+        (`StorePersistence.released`)."""
+        waiting = any(entry.kind in ("prompt", "steer") for entry in self.pending)
+        return self.driving and not self.stopped and self.released is None and not waiting
+
+    def _let_go(self) -> bool:
+        """Whether this runner let the session go already (its last turn's end record did)."""
+        return self.released is not None or (self.persistence is not None and self.persistence.released)
 
     async def _close_engine(self) -> None:
         engine, self.engine = self.engine, None
@@ -720,10 +743,14 @@ class Runner:
         """Waits for the running turn; writes its end, or its yield."""
         assert self.turn is not None
         metrics.TURNS_RUNNING.inc()
+        self.driving = True
         try:
             result = await self.turn.result()
         finally:
+            self.driving = False
             metrics.TURNS_RUNNING.dec()
+        if self.released is None and self._let_go():
+            self.released = Released(released=True, cutoffs=0, pending=0)
         if Stopped.FENCED in self.stopped:
             raise self._fenced_stop()
         error = result.error

@@ -467,11 +467,13 @@ def append(
     marks: Sequence[tuple[str, str]],
     lines: Sequence[tuple[str, str]],
     call_key: str = "",
+    ready: IndexKeys | None = None,
 ) -> Call:
     """append.lua: the fenced write. `records` are (key, data, marks JSON, flat marks);
     `marks` apply without a record; `lines` are (JSON text without its last brace, the
     message id a `turn_end` line ends or ""); `call_key` is the idempotency key of a call
-    with no records (a line-only flush), "" for none."""
+    with no records (a line-only flush), "" for none. `ready` (standalone Redis only)
+    goes with a `release` mark: a release that leaves nothing to run leaves that set."""
     args: list[Arg] = [epoch, now_ms, ttl_ms, (expected or "0") if check_expected else "", len(records),
                        len(lines), len(marks), call_key]
     for key, data, marks_json, flat in records:
@@ -482,7 +484,7 @@ def append(
         args += [name, value]
     for text, ends in lines:
         args += [text, ends]
-    return Call(SCRIPTS["append"], keys.names, args)
+    return Call(SCRIPTS["append"], keys.names if ready is None else [*keys.names, ready.names[0]], args)
 
 
 def renew(keys: SessionKeys, *, epoch: int, lease_ms: int, now_ms: int) -> Call:

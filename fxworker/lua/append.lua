@@ -2,6 +2,7 @@
 --
 -- KEYS  1 meta (HASH)  2 lease (HASH)  3 inbox (STREAM)  4 log (STREAM)  5 ui (STREAM)
 --       6 msgs (HASH)  7 pending (ZSET)  8 keys (HASH)  9 ckpt (HASH)  10 rest -- one session, one slot
+--       11 ready (ZSET)  -- optional, with a `release` mark on a standalone server ({~index} slot)
 -- ARGV  1 epoch   2 now_ms   3 ttl_ms ("0" keeps finished sessions)   4 expected head
 --       ("" unchecked, "0" none yet, else a log cursor)   5 n records   6 n lines
 --       7 n store marks   8 call key: the idempotency key of a call with no records ("" none;
@@ -10,10 +11,12 @@
 --       JSON text without its closing brace, message id it ends ("" unless a turn_end).
 --       Mark names: start <turn id> | end | yield | accepted <input id> | step <name> |
 --       done (the record finishes something: a model response or a tool result) |
---       drop <input id> (consumed without a turn: cancelled or refused before it started).
+--       drop <input id> (consumed without a turn: cancelled or refused before it started) |
+--       release <session id> (a store mark: once the call is stored, let the session go as
+--       release.lua does, if no turn is open and no input waits; else it stays held).
 --       A line whose JSON text begins `{"type":"turn_start"` in the call that starts a
 --       turn is that turn's start line: its cursor becomes the meta's `turn_cursor`.
--- Returns {"ok", head, {record cursors}, first_line, last_line, repeated(0|1)}
+-- Returns {"ok", head, {record cursors}, first_line, last_line, repeated(0|1), released(0|1)}
 --         {"fenced", lease_epoch, lease_state, lease_expires_ms}
 --         {"conflict", head}   (expected is not the head: another engine appended)
 --
@@ -27,6 +30,13 @@
 -- Progress (§6): the death count of the open turn restarts only on a record that names a
 -- new step or carries `done`; a resume record, a rerun's request, a steer or a yield
 -- names the step the turn was at, so a turn that kills its worker every time is poison.
+-- A call with a `release` mark stores what it carries and lets the lease go in one step:
+-- nothing is written under the lease after it, and an input accepted after it finds the
+-- session free. Its retry (the reply was lost) is fenced like any later call of the
+-- epoch, and stores nothing: the idempotency keys went with the release (_at_rest.lua).
+
+-- include: _rest.lua
+-- include: _at_rest.lua
 
 local meta, lease, log, ui, msgs, pending, keys = KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local epoch, now_ms, ttl_ms = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -54,12 +64,13 @@ if again then
     i = i + 4 + 2 * tonumber(ARGV[i + 3])
   end
   local _, first, last = string.match(again, '^(%d+):(%d+):(%d+)')
-  return {'ok', head, cursors, tonumber(first), tonumber(last), 1}
+  return {'ok', head, cursors, tonumber(first), tonumber(last), 1, 0}
 end
 if ARGV[4] ~= '' and tonumber(ARGV[4]) ~= head then return {'conflict', head} end
 
 local changed = {}
 local ended = false
+local release = nil  -- the session id of a `release` mark
 local starting = false  -- a turn started in this call; its turn_start line may be in it
 
 local function consume(id, state)
@@ -107,6 +118,8 @@ local function apply(name, value)
     consume(value, 'd')
     -- deaths counted before a turn opened were the dropped input's (claim.lua)
     if turn == '' then changed.deaths = 0 end
+  elseif name == 'release' then
+    release = value
   end
 end
 
@@ -179,10 +192,15 @@ local flat = {}
 for k, v in pairs(changed) do flat[#flat + 1] = k; flat[#flat + 1] = v end
 redis.call('HSET', meta, unpack(flat))
 
--- Retention: a session whose turn ended with nothing waiting expires after ttl_ms.
-if ended and ttl_ms > 0 and turn == '' and redis.call('ZCARD', pending) == 0 then
-  for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ttl_ms) end
+local released = 0
+if release and turn == '' and redis.call('ZCARD', pending) == 0 then
+  redis.call('HSET', lease, 'state', 'released', 'expires_ms', 0)
+  at_rest(ttl_ms, KEYS[11], release)  -- the retention TTL too
+  released = 1
+elseif ended and ttl_ms > 0 and turn == '' and redis.call('ZCARD', pending) == 0 then
+  -- Retention: a session whose turn ended with nothing waiting expires after ttl_ms.
+  for k = 1, 10 do redis.call('PEXPIRE', KEYS[k], ttl_ms) end
   redis.call('HSET', meta, 'expiring', 1)  -- accept.lua persists them again
 end
 
-return {'ok', head, cursors, first, ui_last, 0}
+return {'ok', head, cursors, first, ui_last, 0, released}

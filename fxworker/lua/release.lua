@@ -17,9 +17,10 @@
 -- marks it in the same script that stores the input, so no mark of work still to come is
 -- lost, and the sweeper does not read finished sessions again. Such a release also drops
 -- the consumed inbox and the idempotency keys, moves the log into one value (_rest.lua)
--- and rewrites the lines to their size.
+-- and rewrites the lines to their size (_at_rest.lua).
 
 -- include: _rest.lua
+-- include: _at_rest.lua
 
 local meta, lease, pending = KEYS[1], KEYS[2], KEYS[7]
 local epoch, ttl_ms = tonumber(ARGV[1]), tonumber(ARGV[4])
@@ -34,24 +35,5 @@ if l[2] ~= 'held' then return {'ok', 0, cutoffs, waiting} end
 redis.call('HSET', lease, 'state', 'released', 'expires_ms', 0)
 local turn = m[1] or ''
 if ARGV[2] == '1' and turn ~= '' then cutoffs = redis.call('HINCRBY', meta, 'cutoffs', 1) end
-if turn == '' and waiting == 0 then
-  if KEYS[11] then redis.call('ZREM', KEYS[11], ARGV[5]) end
-  -- At rest, the session gives back what its streams hold for appends to come: Redis
-  -- allocates a stream's node at 4 KiB and never shrinks it while it is the last one,
-  -- and a stream costs some 400 B even when small. The inbox's entries are all
-  -- consumed: it goes (the next accept adds entry `<seq>-0` to a new one). The log goes
-  -- into `rest` (_rest.lua). The lines are rewritten to their size (a reader blocked on
-  -- them waits on as before, for entries after its cursor). The idempotency keys go:
-  -- every retry they could answer is of a call this release now fences, and the next
-  -- epoch's records carry keys of their own.
-  redis.call('DEL', KEYS[8])
-  redis.call('HDEL', meta, 'line_key')
-  rest_pack()
-  local dumped = redis.call('DUMP', KEYS[5])
-  if dumped then redis.call('RESTORE', KEYS[5], 0, dumped, 'REPLACE') end
-  if ttl_ms > 0 then
-    for k = 1, 10 do redis.call('PEXPIRE', KEYS[k], ttl_ms) end
-    redis.call('HSET', meta, 'expiring', 1)  -- accept.lua persists them again
-  end
-end
+if turn == '' and waiting == 0 then at_rest(ttl_ms, KEYS[11], ARGV[5]) end
 return {'ok', 1, cutoffs, waiting}

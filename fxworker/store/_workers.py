@@ -127,6 +127,7 @@ def _append(
     core: StoreCore, session_id: str, epoch: int, *, records: Sequence[RecordLike] = (),
     lines: Sequence[Mapping[str, Any]] = (), marks: Sequence[Mark] = (), expected: Any = UNCHECKED,
     durable: bool = False, now_ms: int | None = None, idempotency_key: str | None = None,
+    release: bool = False,
 ) -> Op[Appended]:
     """The fenced write: log records (with their marks), store marks and UI lines, in one call.
 
@@ -140,7 +141,9 @@ def _append(
     records (a line-only flush): repeated, it returns the first call's line cursors
     (`repeated=True`) and stores nothing. The session keeps its newest such key only
     (a writer retries a call before its next one); compaction drops it once a later
-    record is covered.
+    record is covered. `release=True` also lets the session go in the same call, as
+    `release()` does, when the call leaves no turn open and no input waiting
+    (`Appended.released`); otherwise the lease stays held.
     """
     keys = core.keys(session_id)
     if idempotency_key is not None and (records or not idempotency_key):
@@ -154,11 +157,14 @@ def _append(
             key, data, record_marks = record
         encoded.append((key, bytes(data), r.dumps(list(record_marks)), r.encode_marks(record_marks)))
     check = not isinstance(expected, _Unchecked)
+    store_marks = r.encode_marks(marks)
+    if release:  # not an engine's mark: only this argument sends it
+        store_marks.append(("release", session_id))
     call = scripts.append(
         keys, epoch=int(epoch), now_ms=core.now(now_ms), ttl_ms=core.ttl_ms,
         expected=expected if check else None, check_expected=check,
-        records=encoded, marks=r.encode_marks(marks), lines=[r.encode_line(line) for line in lines],
-        call_key=idempotency_key or "",
+        records=encoded, marks=store_marks, lines=[r.encode_line(line) for line in lines],
+        call_key=idempotency_key or "", ready=core.index if release and not core.cluster else None,
     )
     steps: list[Step] = [call]
     if durable:
@@ -177,12 +183,13 @@ def _append(
 def _appended(reply: list[Any], *, session_id: str, epoch: int, expected: str | None) -> Appended:
     word = reply[0]
     if word == b"ok":
-        _, head, cursors, first, last, repeated = reply
+        _, head, cursors, first, last, repeated, released = reply
         return Appended(
             records=[r.text(c) for c in cursors],
             lines=list(range(int(first), int(last) + 1)),
             head=str(head) if int(head) else None,
             repeated=bool(repeated),
+            released=bool(released),
         )
     if word == b"fenced":
         raise r.fenced(session_id, epoch, reply)

@@ -347,6 +347,11 @@ class StorePersistence:
 
     `ride_with_end(line)` puts a line in the call of the next record that ends or yields
     a turn (an `end` or `yield` mark); `end_stored` is the last line stored that way.
+
+    `release_with_end`, when set, is asked as a record ends a turn (an `end` mark) whether
+    its call may also let the session go (`append(release=True)`), unless a compaction is
+    due after it (`save_checkpoint` writes under the lease). When the store did,
+    `released` is True and the writer is closed: nothing more is written under this epoch.
     """
 
     def __init__(
@@ -365,6 +370,8 @@ class StorePersistence:
         self.uncompacted = len(claim.records)  # records after the stored checkpoint
         self._end_line: dict[str, Any] | None = None
         self.end_stored: dict[str, Any] | None = None
+        self.release_with_end: Callable[[], bool] | None = None
+        self.released = False
 
     def __repr__(self) -> str:
         return f"<StorePersistence session={self.session_id} epoch={self.epoch} head={self.head}>"
@@ -405,6 +412,12 @@ class StorePersistence:
     ) -> str:
         record = StoreRecord(idempotency_key, bytes(data), list(marks))
         end_line = self._take_end_line(marks)
+        release = (
+            self.release_with_end is not None
+            and any("end" in m for m in marks)
+            and self.uncompacted + 1 < COMPACT_AFTER_RECORDS
+            and self.release_with_end()
+        )
         async with self.writer.lock:
             await self.writer.send_held()  # an earlier batch that may have run goes first
             lines = self.writer.take()
@@ -421,6 +434,7 @@ class StorePersistence:
                         lines=sent,
                         expected=expected,
                         durable=barrier,
+                        release=release,
                     ),
                     due_ms=self.writer.lease_due_ms,
                     what=f"appending record {idempotency_key} of {self.session_id}",
@@ -437,6 +451,9 @@ class StorePersistence:
         self.uncompacted += 1
         if end_line is not None:
             self.end_stored = end_line
+        if appended.released:
+            self.released = True
+            self.writer.closed = True
         return self.head
 
     async def save_checkpoint(self, *, through: str, data: bytes) -> None:

@@ -150,12 +150,14 @@ class Idle:
 
 @dataclass(frozen=True, slots=True)
 class Appended:
-    """What a fenced `append()` stored: the record cursors and UI line cursors, in order."""
+    """What a fenced `append()` stored: the record cursors and UI line cursors, in order;
+    `released`: the call let the session go (`append(release=True)`)."""
 
     records: list[str]
     lines: list[int]
     head: str | None
     repeated: bool = False
+    released: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,20 @@ async def test_prompt_streams_events_and_ends(agent: Agent) -> None:
     assert state["status"] == "idle" and state["agent"] == "default" and state["turns"] == 1
 
 
+async def test_a_turn_that_ends_lets_the_session_go_with_its_turn_end(agent: Agent) -> None:
+    """The end record of a turn with nothing after it releases the session in the same
+    store call (§5, release with the end): once a sender reads `turn_end`, the lease is
+    free, so the next prompt's own wake claims it; none finds the lease held."""
+    session = agent.session()
+    for i in range(5):
+        result = await (await session.prompt(f"turn {i}")).result()
+        assert result.stop_reason == "end_turn"
+        state = await agent.store.state(session.id)
+        assert state.lease_holder is None and state.status == "idle", state
+    assert state.turns == 5 and state.epoch == 5  # one claim a turn
+    assert [e for e in agent.events if e["type"] == "session.redelivered"] == []  # type: ignore[attr-defined]
+
+
 async def test_a_tool_turn_streams_tool_lines_and_ndjson(agent: Agent) -> None:
     session = agent.session(context={"user": "u1"})
     turn = await session.prompt("send:bob")

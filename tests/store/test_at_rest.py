@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from fxworker.ids import new_session_id
-from fxworker.errors import FxSessionIncompleteError
+from fxworker.errors import FxLeaseLostError, FxSessionIncompleteError
 from fxworker.keys import session_keys
 from fxworker.store import RedisStore, memory_store, redis_store
 from fxworker.store._replies import parse_rest
@@ -162,3 +162,74 @@ async def test_a_reader_blocked_on_the_lines_through_the_rewrite_gets_the_next_t
         admin.close()
         await store.aclose()
         server.close()
+
+
+def _layout(store: RedisStore, sid: str) -> dict[str, object]:
+    """Each key of the session that exists: its type, and for the small ones their value."""
+    client = store.sync.client
+    keys = store._core.keys(sid)
+    found: dict[str, object] = {}
+    for name, key in zip(("meta", "lease", "inbox", "log", "ui", "msgs", "pending", "keys", "ckpt", "rest"),
+                         keys.names):
+        kind = client.type(key)
+        if kind in (b"none", "none"):
+            continue
+        if name in ("meta", "lease", "msgs"):
+            found[name] = {k: v for k, v in client.hgetall(key).items() if k not in (b"created_ms", b"epoch")}
+        elif name == "rest":
+            found[name] = [(n, f[b"d"]) for n, f in parse_rest(client.get(key))]
+        else:
+            found[name] = kind
+    return found
+
+
+async def test_an_end_record_can_let_the_session_go_in_its_own_call(store: RedisStore, sid: str) -> None:
+    """append(release=True) on a turn's end record stores it and leaves the session as a
+    release() after it would: one call instead of two. Any later call of the epoch is
+    fenced and stores nothing, a retry of that call (its reply lost) too: the keys that
+    could answer it went at rest. The next claim counts on from it."""
+    twin = new_session_id()
+    await _one_turn(store, twin, 1)  # the same turn, released by release()
+    await store.accept(sid, agent="default", message_id="m1", input="hello 1")
+    claim = await store.claim(sid, holder="w", lease_ms=10_000)
+    assert claim is not None
+    lines = [{"type": "turn_start", "messageId": "m1"},
+             *({"type": "text_delta", "delta": "x" * 40, "step": 1, "messageId": "m1"} for _ in range(6))]
+    await store.append(sid, claim.epoch, records=[StoreRecord("r1a", b"start", [{"start": "m1"}])], lines=lines)
+    end = {"records": [StoreRecord("r1b", b"end", [{"end": True}])],
+           "lines": [{"type": "turn_end", "messageId": "m1", "stopReason": "end_turn"}]}
+    appended = await store.append(sid, claim.epoch, **end, release=True)  # type: ignore[arg-type]
+    assert appended.released and not appended.repeated and appended.lines == [8]
+    assert _layout(store, sid) == _layout(store, twin)
+    ready = store._core.index.ready
+    assert store.sync.client.zscore(ready, sid) is None or store._core.cluster
+    with pytest.raises(FxLeaseLostError):
+        await store.append(sid, claim.epoch, **end, release=True)  # type: ignore[arg-type]
+    with pytest.raises(FxLeaseLostError):
+        await store.append(sid, claim.epoch, lines=[{"type": "text_delta", "delta": "late"}])
+    assert _layout(store, sid) == _layout(store, twin)
+    assert (await store.release(sid, claim.epoch)).released is False  # already let go
+    assert len(await store.read_lines(sid, 0)) == 8
+    await store.accept(sid, agent="default", message_id="m2", input="again")
+    claim2 = await store.claim(sid, holder="w2", lease_ms=10_000)
+    assert claim2 is not None and claim2.epoch == claim.epoch + 1
+    assert [r.data for r in claim2.records] == [b"start", b"end"]
+    assert [i.message_id for i in claim2.pending] == ["m2"]
+
+
+async def test_an_end_record_keeps_the_session_while_work_waits_or_a_turn_is_open(store: RedisStore, sid: str) -> None:
+    await store.accept(sid, agent="default", message_id="m1", input="one")
+    claim = await store.claim(sid, holder="w", lease_ms=10_000)
+    assert claim is not None
+    # A record that does not end the turn leaves it open: nothing is let go.
+    started = await store.append(sid, claim.epoch, records=[StoreRecord("r1a", b"start", [{"start": "m1"}])],
+                                 lines=[{"type": "turn_start", "messageId": "m1"}], release=True)
+    assert not started.released
+    # An input accepted before the end record: the session stays held for it.
+    await store.accept(sid, agent="default", message_id="m2", input="two")
+    ended = await store.append(sid, claim.epoch, records=[StoreRecord("r1b", b"end", [{"end": True}])],
+                               lines=[{"type": "turn_end", "messageId": "m1"}], release=True)
+    assert not ended.released
+    await store.append(sid, claim.epoch, lines=[{"type": "turn_start", "messageId": "m2"}])  # still this epoch's
+    released = await store.release(sid, claim.epoch)
+    assert released.released and released.pending == 1

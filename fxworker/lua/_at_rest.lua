@@ -1,0 +1,29 @@
+-- _at_rest.lua: what a session gives back when its lease goes with nothing left to run.
+-- Not a script of its own: scripts.py puts it in place of the line
+-- `-- include: _at_rest.lua` of a script whose KEYS 1-10 are one session's and that
+-- includes _rest.lua before it (release.lua, and append.lua when a turn's end record lets
+-- the session go).
+--
+-- at_rest(ttl_ms, ready, session_id) -> the session leaves the ready set (`ready`: that
+--   set's key on one server; nil on a cluster, where the set lives in another slot),
+--   then gives back what its streams hold for appends to come: Redis allocates a
+--   stream's node at 4 KiB and never shrinks it while it is the last one, and a stream
+--   costs some 400 B even when small. The inbox's entries are all consumed: it goes (the
+--   next accept adds entry `<seq>-0` to a new one). The log goes into `rest` (_rest.lua).
+--   The lines are rewritten to their size (a reader blocked on them waits on as before,
+--   for entries after its cursor). The idempotency keys go: every retry they could answer
+--   is of a call this release now fences, and the next epoch's records carry keys of
+--   their own. With ttl_ms > 0 the ten keys get the retention TTL (meta `expiring`).
+
+local function at_rest(ttl_ms, ready, session_id)
+  if ready then redis.call('ZREM', ready, session_id) end
+  redis.call('DEL', KEYS[8])
+  redis.call('HDEL', KEYS[1], 'line_key')
+  rest_pack()
+  local dumped = redis.call('DUMP', KEYS[5])
+  if dumped then redis.call('RESTORE', KEYS[5], 0, dumped, 'REPLACE') end
+  if ttl_ms > 0 then
+    for k = 1, 10 do redis.call('PEXPIRE', KEYS[k], ttl_ms) end
+    redis.call('HSET', KEYS[1], 'expiring', 1)  -- accept.lua persists them again
+  end
+end
