@@ -190,6 +190,10 @@ def main() -> int:
             "bytes_per_short_session": sum(short_bytes) / len(short_bytes),
             "bytes_per_short_session_rewritten": sum(rewritten_bytes(stats, prefix, sid) for sid in short_ids)
             / len(short_ids),
+            "keys_of_a_long_session": {
+                k.decode().rpartition(":")[2]: int(stats.memory_usage(k, samples=0) or 0)
+                for k in stats.scan_iter(match=f"{prefix}:{{{long_ids[0]}}}:*")
+            },
             "keys_of_a_short_session": {
                 k.decode().rpartition(":")[2]: int(stats.memory_usage(k, samples=0) or 0)
                 for k in stats.scan_iter(match=f"{prefix}:{{{short_ids[0]}}}:*")
