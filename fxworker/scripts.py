@@ -523,9 +523,10 @@ def state(keys: SessionKeys) -> Call:
     return Call(SCRIPTS["state"], keys.names, [])
 
 
-def ack_read(keys: SessionKeys) -> Call:
-    """ack_read.lua: after a read of `keys`' lines, the write a WAIT on its connection waits for."""
-    return Call(SCRIPTS["ack_read"], (keys.meta,), [])
+def ack_read(keys: SessionKeys, *, after: int) -> Call:
+    """ack_read.lua: after a read of `keys`' lines after cursor `after`, the write a WAIT
+    on its connection waits for (none when no line follows `after`)."""
+    return Call(SCRIPTS["ack_read"], (keys.meta,), [after])
 
 
 def load(keys: SessionKeys) -> Call:

@@ -134,8 +134,9 @@ class StoreCore:
             return [Command(("WAITAOF", 1, 0, self.ack_timeout_ms))]
         return []
 
-    def read_ack_steps(self, keys: SessionKeys) -> list[Step]:
-        """After a read of `keys`' lines: what makes the ack level hold for what it returned.
+    def read_ack_steps(self, keys: SessionKeys, after: int) -> list[Step]:
+        """After a read of `keys`' lines after cursor `after`: what makes the ack level
+        hold for what it returned.
 
         A line flush does not wait for the ack level, so a read can find lines only the
         primary holds. A failover would lose them and the next writer would store others at
@@ -144,7 +145,7 @@ class StoreCore:
         """
         if self.ack == "primary":
             return []
-        return [scripts.ack_read(keys), *self.ack_steps()]
+        return [scripts.ack_read(keys, after=after), *self.ack_steps()]
 
     def check_ack(self, replies: list[Any], what: str, *, then: str = "repeating the call with the same ids is safe") -> None:
         if self.ack == "replica" and int(replies[0]) < 1:

@@ -36,7 +36,7 @@ def _sample_calls() -> dict[str, Call]:
         "cancel": scripts.cancel(keys, now_ms=1),
         "state": scripts.state(keys),
         "load": scripts.load(keys),
-        "ack_read": scripts.ack_read(keys),
+        "ack_read": scripts.ack_read(keys, after=0),
     }
 
 
