@@ -412,14 +412,15 @@ class StorePersistence:
     ) -> str:
         record = StoreRecord(idempotency_key, bytes(data), list(marks))
         end_line = self._take_end_line(marks)
-        release = (
-            self.release_with_end is not None
-            and any("end" in m for m in marks)
-            and self.uncompacted + 1 < COMPACT_AFTER_RECORDS
-            and self.release_with_end()
-        )
         async with self.writer.lock:
             await self.writer.send_held()  # an earlier batch that may have run goes first
+            # Asked last, just before the call: the runner's state as the call leaves.
+            release = (
+                self.release_with_end is not None
+                and any("end" in m for m in marks)
+                and self.uncompacted + 1 < COMPACT_AFTER_RECORDS
+                and self.release_with_end()
+            )
             lines = self.writer.take()
             self.writer.record_due = False
             sent = lines + [end_line] if end_line is not None else lines
