@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 from collections.abc import Iterator
 
@@ -14,6 +13,7 @@ import redis
 from fxworker.errors import FxAckUnsupportedError, FxStoreFullError, FxStoreUnavailableError, FxUnknownSessionError
 from fxworker.ids import new_session_id
 from fxworker.store import RedisStore, redis_store
+from tests.support.acks import reads_wait_for_the_replica, session_with_a_line
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -206,28 +206,9 @@ async def test_a_reader_is_never_sent_a_line_no_replica_holds(replicated: Replic
     assert replica.proc is not None
     store = redis_store(replicated.primary.url, prefix="fx", ack="replica")
     store.core.ack_timeout_ms = 5000
-    sid = new_session_id()
-    await store.accept(sid, agent="default", message_id="m1", input="x")
-    claim = await store.claim(sid, holder="w1", lease_ms=60_000)
-    assert claim is not None
-    await store.append(sid, claim.epoch, lines=[{"type": "text_delta", "delta": "kept"}])
+    sid, epoch = await session_with_a_line(store)
     assert [line["delta"] for line in await store.read_lines(sid, 0)] == ["kept"]
-    replica.proc.send_signal(signal.SIGSTOP)  # the replica stops acknowledging
-    try:
-        store.core.ack_timeout_ms = 200
-        # A line flush does not wait for a replica (a record that needs it does: durable=True).
-        await store.append(sid, claim.epoch, lines=[{"type": "text_delta", "delta": "primary only"}])
-        with pytest.raises(FxStoreUnavailableError, match="replica"):
-            await store.read_lines(sid, 0)
-        with pytest.raises(FxStoreUnavailableError, match="replica"):
-            store.sync.read_lines(sid, 1)
-        # What no replica holds yet is not in the way of an empty read.
-        assert await store.read_lines(sid, 2) == []
-    finally:
-        replica.proc.send_signal(signal.SIGCONT)
-    store.core.ack_timeout_ms = 5000
-    assert [line["delta"] for line in await store.read_lines(sid, 0)] == ["kept", "primary only"]
-    assert [line["delta"] for line in store.sync.read_lines(sid, 1, block_ms=100)] == ["primary only"]
+    await reads_wait_for_the_replica(store, sid, epoch, replica.proc)
     # Redis at its memory limit refuses writes, not reads: the read's write grows nothing.
     admin = redis.Redis.from_url(replicated.primary.url)
     try:

@@ -5,7 +5,6 @@ acknowledged input outlives a kill -9 of that node's primary."""
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +15,7 @@ import redis
 from fxworker.errors import FxStoreUnavailableError
 from fxworker.ids import new_session_id
 from fxworker.store import redis_store
+from tests.support.acks import reads_wait_for_the_replica, session_with_a_line
 from tests.support.redis_topology import RedisClusterProcesses, SentinelGroup
 
 pytestmark = [pytest.mark.cluster, pytest.mark.redis, pytest.mark.slow]
@@ -37,6 +37,14 @@ def sentinels() -> Iterator[SentinelGroup]:
         yield g
     finally:
         g.close()
+
+
+def _primary_port_of(port: int) -> Any:
+    client = redis.Redis(host="127.0.0.1", port=port)
+    try:
+        return client.info("replication").get("master_port")
+    finally:
+        client.close()
 
 
 async def _until(call: Any, timeout_s: float) -> Any:
@@ -93,28 +101,11 @@ async def test_a_cluster_reader_is_never_sent_a_line_no_replica_holds(cluster: R
     store = redis_store(cluster.seed_url, prefix="fxtopo", ack="replica")
     try:
         store.core.ack_timeout_ms = 5000
-        sid = new_session_id()
-        await store.accept(sid, agent="default", message_id="m1", input="x")
-        claim = await store.claim(sid, holder="w1", lease_ms=60_000)
-        assert claim is not None
-        await store.append(sid, claim.epoch, lines=[{"type": "text_delta", "delta": "kept"}])
+        sid, epoch = await session_with_a_line(store)
         primary = cluster.primary_of(f"fxtopo:{{{sid}}}:meta")
-        [replica] = [n for n in cluster.live() if n.port != primary.port
-                     and redis.Redis(host="127.0.0.1", port=n.port).info("replication").get("master_port") == primary.port]
+        [replica] = [n for n in cluster.live() if n.port != primary.port and _primary_port_of(n.port) == primary.port]
         assert replica.proc is not None
-        replica.proc.send_signal(signal.SIGSTOP)
-        try:
-            store.core.ack_timeout_ms = 200
-            await store.append(sid, claim.epoch, lines=[{"type": "text_delta", "delta": "primary only"}])
-            with pytest.raises(FxStoreUnavailableError, match="replica"):
-                await store.read_lines(sid, 0)
-            with pytest.raises(FxStoreUnavailableError, match="replica"):
-                store.sync.read_lines(sid, 1)
-        finally:
-            replica.proc.send_signal(signal.SIGCONT)
-        store.core.ack_timeout_ms = 5000
-        assert [line["delta"] for line in await store.read_lines(sid, 0)] == ["kept", "primary only"]
-        assert [line["delta"] for line in store.sync.read_lines(sid, 1)] == ["primary only"]
+        await reads_wait_for_the_replica(store, sid, epoch, replica.proc)
     finally:
         await store.aclose()
 
