@@ -27,9 +27,10 @@ loses it again when new input is accepted):
                       turn's fields are gone (read as 0 or "").
                       Written by accept, append, claim, release, cancel; save_checkpoint
                       clears line_key; ack_read writes ui back as it was (a read's
-                      replicated write under FX_ACK=replica or aof). Its counters say which other keys must exist
-                      (lua/_whole.lua): a session missing one is refused whole (the
-                      inbox only while an input waits or a turn is open).
+                      replicated write under FX_ACK=replica or aof). Its counters
+                      say which other keys must exist (lua/_whole.lua): a session
+                      missing one is refused whole (the inbox only while an input
+                      waits or a turn is open).
     lease     HASH    holder, epoch, expires_ms, state (held | released). The epoch
                       never goes down, even across releases. claim, renew, release;
                       checked by append and save_checkpoint.

@@ -147,7 +147,9 @@ class StoreCore:
             return []
         return [scripts.ack_read(keys, after=after), *self.ack_steps()]
 
-    def check_ack(self, replies: list[Any], what: str, *, then: str = "repeating the call with the same ids is safe") -> None:
+    def check_ack(
+        self, replies: list[Any], what: str, *, then: str = "repeating the call with the same ids is safe"
+    ) -> None:
         if self.ack == "replica" and int(replies[0]) < 1:
             raise FxStoreUnavailableError(
                 f"{what} is stored on the primary but no replica acknowledged it within {self.ack_timeout_ms} ms; {then}"

@@ -45,7 +45,8 @@ def _read_raw_lines(
     count = READ_PAGE_LINES if count is None else count
     keys = core.keys(session_id)
     # Under FX_ACK=replica (or aof) the read waits for the ack level to hold its lines.
-    steps: list[Step] = [core.xread(keys.ui, cursor, block_ms=block_ms, count=count), *core.read_ack_steps(keys, cursor)]
+    steps: list[Step] = [core.xread(keys.ui, cursor, block_ms=block_ms, count=count),
+                         *core.read_ack_steps(keys, cursor)]
 
     def parse(replies: list[Any]) -> list[tuple[int, bytes]]:
         lines = [(n, bytes(f[b"l"])) for n, f in r.parse_stream(replies[0])]
