@@ -137,3 +137,35 @@ async def test_compaction_drops_a_line_call_key_once_a_later_record_is_covered(s
     assert await store.client.hexists(keys.keys, "lines:1") == 0
     assert await store.client.hlen(keys.keys) == 0
     assert await store.client.hget(keys.meta, "line_key") is None
+
+
+async def test_an_end_record_releases_only_when_no_compaction_follows_it(store: RedisStore, sid: str) -> None:
+    """The adapter lets the end record's call release the session (its `release_with_end`
+    says it may), except when a compaction is due after that record: `save_checkpoint`
+    writes under the lease, so that turn is released by a call of its own."""
+    async def turn(message_id: str, records_before_end: int) -> tuple[Persistence, bool]:
+        await store.accept(sid, agent="default", message_id=message_id, input="hello")
+        claim = await store.claim(sid, holder="w", lease_ms=60_000)
+        assert claim is not None
+        p = store.persistence(sid, claim.epoch, claim)
+        p.release_with_end = lambda: True  # type: ignore[attr-defined]
+        head = await p.append(expected=(await p.load()).head, idempotency_key=f"{message_id}:0", data=b"s",
+                              barrier=True, marks=[{"start": message_id}])
+        for n in range(1, records_before_end):
+            head = await p.append(expected=head, idempotency_key=f"{message_id}:{n}", data=b"r", barrier=False,
+                                  marks=[])
+        p.ride_with_end({"type": "turn_end", "messageId": message_id})  # type: ignore[attr-defined]
+        head = await p.append(expected=head, idempotency_key=f"{message_id}:end", data=b"e", barrier=False,
+                              marks=[{"end": True}])
+        await p.save_checkpoint(through=head, data=b"ck-" + message_id.encode())
+        return p, p.released  # type: ignore[attr-defined]
+
+    short, released = await turn("m1", 2)
+    assert released and (await store.state(sid)).lease_holder is None
+    with pytest.raises(FxLeaseLostError):  # nothing more under that epoch
+        await short.append(expected=None, idempotency_key="late", data=b"x", barrier=False, marks=[])
+    # The next turn's end record is the one after which a compaction is due.
+    long, released = await turn("m2", COMPACT_AFTER_RECORDS - 4)
+    assert not released and (await store.state(sid)).lease_holder == "w"
+    assert (await store.load(sid)).checkpoint.data == b"ck-m2"  # type: ignore[union-attr]
+    assert (await store.release(sid, long.epoch)).released  # type: ignore[attr-defined]
