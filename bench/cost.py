@@ -32,6 +32,7 @@ import json
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,24 @@ def rewritten_bytes(client: redis.Redis, prefix: str, session_id: str) -> int:
         total += int(client.memory_usage(scratch, samples=0) or 0)
         client.delete(scratch)
     return total
+
+
+def compressed(client: redis.Redis, prefix: str, session_id: str) -> dict[str, int]:
+    """The bytes of a session at rest's lines (as one NDJSON text), checkpoint and `rest`,
+    raw and zlib-compressed (level 6): what packing them at rest could give back."""
+    from fxworker.keys import session_keys
+
+    keys = session_keys(prefix, session_id)
+    parts = {
+        "lines": b"\n".join(fields[b"l"] for _, fields in client.xrange(keys.ui)),
+        "ckpt": client.hget(keys.ckpt, "data") or b"",
+        "rest": client.get(keys.rest) or b"",
+    }
+    sizes: dict[str, int] = {}
+    for name, raw in parts.items():
+        sizes[name] = len(raw)
+        sizes[f"{name}_zlib"] = len(zlib.compress(raw, 6)) if raw else 0
+    return sizes
 
 
 async def conversation(agent: Any, turns: int, tag: str) -> str:
@@ -198,6 +217,7 @@ def main() -> int:
                 k.decode().rpartition(":")[2]: int(stats.memory_usage(k, samples=0) or 0)
                 for k in stats.scan_iter(match=f"{prefix}:{{{short_ids[0]}}}:*")
             },
+            "compressed_long_session": compressed(stats, prefix, long_ids[0]),
         }
     finally:
         stats.close()
@@ -229,6 +249,8 @@ def main() -> int:
           f"{args.turns_per_session}-turn session (plain JSON {mem['plain_json_per_turn']:.0f} B)")
     print(f"  keys of a short session: {mem['keys_of_a_short_session']}; rewritten "
           f"{mem['bytes_per_short_session_rewritten']:.0f} B")
+    print(f"  keys of a {args.turns_per_session}-turn session: {mem['keys_of_a_long_session']}; its lines, "
+          f"checkpoint and rest, raw and zlib: {mem['compressed_long_session']}")
 
     item = "2 cost per step"
     rows: list[Row] = [
