@@ -13,7 +13,7 @@ import redis
 
 from fxworker.ids import new_session_id
 from fxworker.errors import FxLeaseLostError, FxSessionIncompleteError
-from fxworker.keys import session_keys
+from fxworker.keys import SESSION_KEY_NAMES, session_keys
 from fxworker.store import RedisStore, memory_store, redis_store
 from fxworker.store._replies import parse_rest
 from fxworker.store.types import StoreRecord
@@ -169,8 +169,7 @@ def _layout(store: RedisStore, sid: str) -> dict[str, object]:
     client = store.sync.client
     keys = store._core.keys(sid)
     found: dict[str, object] = {}
-    for name, key in zip(("meta", "lease", "inbox", "log", "ui", "msgs", "pending", "keys", "ckpt", "rest"),
-                         keys.names):
+    for name, key in zip(SESSION_KEY_NAMES, keys.names):
         kind = client.type(key)
         if kind in (b"none", "none"):
             continue

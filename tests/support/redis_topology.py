@@ -143,6 +143,12 @@ class RedisClusterProcesses:
                 raise RuntimeError("the cluster's replicas did not connect")
             time.sleep(0.05)
 
+    def replica_of(self, primary: RedisServer) -> RedisServer:
+        """The live node replicating `primary`."""
+        [replica] = [n for n in self.live() if n.port != primary.port
+                     and _info(n.port, "replication").get("master_port") == primary.port]
+        return replica
+
     def primaries(self) -> list[RedisServer]:
         return [n for n in self.live() if _info(n.port, "replication").get("role") == "master"]
 
