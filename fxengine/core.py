@@ -188,14 +188,23 @@ class EngineCore:
         """The conversation as opaque bytes (at most 4 MiB)."""
         return encode_checkpoint(state=self.conversation.to_dict(), tools=self.tools_hash, model=self.spec.id)
 
+    def settled_checkpoint(self) -> bytes | None:
+        """`checkpoint()` when it is exactly what the journal's record on its way leaves
+        behind: no turn open and nothing committed after that record. Else None."""
+        if self.conversation.open is not None or self.journal.queued or not self.journal.enabled:
+            return None
+        return self.checkpoint()
+
     async def save_checkpoint(self) -> None:
-        """Stores a checkpoint through the journal head, when the store takes them.
+        """Stores a checkpoint through the journal head, when the store takes them (and,
+        if it says, `checkpoint_due()`: the bytes are built only then).
 
         A failure is only reported (`checkpoint.error`): the journal still holds everything.
         """
         save = getattr(self.persistence, "save_checkpoint", None)
+        due = getattr(self.persistence, "checkpoint_due", None)
         through = self.journal.head
-        if save is None or not self.journal.enabled or through is None:
+        if save is None or not self.journal.enabled or through is None or (due is not None and not due()):
             return
         try:
             data = self.checkpoint()

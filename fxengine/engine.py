@@ -285,6 +285,12 @@ class Engine:
         """The conversation as opaque bytes (at most 4 MiB); restore with `checkpoint=`."""
         return self.core.checkpoint()
 
+    def settled_checkpoint(self) -> bytes | None:
+        """`checkpoint()` if it is exactly the state through the journal record being
+        appended (no turn open, nothing committed after it), else None: a store may keep it
+        in that record's call instead of the records (fxworker's release at rest does)."""
+        return self.core.settled_checkpoint()
+
     @property
     def open_turn(self) -> dict[str, Any] | None:
         """The turn that started and has not ended: ``{turnId, yielded, step, responses,

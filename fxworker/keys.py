@@ -44,9 +44,12 @@ loses it again when new input is accepted):
                       key), d (opaque bytes), e (writer epoch), m (marks JSON). append;
                       read by claim; trimmed by save_checkpoint. At rest it is in `rest`.
     ui        STREAM  NDJSON lines of §4, id `<cursor>-0`, field l (the JSON text, with
-                      `epoch` and `cursor` inside). append; read with XREAD (read_lines).
-                      At rest, release rewrites it to its size (DUMP and RESTORE: Redis
-                      allocates a stream's last node at 4 KiB).
+                      `epoch` and `cursor` inside); or, packed at rest, a chunk of lines
+                      first..last as one entry `<last>-0`, fields f (first) and z (their
+                      NDJSON compressed, `store/_packed.py`). append; read with XREAD
+                      (read_lines, which expands chunks). At rest, release rewrites it
+                      to its size (DUMP and RESTORE: Redis allocates a stream's last
+                      node at 4 KiB).
     msgs      HASH    message-id index: id -> "kind:state:seq:end_cursor:bytes" with kind
                       p | s, state w (waiting) | r (open turn) | d (done). accept, append.
     pending   ZSET    ids not yet consumed, scored by inbox seq (acceptance order).
@@ -58,8 +61,10 @@ loses it again when new input is accepted):
                       the flush followed; append replaces it with the next one. append;
                       pruned by save_checkpoint with the records, and of the line-only
                       key once a later record is covered.
-    ckpt      HASH    data (opaque bytes, <= 4 MiB), through (log cursor it covers).
-                      save_checkpoint; read by claim.
+    ckpt      HASH    data (opaque bytes, <= 4 MiB; stored compressed behind `FXZ\x01`
+                      when smaller, `store/_packed.py`), through (log cursor it covers).
+                      save_checkpoint, and append when its end record lets the session
+                      go (through that record); read by claim and load.
     rest      STRING  a session at rest's log, as one value (a stream costs some 400 B of
                       its own; one value costs its bytes). Written by a release that
                       leaves the session at rest, which deletes the log; put back into

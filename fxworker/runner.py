@@ -537,6 +537,7 @@ class Runner:
             context=context,
             epoch=self.epoch,
         )
+        persistence.checkpoint_now = self.engine.settled_checkpoint
         self._engine_key = key
         return self.engine
 

@@ -464,7 +464,7 @@ def append(
     expected: str | None,
     check_expected: bool,
     records: Sequence[tuple[str, bytes, str, Sequence[tuple[str, str]]]],
-    marks: Sequence[tuple[str, str]],
+    marks: Sequence[tuple[str, str | bytes]],
     lines: Sequence[tuple[str, str]],
     call_key: str = "",
     ready: IndexKeys | None = None,
@@ -480,8 +480,8 @@ def append(
         args += [key, data, marks_json, len(flat)]
         for name, value in flat:
             args += [name, value]
-    for name, value in marks:
-        args += [name, value]
+    for mark, mark_value in marks:
+        args += [mark, mark_value]
     for text, ends in lines:
         args += [text, ends]
     return Call(SCRIPTS["append"], keys.names if ready is None else [*keys.names, ready.names[0]], args)

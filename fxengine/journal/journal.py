@@ -109,6 +109,11 @@ class Journal:
         )
 
     @property
+    def queued(self) -> int:
+        """Events committed and not yet taken into a record's call."""
+        return len(self._queue)
+
+    @property
     def enabled(self) -> bool:
         """True while appends are still made (a store is set, no failure, not detached)."""
         return self.persistence is not None and self.failure is None and not self.detached

@@ -13,10 +13,17 @@
 --       done (the record finishes something: a model response or a tool result) |
 --       drop <input id> (consumed without a turn: cancelled or refused before it started) |
 --       release <session id> (a store mark: once the call is stored, let the session go as
---       release.lua does, if no turn is open and no input waits; else it stays held).
+--       release.lua does, if no turn is open and no input waits; else it stays held) |
+--       checkpoint <data> (a store mark, with release: when the session goes, the
+--       checkpoint through the call's last record; it covers the whole log) |
+--       pack <first>:<last>:<sha1 hex>:<adler32>:<z> (store marks, with release: when the
+--       session goes, lines first..last become one entry `<last>-0` with fields f <first>
+--       and z, if they are plain lines whose NDJSON has that SHA-1;
+--       fxworker/store/_packed.py).
 --       A line whose JSON text begins `{"type":"turn_start"` in the call that starts a
 --       turn is that turn's start line: its cursor becomes the meta's `turn_cursor`.
--- Returns {"ok", head, {record cursors}, first_line, last_line, repeated(0|1), released(0|1)}
+-- Returns {"ok", head, {record cursors}, first_line, last_line, repeated(0|1), released(0|1),
+--          lines packed}
 --         {"fenced", lease_epoch, lease_state, lease_expires_ms}
 --         {"conflict", head}   (expected is not the head: another engine appended)
 --
@@ -34,6 +41,9 @@
 -- nothing is written under the lease after it, and an input accepted after it finds the
 -- session free. Its retry (the reply was lost) is fenced like any later call of the
 -- epoch, and stores nothing: the idempotency keys went with the release (_at_rest.lua).
+-- Packing (§5 "Packed at rest") changes how lines are stored, never which: the chunks
+-- replace the entries of the same lines, checked against their SHA-1, in this call, so a
+-- reader sees one or the other; any mismatch leaves every entry as it was.
 
 -- include: _rest.lua
 -- include: _at_rest.lua
@@ -64,13 +74,15 @@ if again then
     i = i + 4 + 2 * tonumber(ARGV[i + 3])
   end
   local _, first, last = string.match(again, '^(%d+):(%d+):(%d+)')
-  return {'ok', head, cursors, tonumber(first), tonumber(last), 1, 0}
+  return {'ok', head, cursors, tonumber(first), tonumber(last), 1, 0, 0}
 end
 if ARGV[4] ~= '' and tonumber(ARGV[4]) ~= head then return {'conflict', head} end
 
 local changed = {}
 local ended = false
 local release = nil  -- the session id of a `release` mark
+local checkpoint = nil  -- the data of a `checkpoint` mark
+local packs = {}  -- the values of `pack` marks
 local starting = false  -- a turn started in this call; its turn_start line may be in it
 
 local function consume(id, state)
@@ -120,6 +132,10 @@ local function apply(name, value)
     if turn == '' then changed.deaths = 0 end
   elseif name == 'release' then
     release = value
+  elseif name == 'checkpoint' then
+    checkpoint = value
+  elseif name == 'pack' then
+    packs[#packs + 1] = value
   end
 end
 
@@ -192,9 +208,64 @@ local flat = {}
 for k, v in pairs(changed) do flat[#flat + 1] = k; flat[#flat + 1] = v end
 redis.call('HSET', meta, unpack(flat))
 
-local released = 0
+-- The `pack` chunks, when they are exactly the lines from the first one's first on (all
+-- plain entries, each chunk's NDJSON with its SHA-1): the stream is rebuilt with the
+-- entries before them and then the chunks (an id below the stream's last one cannot be
+-- added back, so it is a new stream). Returns the lines packed (0: nothing changed).
+-- fakeredis's Lua (the embedded store) has no redis.sha1hex: there Adler-32 is checked.
+local function adler32(s)
+  local a, b = 1, 0
+  for i = 1, #s do
+    a = (a + string.byte(s, i)) % 65521
+    b = (b + a) % 65521
+  end
+  return b * 65536 + a
+end
+
+local function pack_lines()
+  local chunks = {}
+  for _, v in ipairs(packs) do
+    local a, b, sha, adler, at = string.match(v, '^(%d+):(%d+):(%x+):(%d+):()')
+    if not a then return 0 end
+    chunks[#chunks + 1] = {tonumber(a), tonumber(b), sha, string.sub(v, at), tonumber(adler)}
+  end
+  local from = chunks[1][1]
+  local entries = redis.call('XRANGE', ui, from .. '-0', '+')
+  if #entries ~= ui_last - from + 1 then return 0 end
+  local k = 1
+  for _, c in ipairs(chunks) do
+    local texts = {}
+    for n = c[1], c[2] do
+      local e = entries[k]
+      if e == nil or e[1] ~= n .. '-0' or e[2][1] ~= 'l' then return 0 end
+      texts[#texts + 1] = e[2][2]
+      k = k + 1
+    end
+    local ndjson = table.concat(texts, '\n')
+    if redis.sha1hex then
+      if redis.sha1hex(ndjson) ~= c[3] then return 0 end
+    elseif adler32(ndjson) ~= c[5] then
+      return 0
+    end
+  end
+  if k ~= #entries + 1 then return 0 end
+  local kept = redis.call('XRANGE', ui, '-', (from - 1) .. '-0')
+  redis.call('DEL', ui)
+  for _, e in ipairs(kept) do redis.call('XADD', ui, e[1], unpack(e[2])) end
+  for _, c in ipairs(chunks) do redis.call('XADD', ui, c[2] .. '-0', 'f', c[1], 'z', c[4]) end
+  return #entries
+end
+
+local released, packed = 0, 0
 if release and turn == '' and redis.call('ZCARD', pending) == 0 then
   redis.call('HSET', lease, 'state', 'released', 'expires_ms', 0)
+  if checkpoint then
+    -- Through the call's last record: the whole log, which goes (at rest: no `rest`).
+    redis.call('HSET', KEYS[9], 'data', checkpoint, 'through', head)
+    redis.call('DEL', log, KEYS[10])
+    redis.call('HDEL', meta, 'rest')
+  end
+  if #packs > 0 then packed = pack_lines() end
   at_rest(ttl_ms, KEYS[11], release)  -- the retention TTL too
   released = 1
 elseif ended and ttl_ms > 0 and turn == '' and redis.call('ZCARD', pending) == 0 then
@@ -203,4 +274,4 @@ elseif ended and ttl_ms > 0 and turn == '' and redis.call('ZCARD', pending) == 0
   redis.call('HSET', meta, 'expiring', 1)  -- accept.lua persists them again
 end
 
-return {'ok', head, cursors, first, ui_last, 0, released}
+return {'ok', head, cursors, first, ui_last, 0, released, packed}

@@ -16,6 +16,7 @@ from fxengine.persistence import JournalRecord, Loaded, StoredCheckpoint
 from .. import scripts
 from ..errors import FxInvalidCursorError, FxUnknownSessionError
 from ..scripts import Command, Step
+from . import _packed
 from . import _replies as r
 from ._core import Op, Plan, StoreCore, one_call, several_calls
 from .types import ReadySession, SessionState
@@ -35,7 +36,8 @@ def _read_raw_lines(
     At most `count` lines a call (default `READ_PAGE_LINES`): a reader of a long session
     pages through it from its last cursor instead of loading it whole. With `block_ms`
     it waits (at most the store's `max_block_ms`) for a first line. Cursors are
-    contiguous, so a reader resuming from any cursor sees each line once. A cursor
+    contiguous, so a reader resuming from any cursor sees each line once, whether they are
+    stored one per entry or packed at rest (`_packed.expand`). A cursor
     past the stream's id space (2^64 - 1) is `FxInvalidCursorError`.
     """
     if isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 0:
@@ -49,7 +51,8 @@ def _read_raw_lines(
                          *core.read_ack_steps(keys, cursor)]
 
     def parse(replies: list[Any]) -> list[tuple[int, bytes]]:
-        lines = [(n, bytes(f[b"l"])) for n, f in r.parse_stream(replies[0])]
+        # A chunk of lines packed at rest comes whole: the lines after the cursor are kept.
+        lines = _packed.expand(session_id, r.parse_stream(replies[0]), cursor, count)
         if lines and len(replies) > 2:
             core.check_ack(replies[2:], f"the lines of session {session_id} after cursor {cursor}",
                            then=f"read again from cursor {cursor}")
@@ -148,7 +151,8 @@ def _load(core: StoreCore, session_id: str) -> Op[Loaded]:
             raise FxUnknownSessionError(f"no session {session_id}")
         _agent, data, through, entries, rest = replies[0]
         covered = int(through) if through is not None else 0
-        checkpoint = StoredCheckpoint(bytes(data or b""), str(covered)) if through is not None else None
+        checkpoint = (StoredCheckpoint(_packed.unpack_checkpoint(bytes(data or b"")), str(covered))
+                      if through is not None else None)
         stored = r.parse_rest(bytes(rest)) if rest is not None else []
         for entry_id, fields in entries or ():
             if isinstance(fields, list):

@@ -17,6 +17,7 @@ from fxengine.persistence import JournalRecord, StoredCheckpoint
 from .. import scripts
 from ..errors import FxStoreUnavailableError, FxUnknownSessionError
 from ..scripts import Step
+from . import _packed
 from . import _replies as r
 from ._core import UNCHECKED, Op, RecordLike, StoreCore, _Unchecked, one_call
 from .types import (
@@ -92,7 +93,7 @@ def _claimed(reply: list[Any], *, session_id: str, holder: str) -> Claim | Idle 
     records = [
         JournalRecord(r.text(flat_records[i]), bytes(flat_records[i + 1])) for i in range(0, len(flat_records), 2)
     ]
-    checkpoint = StoredCheckpoint(bytes(ckpt_data), str(through)) if has_ckpt else None
+    checkpoint = StoredCheckpoint(_packed.unpack_checkpoint(bytes(ckpt_data)), str(through)) if has_ckpt else None
     open_id = r.text(turn)
     open_turn = None
     if open_id:
@@ -127,7 +128,7 @@ def _append(
     core: StoreCore, session_id: str, epoch: int, *, records: Sequence[RecordLike] = (),
     lines: Sequence[Mapping[str, Any]] = (), marks: Sequence[Mark] = (), expected: Any = UNCHECKED,
     durable: bool = False, now_ms: int | None = None, idempotency_key: str | None = None,
-    release: bool = False,
+    release: bool = False, checkpoint: bytes | None = None, pack_after: tuple[int, Sequence[str]] | None = None,
 ) -> Op[Appended]:
     """The fenced write: log records (with their marks), store marks and UI lines, in one call.
 
@@ -144,6 +145,13 @@ def _append(
     record is covered. `release=True` also lets the session go in the same call, as
     `release()` does, when the call leaves no turn open and no input waiting
     (`Appended.released`); otherwise the lease stays held.
+
+    With `release=True`, two more things go only if the session does (§5 "Packed at
+    rest"): `checkpoint` (<= 4 MiB, the conversation through this call's last record)
+    replaces the log, and `pack_after` = (first cursor, texts) — the lines this writer
+    stored before this call, from that cursor on, as `Appended.texts` gave them — has
+    them and this call's lines packed into chunks, if the stream holds exactly those
+    (`Appended.packed` lines). `Appended.texts` are this call's lines as sent.
     """
     keys = core.keys(session_id)
     if idempotency_key is not None and (records or not idempotency_key):
@@ -158,12 +166,23 @@ def _append(
         encoded.append((key, bytes(data), r.dumps(list(record_marks)), r.encode_marks(record_marks)))
     check = not isinstance(expected, _Unchecked)
     store_marks = r.encode_marks(marks)
-    if release:  # not an engine's mark: only this argument sends it
-        store_marks.append(("release", session_id))
+    sent = [r.encode_line(line) for line in lines]
+    texts = [text for text, _ in sent]
+    marks_out: list[tuple[str, str | bytes]] = list(store_marks)
+    if release:  # not an engine's marks: only these arguments send them
+        marks_out.append(("release", session_id))
+        if checkpoint is not None and records and len(checkpoint) <= CHECKPOINT_MAX_BYTES:
+            marks_out.append(("checkpoint", _packed.pack_checkpoint(bytes(checkpoint))))
+        if pack_after is not None:
+            first, earlier = pack_after
+            packs = _packed.pack_lines(session_id, int(epoch), first, [*earlier, *texts])
+            marks_out += [("pack", chunk) for chunk in packs]
+    elif checkpoint is not None or pack_after is not None:
+        raise ValueError("checkpoint= and pack_after= go with release=True")
     call = scripts.append(
         keys, epoch=int(epoch), now_ms=core.now(now_ms), ttl_ms=core.ttl_ms,
         expected=expected if check else None, check_expected=check,
-        records=encoded, marks=store_marks, lines=[r.encode_line(line) for line in lines],
+        records=encoded, marks=marks_out, lines=sent,
         call_key=idempotency_key or "", ready=core.index if release and not core.cluster else None,
     )
     steps: list[Step] = [call]
@@ -172,7 +191,7 @@ def _append(
     shown = expected if check else None
 
     def parse(replies: list[Any]) -> Appended:
-        appended = _appended(replies[0], session_id=session_id, epoch=int(epoch), expected=shown)
+        appended = _appended(replies[0], session_id=session_id, epoch=int(epoch), expected=shown, texts=texts)
         if len(replies) > 1:
             core.check_ack(replies[1:], f"a record of session {session_id}")
         return appended
@@ -180,16 +199,20 @@ def _append(
     return Op(steps, parse)
 
 
-def _appended(reply: list[Any], *, session_id: str, epoch: int, expected: str | None) -> Appended:
+def _appended(
+    reply: list[Any], *, session_id: str, epoch: int, expected: str | None, texts: list[str]
+) -> Appended:
     word = reply[0]
     if word == b"ok":
-        _, head, cursors, first, last, repeated, released = reply
+        _, head, cursors, first, last, repeated, released, packed = reply
         return Appended(
             records=[r.text(c) for c in cursors],
             lines=list(range(int(first), int(last) + 1)),
             head=str(head) if int(head) else None,
             repeated=bool(repeated),
             released=bool(released),
+            texts=texts,
+            packed=int(packed),
         )
     if word == b"fenced":
         raise r.fenced(session_id, epoch, reply)
@@ -239,7 +262,8 @@ def _save_checkpoint(
     if len(data) > CHECKPOINT_MAX_BYTES:
         raise FxLimitError(f"a checkpoint is limited to {CHECKPOINT_MAX_BYTES} bytes", code=Code.JOURNAL_TOO_LARGE)
     call = scripts.save_checkpoint(
-        keys, epoch=int(epoch), now_ms=core.now(now_ms), through=int(through or 0), data=bytes(data),
+        keys, epoch=int(epoch), now_ms=core.now(now_ms), through=int(through or 0),
+        data=_packed.pack_checkpoint(bytes(data)),
         max_bytes=CHECKPOINT_MAX_BYTES, ttl_ms=core.ttl_ms,
     )
 

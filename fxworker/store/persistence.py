@@ -56,7 +56,7 @@ from fxengine.persistence import Loaded, Mark
 from ..errors import FxLeaseLostError, FxStoreUnavailableError
 from ..ids import now_ms
 from ._workers import _append
-from .types import Claim, StoreRecord
+from .types import Appended, Claim, StoreRecord
 
 T = TypeVar("T")
 log = logging.getLogger("fxworker.lines")
@@ -68,6 +68,9 @@ RETRY_MARGIN_MS = 100  # the last try starts this long before `due_ms`
 # A turn's end compacts the log once this many records follow the checkpoint: a claim
 # reads at most about this many records, and a short turn costs no compaction call.
 COMPACT_AFTER_RECORDS = 24
+# The most lines a writer keeps (as sent) for the call that lets the session go to pack
+# (`append(pack_after=...)`); a longer claim leaves its oldest lines unpacked.
+PACK_MAX_LINES = 4096
 
 
 async def retry_unavailable(
@@ -127,6 +130,11 @@ class LineWriter:
         # (key, lines, marks) of a call that failed and may have run
         self._held: tuple[str, list[dict[str, Any]], list[Mark]] | None = None
         self.closed = False
+        # The lines this writer stored, as sent, from cursor `_stored_first` on, and the
+        # cursor its next line gets (the claim's `ui_cursor` + 1 until it stores one).
+        self._stored: list[str] = []
+        self._stored_first = 0
+        self.next_line: int | None = None
 
     def __repr__(self) -> str:
         held = len(self._held[1]) if self._held else 0
@@ -208,6 +216,32 @@ class LineWriter:
         if (lines or marks) and not self.closed:
             self._held = (key, lines, list(marks or ()))
 
+    def stored(self, appended: Appended) -> None:
+        """Keeps the texts of the lines a call of this writer stored, for `pack_after()`."""
+        if not appended.lines:
+            return
+        first = appended.lines[0]
+        if len(appended.texts) != len(appended.lines) or (
+            self._stored and first != self._stored_first + len(self._stored)
+        ):
+            self._stored = []  # not this writer's run of lines: start again after it
+        else:
+            if not self._stored:
+                self._stored_first = first
+            self._stored.extend(appended.texts)
+            if len(self._stored) > PACK_MAX_LINES:
+                drop = len(self._stored) - PACK_MAX_LINES
+                del self._stored[:drop]
+                self._stored_first += drop
+        self.next_line = appended.lines[-1] + 1
+
+    def pack_after(self) -> tuple[int, list[str]] | None:
+        """(first cursor, texts) of the lines this writer stored, for the call that lets the
+        session go to pack with its own (None: where its lines begin is not known)."""
+        if self._stored:
+            return self._stored_first, self._stored
+        return (self.next_line, []) if self.next_line is not None else None
+
     def fenced(self) -> None:
         """A write was refused: this writer writes nothing more."""
         self.closed = True
@@ -239,6 +273,7 @@ class LineWriter:
         except BaseException:
             self.hold(key, lines, marks)
             raise
+        self.stored(appended)
         return list(appended.lines)
 
     async def flush(self, *, marks: Iterable[Mark] = ()) -> list[int]:
@@ -317,6 +352,8 @@ class LineFlusher:
                 writer.fenced()
             elif failed:
                 writer.hold(key, lines)  # it may have run: resent first, alone, under its key
+            else:
+                writer.stored(result)
             writer.lock.release()
             if failed:
                 log.debug("writing lines of %s failed (%s); its writer retries", writer.session_id, result)
@@ -349,9 +386,13 @@ class StorePersistence:
     a turn (an `end` or `yield` mark); `end_stored` is the last line stored that way.
 
     `release_with_end`, when set, is asked as a record ends a turn (an `end` mark) whether
-    its call may also let the session go (`append(release=True)`), unless a compaction is
-    due after it (`save_checkpoint` writes under the lease). When the store did,
-    `released` is True and the writer is closed: nothing more is written under this epoch.
+    its call may also let the session go (`append(release=True)`). That call also packs the
+    lines this writer stored, and carries the checkpoint `checkpoint_now()` gives (the
+    conversation exactly through that record, or None), so the session rests without a
+    log (§5 "Packed at rest"). Without a checkpoint it asks only when no compaction is
+    due after the record (`save_checkpoint` writes under the lease). When the store let
+    go, `released` is True and the writer is closed: nothing more is written under this
+    epoch.
     """
 
     def __init__(
@@ -371,7 +412,10 @@ class StorePersistence:
         self._end_line: dict[str, Any] | None = None
         self.end_stored: dict[str, Any] | None = None
         self.release_with_end: Callable[[], bool] | None = None
+        self.checkpoint_now: Callable[[], bytes | None] | None = None
         self.released = False
+        if self.writer.next_line is None:
+            self.writer.next_line = claim.ui_cursor + 1
 
     def __repr__(self) -> str:
         return f"<StorePersistence session={self.session_id} epoch={self.epoch} head={self.head}>"
@@ -418,9 +462,12 @@ class StorePersistence:
             release = (
                 self.release_with_end is not None
                 and any("end" in m for m in marks)
-                and self.uncompacted + 1 < COMPACT_AFTER_RECORDS
                 and self.release_with_end()
             )
+            checkpoint = self.checkpoint_now() if release and self.checkpoint_now is not None else None
+            if checkpoint is None and self.uncompacted + 1 >= COMPACT_AFTER_RECORDS:
+                release = False  # a compaction is due after the record, under the lease
+            pack_after = self.writer.pack_after() if release else None
             lines = self.writer.take()
             self.writer.record_due = False
             sent = lines + [end_line] if end_line is not None else lines
@@ -436,6 +483,8 @@ class StorePersistence:
                         expected=expected,
                         durable=barrier,
                         release=release,
+                        checkpoint=checkpoint,
+                        pack_after=pack_after,
                     ),
                     due_ms=self.writer.lease_due_ms,
                     what=f"appending record {idempotency_key} of {self.session_id}",
@@ -450,17 +499,25 @@ class StorePersistence:
                 raise
         self.head = str(appended.records[0])
         self.uncompacted += 1
+        self.writer.stored(appended)
         if end_line is not None:
             self.end_stored = end_line
         if appended.released:
             self.released = True
             self.writer.closed = True
+            if checkpoint is not None:
+                self.uncompacted = 0  # the log went with the release: the checkpoint covers it
         return self.head
 
+    def checkpoint_due(self) -> bool:
+        """Whether `save_checkpoint` would store one: `COMPACT_AFTER_RECORDS` records follow
+        the last checkpoint (before that, a claim reads them at little cost), and the session
+        was not let go (the engine asks before it builds the bytes)."""
+        return self.uncompacted >= COMPACT_AFTER_RECORDS and not self.released
+
     async def save_checkpoint(self, *, through: str, data: bytes) -> None:
-        """Compacts the log through `through`, once `COMPACT_AFTER_RECORDS` records follow
-        the last checkpoint (before that, a claim reads them at little cost)."""
-        if self.uncompacted < COMPACT_AFTER_RECORDS:
+        """Compacts the log through `through` when `checkpoint_due()`."""
+        if not self.checkpoint_due():
             return
         await self.store.save_checkpoint(self.session_id, self.epoch, through=through, data=data)
         self.uncompacted = 0

@@ -151,13 +151,16 @@ class Idle:
 @dataclass(frozen=True, slots=True)
 class Appended:
     """What a fenced `append()` stored: the record cursors and UI line cursors, in order;
-    `released`: the call let the session go (`append(release=True)`)."""
+    `released`: the call let the session go (`append(release=True)`); `texts`: the call's
+    lines as sent (for `pack_after`); `packed`: the lines its release packed."""
 
     records: list[str]
     lines: list[int]
     head: str | None
     repeated: bool = False
     released: bool = False
+    texts: list[str] = field(default_factory=list)
+    packed: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,7 @@ from tests.chaos.nemesis import CLUSTER_KINDS, KINDS, Nemesis
 from tests.chaos.system import System
 from tests.chaos.tooling import events_key, runs_key
 from tests.chaos.workload import Driver, ModelScript, SessionDriver
+from tests.support.stored import unpacked
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PLANTS = {"duplicate-effects": {"FX_TEST_DUPLICATE_EFFECTS": "1"}}
@@ -251,16 +252,16 @@ def _values(r: Any, key: bytes) -> list[bytes]:
     kind = r.type(key)
     if kind == b"string":
         return [r.get(key) or b""]
-    if kind == b"hash":
-        return [b for kv in r.hgetall(key).items() for b in kv]
+    if kind == b"hash":  # a checkpoint packed at rest is read unpacked
+        return [b for f, v in r.hgetall(key).items() for b in (f, unpacked(key, f, v))]
     if kind == b"list":
         return list(r.lrange(key, 0, -1))
     if kind == b"set":
         return list(r.smembers(key))
     if kind == b"zset":
         return list(r.zrange(key, 0, -1))
-    if kind == b"stream":
-        return [b for _, fields in r.xrange(key) for kv in fields.items() for b in kv]
+    if kind == b"stream":  # and lines packed at rest expanded
+        return [b for _, fields in r.xrange(key) for f, v in fields.items() for b in (f, unpacked(key, f, v))]
     return []
 
 

@@ -38,6 +38,7 @@ from fxworker.store import store_clients
 from tests.chaos.faults import Pool, fault_env
 from tests.support.redis_server import RedisServer
 from tests.support.redis_topology import RedisClusterProcesses, replica_online
+from tests.support.stored import stored_lines
 from tests.support.workers import ROOT, Workers, wait_until
 from tests.web._server import WebProcess
 
@@ -199,15 +200,14 @@ class System:
 
     def lines(self, session_id: str) -> list[dict[str, Any]]:
         """Every line the store holds for the session, in cursor order."""
-        key = session_keys(self.prefix, session_id).ui
-        entries = self.retrying(lambda r: r.xrange(key))
-        return [json.loads(fields[b"l"]) for _, fields in entries]
+        keys = session_keys(self.prefix, session_id)
+        return [json.loads(text) for text in self.retrying(lambda r: stored_lines(r, keys, session_id))]
 
     def last_epoch(self, session_id: str) -> int | None:
         """The epoch of the session's newest stored line (None: no line yet)."""
-        key = session_keys(self.prefix, session_id).ui
-        entries = self.retrying(lambda r: r.xrevrange(key, count=1), timeout_s=5.0)
-        return int(json.loads(entries[0][1][b"l"])["epoch"]) if entries else None
+        keys = session_keys(self.prefix, session_id)
+        lines = self.retrying(lambda r: stored_lines(r, keys, session_id, newest=True), timeout_s=5.0)
+        return int(json.loads(lines[-1])["epoch"]) if lines else None
 
     def held_leases(self, session_ids: list[str]) -> dict[str, tuple[int, int]]:
         """Session id -> (lease epoch, expires_ms) of those whose lease is held (a delivery runs)."""

@@ -17,6 +17,7 @@ from fxworker.embedded import InProcessWaker
 from fxworker.store import redis_store
 from tests.providers.conftest import CredentialStore
 from tests.providers.fakes import FakePlan
+from tests.support.stored import unpacked
 
 
 def _dump(client: redis.Redis) -> bytes:
@@ -29,7 +30,7 @@ def _dump(client: redis.Redis) -> bytes:
             out.append(client.get(key) or b"")
         elif kind == b"hash":
             for field, value in client.hgetall(key).items():
-                out += [field, value]
+                out += [field, unpacked(key, field, value)]  # a checkpoint packed at rest, unpacked
         elif kind == b"list":
             out += client.lrange(key, 0, -1)
         elif kind == b"set":
@@ -40,7 +41,7 @@ def _dump(client: redis.Redis) -> bytes:
             for entry_id, fields in client.xrange(key):
                 out.append(entry_id)
                 for field, value in fields.items():
-                    out += [field, value]
+                    out += [field, unpacked(key, field, value)]  # lines packed at rest, expanded
     return b"\n".join(out)
 
 

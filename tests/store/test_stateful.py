@@ -1,14 +1,16 @@
 """Three simulated workers race for one session against the real Redis (§11.4, §11.7).
 
 Workers claim, append (records + UI lines), renew, freeze (stop renewing), wake, release,
-while the clock the scripts see is advanced past lease expiries. After every step: the log
+end a turn with a call that lets the session go and packs the lines it stored (§5 "Packed
+at rest"; at random with one text wrong, which packs nothing), while the clock the
+scripts see is advanced past lease expiries. After every step: the log
 holds exactly the writes of whoever headed the epoch chain at the time, the UI stream is
 contiguous, in epoch order and free of stale lines, and at most one live holder exists.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -29,6 +31,8 @@ WORKERS = st.sampled_from(["w1", "w2", "w3"])
 class Worker:
     epoch: int | None = None
     frozen: bool = False
+    first_line: int = 0  # the cursor its claim's first line gets
+    texts: list[str] = field(default_factory=list)  # its lines as sent (`Appended.texts`)
 
 
 class LeaseMachine(RuleBasedStateMachine):
@@ -75,7 +79,8 @@ class LeaseMachine(RuleBasedStateMachine):
         assert claim is not None and claim.epoch == self.epoch + 1
         assert [r.data for r in claim.records] == [data for data, _ in self.log]
         self.epoch, self.holder, self.expires_ms, self.released = claim.epoch, name, self.clock.ms + LEASE_MS, False
-        self.workers[name] = Worker(epoch=claim.epoch)
+        assert claim.ui_cursor == len(self.lines)
+        self.workers[name] = Worker(epoch=claim.epoch, first_line=claim.ui_cursor + 1)
 
     @rule(name=WORKERS, n_lines=st.integers(0, 3))
     def append(self, name: str, n_lines: int) -> None:
@@ -96,6 +101,35 @@ class LeaseMachine(RuleBasedStateMachine):
         assert appended.lines == list(range(len(self.lines) + 1, len(self.lines) + n_lines + 1))
         self.log.append((data, worker.epoch))
         self.lines += [(line["delta"], worker.epoch) for line in lines]
+        worker.texts += appended.texts
+
+    @rule(name=WORKERS, n_lines=st.integers(0, 3), spoil=st.booleans())
+    def end_and_let_go(self, name: str, n_lines: int, spoil: bool) -> None:
+        worker = self.workers[name]
+        if worker.epoch is None:
+            return
+        self.writes += 1
+        data = f"{name}:{self.writes}".encode()
+        lines = [{"type": "text_delta", "delta": f"{data.decode()}/{i}"} for i in range(n_lines)]
+        texts = list(worker.texts)
+        if spoil and texts:
+            texts[0] = texts[0].replace("text_delta", "text_delte")
+        expected = self.heads(name)
+        try:
+            # The prompt is taken without a turn (`drop`): nothing waits, so the call lets go.
+            appended = self.store.append(self.sid, worker.epoch, records=[(data.decode(), data, [{"drop": "m1"}])],
+                                         lines=lines, release=True, pack_after=(worker.first_line, texts))
+        except FxLeaseLostError:
+            assert not expected
+            worker.epoch = None
+            return
+        assert expected and appended.released
+        self.log.append((data, worker.epoch))
+        self.lines += [(line["delta"], worker.epoch) for line in lines]
+        claimed = len(self.lines) - worker.first_line + 1  # the lines of this claim
+        assert appended.packed == (0 if spoil and worker.texts else claimed)
+        self.released = True
+        worker.epoch = None
 
     @rule(name=WORKERS)
     def renew(self, name: str) -> None:
