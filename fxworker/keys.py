@@ -23,7 +23,8 @@ loses it again when new input is accepted):
                       gave, used by every input that gives none), unserved_ms /
                       unserved_n / unserved_next_ms (a wake found no process running
                       the agent: first miss, misses, next wake; cleared by a claim that
-                      runs it), rest (1 while `rest` holds the log). At rest the open
+                      runs it), rest (1 while `rest` holds the log), through (the
+                      stored checkpoint's: `ckpt` must exist). At rest the open
                       turn's fields are gone (read as 0 or "").
                       Written by accept, append, claim, release, cancel; save_checkpoint
                       clears line_key; ack_read writes ui back as it was (a read's

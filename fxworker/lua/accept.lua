@@ -33,13 +33,13 @@ local kind, mid, input, agent, now_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV
 if KEYS[11] then redis.call('ZADD', KEYS[11], 'GT', now_ms, ARGV[7]) end
 
 local m = redis.call('HMGET', meta, 'agent', 'ui', 'inbox', 'steers', 'steer_bytes', 'expiring', 'context', 'head', 'epoch',
-  'rest', 'turn')
+  'rest', 'turn', 'through')
 local owner, ui = m[1], tonumber(m[2] or 0)
 -- A session with a key gone is refused; one that was set to expire is gone: what is left
 -- of it goes, and the input finds no session.
 local lost
 if owner then
-  lost = lost_key(ui, tonumber(m[3] or 0), tonumber(m[8] or 0), tonumber(m[9] or 0), m[10], m[11])
+  lost = lost_key(ui, tonumber(m[3] or 0), tonumber(m[8] or 0), tonumber(m[9] or 0), m[10], m[11], tonumber(m[12] or 0))
 else
   lost = orphan_key()
 end

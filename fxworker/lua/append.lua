@@ -264,6 +264,7 @@ if release and turn == '' and redis.call('ZCARD', pending) == 0 then
     redis.call('HSET', KEYS[9], 'data', checkpoint, 'through', head)
     redis.call('DEL', log, KEYS[10])
     redis.call('HDEL', meta, 'rest')
+    redis.call('HSET', meta, 'through', head)
   end
   if #packs > 0 then packed = pack_lines() end
   at_rest(ttl_ms, KEYS[11], release)  -- the retention TTL too

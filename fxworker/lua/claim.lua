@@ -63,13 +63,13 @@ if l[4] == 'held' then
 end
 local m = redis.call('HMGET', meta, 'agent', 'head', 'ui', 'inbox', 'turn', 'turn_seq', 'yielded', 'cutoffs', 'deaths', 'cancel',
                        'turn_cursor', 'epoch', 'unserved_ms', 'unserved_n', 'expiring', 'unserved_next_ms', 'spared',
-                       'rest')
+                       'rest', 'through')
 if not m[1] then
   if orphan_key() == 'meta' then return {'incomplete', 'meta'} end
   return {'unknown'}
 end
 local lost = lost_key(tonumber(m[3] or 0), tonumber(m[4] or 0), tonumber(m[2] or 0), tonumber(m[12] or 0),
-                      m[18], m[5])
+                      m[18], m[5], tonumber(m[19] or 0))
 if lost then
   -- A session set to expire that lost a key is expiring: gone, as if it had.
   if m[15] == '1' then return {'unknown'} end

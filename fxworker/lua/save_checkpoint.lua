@@ -26,6 +26,7 @@ local previous = tonumber(redis.call('HGET', ckpt, 'through') or 0)
 if through > head or through < previous then return {'bad_through', head, previous} end
 
 redis.call('HSET', ckpt, 'data', ARGV[4], 'through', through)
+redis.call('HSET', meta, 'through', through)  -- the key must exist from now on (_whole.lua)
 local trimmed = 0
 if through > 0 then
   for _, e in ipairs(redis.call('XRANGE', log, '-', through .. '-0')) do

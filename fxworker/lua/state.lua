@@ -17,13 +17,14 @@
 -- include: _whole.lua
 
 local m = redis.call('HMGET', KEYS[1], 'agent', 'created_ms', 'ui', 'turns', 'turn', 'last_turn', 'cancel', 'head', 'yielded',
-                     'inbox', 'epoch', 'expiring', 'unserved_ms', 'unserved_next_ms', 'rest')
+                     'inbox', 'epoch', 'expiring', 'unserved_ms', 'unserved_next_ms', 'rest',
+                     'through')
 if not m[1] then
   if orphan_key() == 'meta' then return {'incomplete', 'meta'} end
   return {}
 end
 local lost = lost_key(tonumber(m[3] or 0), tonumber(m[10] or 0), tonumber(m[8] or 0), tonumber(m[11] or 0),
-                      m[15], m[5])
+                      m[15], m[5], tonumber(m[16] or 0))
 if lost then
   if m[12] == '1' then return {} end
   return {'incomplete', lost}

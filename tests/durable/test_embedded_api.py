@@ -75,6 +75,39 @@ async def test_a_turn_that_ends_lets_the_session_go_with_its_turn_end(agent: Age
     assert [e for e in agent.events if e["type"] == "session.redelivered"] == []  # type: ignore[attr-defined]
 
 
+async def test_a_session_at_rest_keeps_its_turns_packed_and_reads_them_back(agent: Agent, model: ScriptedModel) -> None:
+    """Each end record lets the session go with the checkpoint through it and the claim's
+    lines packed (§5 "Packed at rest"): at rest there is no log, one `ui` entry a turn, and
+    every line reads back as the turns streamed it, from any cursor; the next turn loads
+    the conversation from the checkpoint alone."""
+    import json
+
+    from fxworker.store._packed import CHECKPOINT_MAGIC
+
+    session = agent.session(context={"user": "u1"})
+    streamed: list[dict[str, Any]] = []
+    for i in range(3):
+        turn = await session.prompt(f"send:bob{i}")
+        streamed += [json.loads(chunk) async for chunk in turn.ndjson()]
+        assert streamed[-1]["type"] == "turn_end"
+    keys = agent.store.core.keys(session.id)
+    client = agent.store.client
+    entries = await client.xrange(keys.ui)
+    ends = [line["cursor"] for line in streamed if line["type"] == "turn_end"]
+    assert [int(entry_id.split(b"-")[0]) for entry_id, _ in entries] == ends
+    assert all(set(fields) == {b"f", b"z"} for _, fields in entries)
+    assert not await client.exists(keys.log, keys.rest)
+    assert (await client.hget(keys.ckpt, "data")).startswith(CHECKPOINT_MAGIC)
+    assert [line async for line in session.stream(0, follow=False)] == streamed
+    assert [line async for line in session.stream(ends[0] - 1, follow=False)] == streamed[ends[0] - 1:]
+    # The conversation goes on from the checkpoint: the model is sent every earlier turn.
+    result = await (await session.prompt("hi")).result()
+    assert result.stop_reason == "end_turn"
+    sent = json.dumps(model.requests[-1].body["messages"])
+    assert all(f"send:bob{i}" in sent for i in range(3)) and "hi" in sent
+    assert (await agent.store.load(session.id)).journal == []
+
+
 async def test_a_tool_turn_streams_tool_lines_and_ndjson(agent: Agent) -> None:
     session = agent.session(context={"user": "u1"})
     turn = await session.prompt("send:bob")

@@ -62,6 +62,50 @@ async def test_a_session_missing_a_key_is_refused_by_state_accept_and_claim(
         assert not store.sync.client.hexists(store._core.keys(sid).msgs, "m2")
 
 
+async def _packed(store: RedisStore, sid: str, clock: FakeClock) -> None:
+    """At rest after an end record that carried the checkpoint (§5 "Packed at rest"): no
+    log, the checkpoint holds the conversation, the lines are one chunk."""
+    await store.accept(sid, agent="default", message_id="m1", input="hello")
+    claim = await store.claim(sid, holder="w1", lease_ms=1000)
+    assert isinstance(claim, Claim)
+    first = await store.append(sid, claim.epoch, records=[("k1", b"start", [{"start": "m1"}])],
+                               lines=[{"type": "turn_start", "messageId": "m1"}])
+    end = await store.append(sid, claim.epoch, records=[("k2", b"end", [{"end": True}])],
+                             lines=[{"type": "turn_end", "messageId": "m1", "stopReason": "end_turn"}],
+                             release=True, checkpoint=b"FXJ\x01the conversation", pack_after=(1, first.texts))
+    assert end.released and end.packed == 2
+
+
+async def _compacted(store: RedisStore, sid: str, clock: FakeClock) -> None:
+    """A running session whose log holds only the records after its checkpoint."""
+    await _running(store, sid, clock)
+    clock.advance(-2000)
+    claim = await store.claim(sid, holder="w1", lease_ms=1000)
+    assert isinstance(claim, Claim)
+    await store.save_checkpoint(sid, claim.epoch, through="1", data=b"FXJ\x01the first record")
+    await store.append(sid, claim.epoch, records=[("k2", b"step", [])])
+    clock.advance(2000)
+
+
+@pytest.mark.parametrize("layout, name", [
+    ("packed", "ckpt"), ("packed", "ui"), ("packed", "meta"), ("compacted", "ckpt"), ("compacted", "log"),
+])
+async def test_a_checkpointed_session_missing_a_key_is_refused(
+    store: RedisStore, sid: str, clock: FakeClock, layout: str, name: str
+) -> None:
+    """Without its checkpoint the records after it would load as the whole conversation:
+    the checkpoint must stand once one was stored (meta `through`)."""
+    await (_packed if layout == "packed" else _compacted)(store, sid, clock)
+    _delete(store, sid, name)
+    with pytest.raises(FxSessionIncompleteError) as refused:
+        await store.state(sid)
+    assert f"its {name} key is gone" in str(refused.value)
+    with pytest.raises(FxSessionIncompleteError):
+        await store.accept(sid, agent="default", message_id="m2", input="again")
+    with pytest.raises(FxSessionIncompleteError):
+        await store.claim(sid, holder="w2", lease_ms=1000)
+
+
 async def test_an_incomplete_session_is_neither_woken_nor_listed(store: RedisStore, sid: str, clock: FakeClock) -> None:
     await store.accept(sid, agent="default", message_id="m1", input="hello")
     _delete(store, sid, "inbox")

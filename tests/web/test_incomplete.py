@@ -13,15 +13,16 @@ from tests.web.conftest import read_turn
 pytestmark = [pytest.mark.redis, pytest.mark.celery]
 
 
-@pytest.mark.parametrize("name", ["rest", "lease", "meta"])
+@pytest.mark.parametrize("name", ["ckpt", "ui", "lease", "meta"])
 def test_a_session_missing_a_key_is_410_on_every_route(api: httpx.Client, redis_url: str, prefix: str, name: str) -> None:
     sid = api.post("/v1/sessions", json={"input": "soon half gone"}).json()["sessionId"]
     read_turn(api, sid)
     keys = session_keys(prefix, sid)
     client = redis.Redis.from_url(redis_url)
     try:
-        # At rest once released: the log and the lines but the last are in `rest`.
-        wait_until(lambda: client.exists(keys.rest), 10, what="the session at rest")
+        # At rest once released: the checkpoint holds the conversation, `ui` its lines packed.
+        wait_until(lambda: client.hget(keys.lease, "state") == b"released", 10, what="the session at rest")
+        assert client.exists(keys.ckpt) and not client.exists(keys.log, keys.rest)
         assert client.delete(getattr(keys, name)) == 1
     finally:
         client.close()
