@@ -464,7 +464,7 @@ class StorePersistence:
                 and any("end" in m for m in marks)
                 and self.release_with_end()
             )
-            checkpoint = self.checkpoint_now() if release and self.checkpoint_now is not None else None
+            checkpoint = self._settled_checkpoint() if release else None
             if checkpoint is None and self.uncompacted + 1 >= COMPACT_AFTER_RECORDS:
                 release = False  # a compaction is due after the record, under the lease
             pack_after = self.writer.pack_after() if release else None
@@ -514,6 +514,17 @@ class StorePersistence:
         the last checkpoint (before that, a claim reads them at little cost), and the session
         was not let go (the engine asks before it builds the bytes)."""
         return self.uncompacted >= COMPACT_AFTER_RECORDS and not self.released
+
+    def _settled_checkpoint(self) -> bytes | None:
+        """`checkpoint_now()`, or None when there is none or it fails (the record goes
+        without it: the log keeps the conversation, as before)."""
+        if self.checkpoint_now is None:
+            return None
+        try:
+            return self.checkpoint_now()
+        except Exception:  # noqa: BLE001 - the journal still holds everything
+            log.warning("building the checkpoint of %s failed", self.session_id, exc_info=True)
+            return None
 
     async def save_checkpoint(self, *, through: str, data: bytes) -> None:
         """Compacts the log through `through` when `checkpoint_due()`."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from fxengine import FxLimitError, Persistence
@@ -169,3 +171,47 @@ async def test_an_end_record_releases_only_when_no_compaction_follows_it(store: 
     assert not released and (await store.state(sid)).lease_holder == "w"
     assert (await store.load(sid)).checkpoint.data == b"ck-m2"  # type: ignore[union-attr]
     assert (await store.release(sid, long.epoch)).released  # type: ignore[attr-defined]
+
+
+async def test_an_end_record_that_lets_go_carries_the_checkpoint_and_the_claims_lines(store: RedisStore,
+                                                                                     sid: str) -> None:
+    """With `checkpoint_now` set, the end record's call lets the session go even when a
+    compaction would be due: the checkpoint it carries replaces the log (§5 "Packed at
+    rest"), and the lines the claim stored are packed. A checkpoint that fails to build is
+    left out: the call lets go all the same, and the log keeps the conversation."""
+    async def turn(message_id: str, records_before_end: int, checkpoint: Any) -> Persistence:
+        await store.accept(sid, agent="default", message_id=message_id, input="hello")
+        claim = await store.claim(sid, holder="w", lease_ms=60_000)
+        assert claim is not None
+        p = store.persistence(sid, claim.epoch, claim)
+        p.release_with_end = lambda: True  # type: ignore[attr-defined]
+        p.checkpoint_now = checkpoint  # type: ignore[attr-defined]
+        p.queue_lines([{"type": "turn_start", "messageId": message_id}])  # type: ignore[attr-defined]
+        head = await p.append(expected=(await p.load()).head, idempotency_key=f"{message_id}:0", data=b"s",
+                              barrier=True, marks=[{"start": message_id}])
+        for n in range(1, records_before_end):
+            p.queue_lines([{"type": "text_delta", "delta": f"{n}", "messageId": message_id}])  # type: ignore[attr-defined]
+            head = await p.append(expected=head, idempotency_key=f"{message_id}:{n}", data=b"r", barrier=False,
+                                  marks=[])
+        p.ride_with_end({"type": "turn_end", "messageId": message_id})  # type: ignore[attr-defined]
+        await p.append(expected=head, idempotency_key=f"{message_id}:end", data=b"e", barrier=False,
+                       marks=[{"end": True}])
+        assert p.released  # type: ignore[attr-defined]
+        return p
+
+    await turn("m1", COMPACT_AFTER_RECORDS + 2, lambda: b"FXJ\x01through m1")
+    loaded = await store.load(sid)
+    assert loaded.checkpoint is not None and loaded.checkpoint.data == b"FXJ\x01through m1"
+    assert loaded.journal == [] and loaded.head == str(COMPACT_AFTER_RECORDS + 3)
+    lines = await store.read_lines(sid, 0, count=1000)
+    assert [line["cursor"] for line in lines] == list(range(1, COMPACT_AFTER_RECORDS + 4))
+    assert await store.client.xlen(store.core.keys(sid).ui) == 1  # one chunk
+
+    def broken() -> bytes:
+        raise RuntimeError("the state does not encode")
+
+    await turn("m2", 2, broken)
+    loaded = await store.load(sid)
+    assert loaded.checkpoint is not None and loaded.checkpoint.data == b"FXJ\x01through m1"
+    assert [r.data for r in loaded.journal] == [b"s", b"r", b"e"]
+    assert (await store.state(sid)).lease_holder is None
