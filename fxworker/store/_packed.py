@@ -57,7 +57,9 @@ def pack_checkpoint(data: bytes) -> bytes:
     wrap = data.startswith(CHECKPOINT_MAGIC)
     if len(data) < _CHECKPOINT_MIN_BYTES and not wrap:
         return data
-    packer = zlib.compressobj(_LEVEL, zlib.DEFLATED, _CHECKPOINT_WBITS, _MEM_LEVEL)
+    # A window no larger than the data sets up faster; reading takes any window.
+    packer = zlib.compressobj(_LEVEL, zlib.DEFLATED, _LINES_WBITS if len(data) <= 8192 else _CHECKPOINT_WBITS,
+                              _MEM_LEVEL)
     packed = CHECKPOINT_MAGIC + packer.compress(data) + packer.flush()
     return packed if wrap or len(packed) < len(data) else data
 
