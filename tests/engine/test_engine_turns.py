@@ -276,3 +276,27 @@ async def test_many_engines_share_one_client_on_one_loop(model: ScriptedModel) -
         for engine in engines:
             await engine.close()
         assert not client.is_closed
+
+
+async def test_a_settled_checkpoint_is_the_state_through_the_record_on_its_way(
+    model: ScriptedModel, make_engine: Any
+) -> None:
+    """`settled_checkpoint()`, asked as each record is appended: None while a turn is open,
+    and as the turn's end record goes, exactly what `checkpoint()` gives after the turn
+    (a store may keep it instead of the records, fxworker's release at rest does)."""
+    model.script(Reply(tool_call("c", "lookup", {"query": "q"})), Reply(text("done")))
+    asked: list[tuple[list[str], bytes | None]] = []
+    engine: Any = None
+
+    class AskingPersistence(MemoryPersistence):
+        async def append(self, **kwargs: Any) -> str:
+            asked.append((sorted(k for m in kwargs["marks"] for k in m), engine.settled_checkpoint()))
+            return await super().append(**kwargs)
+
+    engine = await make_engine(tools=[lookup], persistence=AskingPersistence())
+    await run(engine.prompt("q"))
+    *during, (end_marks, at_end) = asked
+    assert "end" in end_marks and during and all(data is None for _, data in during)
+    assert at_end == engine.checkpoint()
+    restored = await make_engine(tools=[lookup], checkpoint=at_end)
+    assert restored.checkpoint() == at_end
