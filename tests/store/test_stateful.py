@@ -11,6 +11,7 @@ contiguous, in epoch order and free of stale lines, and at most one live holder 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -82,17 +83,27 @@ class LeaseMachine(RuleBasedStateMachine):
         assert claim.ui_cursor == len(self.lines)
         self.workers[name] = Worker(epoch=claim.epoch, first_line=claim.ui_cursor + 1)
 
-    @rule(name=WORKERS, n_lines=st.integers(0, 3))
-    def append(self, name: str, n_lines: int) -> None:
+    def _write(self, name: str, n_lines: int, *, let_go: bool = False, spoil: bool = False) -> None:
+        """A record and `n_lines` lines from worker `name`. With `let_go`, the record's call
+        lets the session go and packs the lines the worker stored under its claim (`spoil`:
+        with one of their texts wrong, which packs nothing)."""
         worker = self.workers[name]
         if worker.epoch is None:
             return
         self.writes += 1
         data = f"{name}:{self.writes}".encode()
         lines = [{"type": "text_delta", "delta": f"{data.decode()}/{i}"} for i in range(n_lines)]
+        texts = list(worker.texts)
+        spoilt = spoil and bool(texts)
+        if spoilt:
+            texts[0] = texts[0].replace("text_delta", "text_delte")
+        # The prompt is taken without a turn (`drop`): nothing waits, so the call lets go.
+        marks = [{"drop": "m1"}] if let_go else []
+        options: dict[str, Any] = {"release": True, "pack_after": (worker.first_line, texts)} if let_go else {}
         expected = self.heads(name)
         try:
-            appended = self.store.append(self.sid, worker.epoch, records=[(data.decode(), data, [])], lines=lines)
+            appended = self.store.append(self.sid, worker.epoch, records=[(data.decode(), data, marks)], lines=lines,
+                                         **options)
         except FxLeaseLostError:
             assert not expected
             worker.epoch = None  # a fenced worker stops at once
@@ -102,34 +113,20 @@ class LeaseMachine(RuleBasedStateMachine):
         self.log.append((data, worker.epoch))
         self.lines += [(line["delta"], worker.epoch) for line in lines]
         worker.texts += appended.texts
+        if let_go:
+            assert appended.released
+            claimed = len(self.lines) - worker.first_line + 1  # the lines of this claim
+            assert appended.packed == (0 if spoilt else claimed)
+            self.released = True
+            worker.epoch = None
+
+    @rule(name=WORKERS, n_lines=st.integers(0, 3))
+    def append(self, name: str, n_lines: int) -> None:
+        self._write(name, n_lines)
 
     @rule(name=WORKERS, n_lines=st.integers(0, 3), spoil=st.booleans())
     def end_and_let_go(self, name: str, n_lines: int, spoil: bool) -> None:
-        worker = self.workers[name]
-        if worker.epoch is None:
-            return
-        self.writes += 1
-        data = f"{name}:{self.writes}".encode()
-        lines = [{"type": "text_delta", "delta": f"{data.decode()}/{i}"} for i in range(n_lines)]
-        texts = list(worker.texts)
-        if spoil and texts:
-            texts[0] = texts[0].replace("text_delta", "text_delte")
-        expected = self.heads(name)
-        try:
-            # The prompt is taken without a turn (`drop`): nothing waits, so the call lets go.
-            appended = self.store.append(self.sid, worker.epoch, records=[(data.decode(), data, [{"drop": "m1"}])],
-                                         lines=lines, release=True, pack_after=(worker.first_line, texts))
-        except FxLeaseLostError:
-            assert not expected
-            worker.epoch = None
-            return
-        assert expected and appended.released
-        self.log.append((data, worker.epoch))
-        self.lines += [(line["delta"], worker.epoch) for line in lines]
-        claimed = len(self.lines) - worker.first_line + 1  # the lines of this claim
-        assert appended.packed == (0 if spoil and worker.texts else claimed)
-        self.released = True
-        worker.epoch = None
+        self._write(name, n_lines, let_go=True, spoil=spoil)
 
     @rule(name=WORKERS)
     def renew(self, name: str) -> None:
