@@ -110,11 +110,12 @@ def compressed(client: redis.Redis, prefix: str, session_id: str) -> dict[str, i
     keys = session_keys(prefix, session_id)
     entries = [(int(i.split(b"-", 1)[0]), f) for i, f in client.xrange(keys.ui)]
     stored_ckpt = client.hget(keys.ckpt, "data") or b""
+    rest = client.get(keys.rest) or b""
     parts = {
         "lines": (b"\n".join(text for _, text in expand(session_id, entries, 0)),
                   sum(len(v) for _, f in entries for v in f.values())),
         "ckpt": (unpack_checkpoint(stored_ckpt), len(stored_ckpt)),
-        "rest": (client.get(keys.rest) or b"", len(client.get(keys.rest) or b"")),
+        "rest": (rest, len(rest)),
     }
     sizes: dict[str, int] = {"ui_entries": len(entries)}
     for name, (raw, stored) in parts.items():

@@ -34,8 +34,9 @@ CHUNK_MAX_BYTES = 64 * 1024
 # to set up and compress these small values as well (bench/cost.py prints the sizes).
 _LEVEL = 6
 _MEM_LEVEL = 4
-_LINES_WBITS = -13
-_CHECKPOINT_WBITS = -15
+_SMALL_WBITS = -13  # an 8 KiB window: lines, and checkpoints no larger than it
+_SMALL_BYTES = 8192
+_WBITS = -15  # zlib's 32 KiB window: larger checkpoints (any window reads back with it)
 _CHECKPOINT_MIN_BYTES = 128  # smaller values are stored as they are
 
 # Line text most chunks repeat (format 1: never change it, add a format instead). The
@@ -57,9 +58,8 @@ def pack_checkpoint(data: bytes) -> bytes:
     wrap = data.startswith(CHECKPOINT_MAGIC)
     if len(data) < _CHECKPOINT_MIN_BYTES and not wrap:
         return data
-    # A window no larger than the data sets up faster; reading takes any window.
-    packer = zlib.compressobj(_LEVEL, zlib.DEFLATED, _LINES_WBITS if len(data) <= 8192 else _CHECKPOINT_WBITS,
-                              _MEM_LEVEL)
+    # A window no larger than the data sets up faster.
+    packer = zlib.compressobj(_LEVEL, zlib.DEFLATED, _SMALL_WBITS if len(data) <= _SMALL_BYTES else _WBITS, _MEM_LEVEL)
     packed = CHECKPOINT_MAGIC + packer.compress(data) + packer.flush()
     return packed if wrap or len(packed) < len(data) else data
 
@@ -68,7 +68,7 @@ def unpack_checkpoint(stored: bytes) -> bytes:
     """A checkpoint as it was given to `pack_checkpoint` (or stored before packing was)."""
     if not stored.startswith(CHECKPOINT_MAGIC):
         return stored
-    return zlib.decompress(stored[len(CHECKPOINT_MAGIC):], wbits=-15)
+    return zlib.decompress(stored[len(CHECKPOINT_MAGIC):], wbits=_WBITS)
 
 
 def _dictionary(session_id: str) -> bytes:
@@ -93,7 +93,7 @@ def pack_lines(session_id: str, epoch: int, first: int, texts: Sequence[str]) ->
 
     def close() -> None:
         ndjson = b"\n".join(chunk)
-        packer = zlib.compressobj(_LEVEL, zlib.DEFLATED, _LINES_WBITS, _MEM_LEVEL, zlib.Z_DEFAULT_STRATEGY, zdict)
+        packer = zlib.compressobj(_LEVEL, zlib.DEFLATED, _SMALL_WBITS, _MEM_LEVEL, zlib.Z_DEFAULT_STRATEGY, zdict)
         z = LINES_FORMAT + packer.compress(ndjson) + packer.flush()
         last = start + len(chunk) - 1
         marks.append(f"{start}:{last}:{hashlib.sha1(ndjson).hexdigest()}:{zlib.adler32(ndjson)}:".encode() + z)
@@ -114,7 +114,7 @@ def unpack_lines(session_id: str, z: bytes) -> list[bytes]:
     """A chunk's lines (its `z` field), in cursor order."""
     if z[:1] != LINES_FORMAT:
         raise ValueError(f"a packed line chunk of session {session_id} has unknown format {z[:1]!r}")
-    unpacker = zlib.decompressobj(wbits=-15, zdict=_dictionary(session_id))
+    unpacker = zlib.decompressobj(wbits=_WBITS, zdict=_dictionary(session_id))
     return (unpacker.decompress(z[1:]) + unpacker.flush()).split(b"\n")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from fxworker.errors import FxSessionIncompleteError, FxUnknownSessionError
@@ -9,18 +11,25 @@ from fxworker.store import Claim, RedisStore
 from tests.store.conftest import FakeClock
 
 
-async def _worked(store: RedisStore, sid: str) -> None:
-    """A session that ran one turn: every key it will ever have exists."""
+async def _worked(store: RedisStore, sid: str, *, packed: bool = False) -> None:
+    """A session that ran one turn: every key it will ever have exists. `packed`: its end
+    record's call let it go with the checkpoint (§5 "Packed at rest"): no log, the
+    checkpoint holds the conversation, the lines are one chunk."""
     await store.accept(sid, agent="default", message_id="m1", input="hello")
     claim = await store.claim(sid, holder="w1", lease_ms=1000)
     assert isinstance(claim, Claim)
-    await store.append(
+    first = await store.append(
         sid, claim.epoch, records=[("k1", b"start", [{"start": "m1"}])],
         lines=[{"type": "turn_start", "messageId": "m1"}],
     )
-    await store.append(sid, claim.epoch, records=[("k2", b"end", [{"end": True}])],
-                       lines=[{"type": "turn_end", "messageId": "m1", "stopReason": "end_turn"}])
-    await store.release(sid, claim.epoch, cutoff=False)
+    let_go: dict[str, Any] = {"release": True, "checkpoint": b"FXJ\x01the conversation",
+                              "pack_after": (1, first.texts)} if packed else {}
+    end = await store.append(sid, claim.epoch, records=[("k2", b"end", [{"end": True}])],
+                             lines=[{"type": "turn_end", "messageId": "m1", "stopReason": "end_turn"}], **let_go)
+    if packed:
+        assert end.released and end.packed == 2
+    else:
+        await store.release(sid, claim.epoch, cutoff=False)
 
 
 def _delete(store: RedisStore, sid: str, name: str) -> None:
@@ -28,14 +37,18 @@ def _delete(store: RedisStore, sid: str, name: str) -> None:
     assert store.sync.client.delete(key) == 1, f"{name} was not there to delete"
 
 
-async def _running(store: RedisStore, sid: str, clock: FakeClock) -> None:
+async def _running(store: RedisStore, sid: str, clock: FakeClock, *, compacted: bool = False) -> None:
     """A session with a turn open whose worker's lease ran out: the inbox holds its input
-    and the log its records (at rest both go, the log into `rest`)."""
+    and the log its records (at rest both go, the log into `rest`). `compacted`: a
+    checkpoint covers the first record, and the log holds only the one after it."""
     await store.accept(sid, agent="default", message_id="m1", input="hello")
     claim = await store.claim(sid, holder="w1", lease_ms=1000)
     assert isinstance(claim, Claim)
     await store.append(sid, claim.epoch, records=[("k1", b"start", [{"start": "m1"}])],
                        lines=[{"type": "turn_start", "messageId": "m1"}])
+    if compacted:
+        await store.save_checkpoint(sid, claim.epoch, through="1", data=b"FXJ\x01the first record")
+        await store.append(sid, claim.epoch, records=[("k2", b"step", [])])
     clock.advance(2000)
 
 
@@ -62,31 +75,6 @@ async def test_a_session_missing_a_key_is_refused_by_state_accept_and_claim(
         assert not store.sync.client.hexists(store._core.keys(sid).msgs, "m2")
 
 
-async def _packed(store: RedisStore, sid: str, clock: FakeClock) -> None:
-    """At rest after an end record that carried the checkpoint (§5 "Packed at rest"): no
-    log, the checkpoint holds the conversation, the lines are one chunk."""
-    await store.accept(sid, agent="default", message_id="m1", input="hello")
-    claim = await store.claim(sid, holder="w1", lease_ms=1000)
-    assert isinstance(claim, Claim)
-    first = await store.append(sid, claim.epoch, records=[("k1", b"start", [{"start": "m1"}])],
-                               lines=[{"type": "turn_start", "messageId": "m1"}])
-    end = await store.append(sid, claim.epoch, records=[("k2", b"end", [{"end": True}])],
-                             lines=[{"type": "turn_end", "messageId": "m1", "stopReason": "end_turn"}],
-                             release=True, checkpoint=b"FXJ\x01the conversation", pack_after=(1, first.texts))
-    assert end.released and end.packed == 2
-
-
-async def _compacted(store: RedisStore, sid: str, clock: FakeClock) -> None:
-    """A running session whose log holds only the records after its checkpoint."""
-    await _running(store, sid, clock)
-    clock.advance(-2000)
-    claim = await store.claim(sid, holder="w1", lease_ms=1000)
-    assert isinstance(claim, Claim)
-    await store.save_checkpoint(sid, claim.epoch, through="1", data=b"FXJ\x01the first record")
-    await store.append(sid, claim.epoch, records=[("k2", b"step", [])])
-    clock.advance(2000)
-
-
 @pytest.mark.parametrize("layout, name", [
     ("packed", "ckpt"), ("packed", "ui"), ("packed", "meta"), ("compacted", "ckpt"), ("compacted", "log"),
 ])
@@ -95,7 +83,10 @@ async def test_a_checkpointed_session_missing_a_key_is_refused(
 ) -> None:
     """Without its checkpoint the records after it would load as the whole conversation:
     the checkpoint must stand once one was stored (meta `through`)."""
-    await (_packed if layout == "packed" else _compacted)(store, sid, clock)
+    if layout == "packed":
+        await _worked(store, sid, packed=True)
+    else:
+        await _running(store, sid, clock, compacted=True)
     _delete(store, sid, name)
     with pytest.raises(FxSessionIncompleteError) as refused:
         await store.state(sid)

@@ -5,10 +5,12 @@ chunk that does not match the stored lines packs nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import pytest
+import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -147,8 +149,6 @@ def test_a_checkpoint_is_stored_compressed_and_any_value_reads_back() -> None:
 
 @pytest.mark.redis
 async def test_a_session_at_rest_keeps_its_lines_in_chunks_and_no_log(redis_url: str, key_prefix: str) -> None:
-    import redis
-
     store = redis_store(redis_url, prefix=key_prefix)
     admin = redis.Redis.from_url(redis_url)
     sid = new_session_id()
@@ -172,8 +172,6 @@ async def test_a_session_at_rest_keeps_its_lines_in_chunks_and_no_log(redis_url:
 
 @pytest.mark.redis
 async def test_a_follower_blocked_at_the_end_waits_across_the_packing(redis_url: str, key_prefix: str) -> None:
-    import asyncio
-
     store = redis_store(redis_url, prefix=key_prefix)
     sid = new_session_id()
     try:
