@@ -238,6 +238,8 @@ class TurnRunner:
         try:
             if self._halt is None:
                 outcome = await self._run()
+            elif self._halt is Halt.CANCELLED and not self._resume:
+                outcome = await self._open_cancelled()
         except (asyncio.CancelledError, JournalStopped, FxJournalAppendError):
             task = asyncio.current_task()
             if task is not None:
@@ -337,9 +339,23 @@ class TurnRunner:
             if stop is not None:
                 return stop
 
-    def _open(self) -> tuple[asyncio.Future[str | None] | None, int | None]:
+    async def _open_cancelled(self) -> Stop:
+        """A new turn cancelled before its first step still opens in the journal and ends
+        there `cancelled`: its prompt is recorded and no model request is made. Without the
+        start, the end record would close no turn, and a store would keep the prompt waiting
+        (and run it again: docs/design.md §6, a cancel before any worker claimed it)."""
+        if self._prepare is not None and not await self._prepared():
+            assert self._refused is not None
+            return ("error", self._refused.to_dict())
+        barrier, _ = self._open(request=False)
+        if barrier is not None:
+            await self.core.journal.wait(barrier)
+        return ("cancelled", None)
+
+    def _open(self, *, request: bool = True) -> tuple[asyncio.Future[str | None] | None, int | None]:
         """Journals the turn's start (ending a turn an earlier engine left open first);
-        (the start's barrier, the step whose model_request rides with it, if any)."""
+        (the start's barrier, the step whose model_request rides with it, if any: none
+        unless `request`)."""
         core = self.core
         conv = core.conversation
         if conv.open is not None:
@@ -349,7 +365,7 @@ class TurnRunner:
         first_barrier = core.commit("turn_start", {"turn": self.turn_id, "input": self._blocks, "atMs": now_ms()},
                                     marks=[{"start": self.turn_id}], barrier=True)
         requested = None
-        if not self._steers and not self._yield_requested and self._next_step is None:
+        if request and not self._steers and not self._yield_requested and self._next_step is None:
             # The first request goes in the start's append (one store call fewer): a steer
             # placed after it still reaches that request, as its messages are built later.
             requested = conv.open.step + 1 if conv.open is not None else None

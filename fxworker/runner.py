@@ -343,7 +343,7 @@ class Runner:
                 self.turn.cancel()
             else:
                 self.pending = deque(dataclasses.replace(waiting, cancelled=True)
-                                     if waiting.kind == "prompt" and waiting.message_id == entry.message_id
+                                     if waiting.kind in ("prompt", "steer") and waiting.message_id == entry.message_id
                                      else waiting for waiting in self.pending)
             return
         if entry.kind == "steer" and self.turn is not None:
@@ -611,11 +611,14 @@ class Runner:
         span = self._trace_delivery(entry.traceparent, resumed=False)
         with _current(span):  # the engine's turn task starts under it: its spans are the turn's
             self.turn = engine.prompt(entry.input, yield_at=self.deadline.yield_at(), turn_id=entry.message_id)
-        self._yield_if_stopping()
-        # Steers accepted after this prompt and waiting join it (§6).
-        self._join_waiting_steers()
         if entry.cancelled:
+            # Cancelled before it started (a cancel that came before any worker): it opens
+            # and ends `cancelled` at once; steers waiting behind it run as the next turn.
             self.turn.cancel()
+        else:
+            self._yield_if_stopping()
+            # Steers accepted after this prompt and waiting join it (§6).
+            self._join_waiting_steers()
         return await self._traced(span, self._drive())
 
     async def _continue_open_turn(self) -> Outcome:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from fxengine import FxInputError, FxLimitError, Tool, ToolContext
+from fxengine.persistence import MemoryPersistence
 from fxengine.testing import Reply, ScriptedModel, hold, text, tool_call
 
 from .conftest import Diagnostics, next_event, run, text_of, wait_until
@@ -193,3 +194,26 @@ async def test_reading_to_the_end_or_awaiting_the_result_cancels_nothing(model: 
     async for event in events:
         break
     assert (await asyncio.wait_for(turn.result(), 5)).stop_reason == "end_turn"
+
+
+async def test_a_turn_cancelled_before_its_first_step_opens_and_ends_in_the_journal(
+    model: ScriptedModel, make_engine: Any
+) -> None:
+    """A cancel that lands before the turn's task ran (a worker taking a prompt whose cancel
+    came first) still journals the start, so the end record closes that turn and a store
+    consumes the prompt with it; no model request is made (§6)."""
+    persistence = MemoryPersistence()
+    engine = await make_engine(persistence=persistence)
+    turn = engine.prompt("never asked", turn_id="turn-1")
+    turn.cancel()
+    events, result = await run(turn)
+    assert result.stop_reason == "cancelled"
+    assert [e["type"] for e in events if e["type"] in ("text_delta", "tool_start")] == []
+    assert model.requests == []
+    # Two appends: the start, then the end that closes it.
+    assert [m for m in persistence.marks[0] if "start" in m] == [{"start": "turn-1"}], persistence.marks
+    assert persistence.marks[1:] == [[{"end": True}]], persistence.marks
+    # The engine goes on: the next prompt runs, after the cancelled one.
+    _, after = await run(engine.prompt("asked"))
+    assert after.stop_reason == "end_turn"
+    assert [m["content"] for m in model.requests[0].body["messages"]] == ["never asked", "asked"]

@@ -1,0 +1,107 @@
+"""Orders of calls no fault is needed for (§6, §11): what callers send before any worker
+runs, on the embedded store (the same Lua) with in-process workers started afterwards.
+
+Each case ends every input once and leaves the session idle at epoch 1: a loop that
+claims and writes again without progress is a bug even when nothing is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from fxengine.testing import ScriptedModel
+from fxworker import Agent, Settings, embedded
+from fxworker.embedded import InProcessWaker
+from fxworker.store import embedded_store
+from tests.durable.conftest import responder
+from tests.durable.tooling import provider, tools
+
+IDLE_TIMEOUT_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[ScriptedModel]:
+    with ScriptedModel() as m:
+        m.responder = responder
+        yield m
+
+
+@pytest.fixture
+def agent(model: ScriptedModel) -> Iterator[Agent]:
+    """An agent whose wakes wait until the test starts a worker (none runs at first)."""
+    a = Agent(
+        "default", model="scripted", provider=provider(model.base_url), tools=tools(), api_key="test-key",
+        store=embedded_store(prefix=f"fxo{uuid.uuid4().hex[:8]}"), waker=InProcessWaker(start_workers=False),
+        settings=Settings(lease_s=2.0, reserve_s=4.0, sweep_s=0.5),
+    )
+    try:
+        yield a
+    finally:
+        embedded.stop_embedded_workers()
+        a.close()
+
+
+async def _idle(agent: Agent, session_id: str) -> Any:
+    """The session's state once it is idle; fails after IDLE_TIMEOUT_S."""
+    async def idle() -> Any:
+        while True:
+            state = await agent.store.state(session_id)
+            if state is not None and state.status == "idle":
+                return state
+            await asyncio.sleep(0.02)
+    return await asyncio.wait_for(idle(), IDLE_TIMEOUT_S)
+
+
+async def _lines(agent: Agent, session_id: str) -> list[dict[str, Any]]:
+    return list(await agent.store.read_lines(session_id, 0, count=10_000))
+
+
+async def test_a_cancel_before_any_worker_ends_the_prompt_once(agent: Agent, model: ScriptedModel) -> None:
+    session = agent.session()
+    turn = await session.prompt("never run")
+    await session.cancel()
+    requests = len(model.requests)
+    embedded.start_embedded_workers(1)
+    result = await asyncio.wait_for(turn.result(), IDLE_TIMEOUT_S)
+    assert result.stop_reason == "cancelled"
+    state = await _idle(agent, session.id)
+    lines = await _lines(agent, session.id)
+    assert [line["type"] for line in lines] == ["turn_start", "turn_end"], lines
+    assert lines[-1]["stopReason"] == "cancelled" and lines[-1]["messageId"] == turn.message_id
+    assert state.epoch == 1 and state.pending == 0, state
+    assert len(model.requests) == requests  # the model was never asked
+    # The session goes on: the next prompt runs.
+    after = await (await session.prompt("then this")).result()
+    assert after.stop_reason == "end_turn"
+
+
+async def test_a_steer_then_a_cancel_before_any_worker_end_once_each(agent: Agent) -> None:
+    """The cancel names the prompt (the first waiting input); the steer waiting behind it
+    runs as the next turn, once."""
+    session = agent.session()
+    turn = await session.prompt("first")
+    await session.steer("and then")
+    await session.cancel()
+    embedded.start_embedded_workers(1)
+    assert (await asyncio.wait_for(turn.result(), IDLE_TIMEOUT_S)).stop_reason == "cancelled"
+    state = await _idle(agent, session.id)
+    lines = await _lines(agent, session.id)
+    ends = [line for line in lines if line["type"] == "turn_end"]
+    assert len(ends) == 2 and ends[0]["stopReason"] == "cancelled" and ends[1]["stopReason"] == "end_turn", lines
+    assert len(lines) <= 12 and state.epoch <= 2 and state.pending == 0, (state, lines)
+
+
+async def test_a_cancel_of_a_steer_alone_before_any_worker_ends_it_once(agent: Agent) -> None:
+    session = agent.session()
+    await session.steer("a steer with no turn to join")
+    await session.cancel()
+    embedded.start_embedded_workers(1)
+    state = await _idle(agent, session.id)
+    lines = await _lines(agent, session.id)
+    ends = [line for line in lines if line["type"] == "turn_end"]
+    assert [e["stopReason"] for e in ends] == ["cancelled"], lines
+    assert len(lines) <= 4 and state.epoch == 1 and state.pending == 0, (state, lines)
