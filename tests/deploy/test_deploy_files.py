@@ -14,6 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.ports import default_port_busy  # noqa: F401 - a fixture, used by pytestmark
+from tests.support.redis_server import free_port
+
+# Port 8000 (fx web's default) is busy throughout: fx web checks its port first, so the
+# tests that start it give it a free one (`{port}`) and pass whatever else runs here.
+pytestmark = pytest.mark.usefixtures("default_port_busy")
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 BIN = Path(sys.executable).parent
@@ -112,14 +119,15 @@ def test_fx_worker_builds_the_celery_command_from_the_agents_module(tmp_path: Pa
 @pytest.mark.parametrize(
     ("command", "env", "message"),
     [
-        (["web"], {}, "needs REDIS_URL"),
+        (["web", "--port", "{port}"], {}, "needs REDIS_URL"),
         (["worker"], {}, "needs REDIS_URL"),
         (["web", "--host", "0.0.0.0"], {"REDIS_URL": "redis://127.0.0.1:9/0", "FX_AGENTS": "x"}, "without FX_API_TOKEN"),
     ],
 )
 def test_fx_web_and_worker_refuse_a_missing_setting_with_exit_2(command: list[str], env: dict[str, str], message: str) -> None:
     base = {k: v for k, v in os.environ.items() if not k.startswith("FX_") and k != "REDIS_URL"}
-    done = subprocess.run([str(BIN / "fx"), *command], capture_output=True, text=True, timeout=60, env={**base, **env})
+    argv = [a.format(port=free_port()) for a in command]
+    done = subprocess.run([str(BIN / "fx"), *argv], capture_output=True, text=True, timeout=60, env={**base, **env})
     assert done.returncode == 2
     assert message in done.stderr
 
@@ -172,7 +180,7 @@ def test_an_agents_module_that_cannot_be_imported_is_one_line_and_exit_2(command
                                                                           tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FX_") and k != "REDIS_URL"}
     env.update(REDIS_URL=redis_url, FX_AGENTS="nosuch.agents")
-    args = [command, "--port", "0"] if command != "worker" else [command]
+    args = [command, "--port", str(free_port())] if command != "worker" else [command]  # fx web reads 0 as 8000
     done = subprocess.run([str(BIN / "fx"), *args], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     said = [line for line in done.stderr.splitlines() if "nosuch" in line]

@@ -20,13 +20,16 @@ import httpx
 import pytest
 
 from fxengine.testing import ScriptedModel
+from tests.support.ports import default_port_busy  # noqa: F401 - a fixture, used by pytestmark
 from tests.support.redis_server import delete_prefix, free_port
 from tests.support.workers import Workers, wait_until
 from tests.web import _server
 from tests.web._server import FX, ROOT, WebProcess
 from tests.web.conftest import TOKEN, _env, ndjson_lines, read_turn
 
-pytestmark = [pytest.mark.redis, pytest.mark.celery]
+# Port 8000 (the web commands' default) is busy throughout: a test that starts `fx web` or
+# `fx dev` must give it a free `--port`, or it passes only where nothing else listens there.
+pytestmark = [pytest.mark.redis, pytest.mark.celery, pytest.mark.usefixtures("default_port_busy")]
 
 RUN_TIMEOUT_S = 30.0
 UNKNOWN_SESSION = "fxs_01JZZZZZZZZZZZZZZZZZZZZZZZ"
@@ -478,7 +481,8 @@ def test_fx_web_says_its_agents_store_and_address_at_start(redis_url: str) -> No
 
 @pytest.mark.parametrize("command", ["web", "worker"])
 def test_an_unreachable_store_is_named_by_host_and_port_never_by_password(command: str) -> None:
-    result = fx("http://127.0.0.1:9", command, REDIS_URL="redis://:hunter2-secret@127.0.0.1:9/0",
+    port = ["--port", str(free_port())] if command == "web" else []  # fx web checks its port before the store
+    result = fx("http://127.0.0.1:9", command, *port, REDIS_URL="redis://:hunter2-secret@127.0.0.1:9/0",
                 FX_AGENTS="tests.durable.agents")
     assert result.returncode == 2, result.stdout + result.stderr
     assert "127.0.0.1:9" in result.stderr and "hunter2-secret" not in result.stdout + result.stderr, result.stderr

@@ -10,15 +10,22 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.redis_server import RedisServer, redis_server_binary
+from tests.support.ports import default_port_busy  # noqa: F401 - a fixture, used by pytestmark
+from tests.support.redis_server import RedisServer, free_port, redis_server_binary
 
-pytestmark = [pytest.mark.redis, pytest.mark.skipif(redis_server_binary() is None, reason="needs redis-server")]
+# Port 8000 (fx web's default) is busy throughout: fx web checks its port before the store,
+# so each run gets a free one (`{port}`) and these tests pass whatever else runs here.
+pytestmark = [pytest.mark.redis, pytest.mark.skipif(redis_server_binary() is None, reason="needs redis-server"),
+              pytest.mark.usefixtures("default_port_busy")]
+
+WEB = ["-m", "fxworker", "web", "--port", "{port}"]
 
 
 def _run(args: list[str], redis_url: str, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("FX_")}
     environ.update(REDIS_URL=redis_url, FX_AGENTS="tests.durable.agents", FX_PREFIX="fxstart", **env)
-    return subprocess.run([sys.executable, *args], env=environ, capture_output=True, text=True, timeout=60)
+    argv = [a.format(port=free_port()) for a in args]
+    return subprocess.run([sys.executable, *argv], env=environ, capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +42,7 @@ def plain() -> Iterator[RedisServer]:
     server.stop()
 
 
-@pytest.mark.parametrize("command", [["-m", "fxworker", "web"], ["-m", "fxworker", "worker", "--print-command"]])
+@pytest.mark.parametrize("command", [WEB, ["-m", "fxworker", "worker", "--print-command"]])
 def test_an_evicting_redis_stops_fx_web_and_fx_worker(evicting: RedisServer, command: list[str]) -> None:
     done = _run(command, evicting.url)
     assert done.returncode == 2, done.stderr
@@ -92,7 +99,7 @@ WORKER = ["-m", "fxworker", "worker", "--print-command"]
     ({"FX_BROKER_URL": "redis://127.0.0.1:9/0"}, "did not answer"),
     ({"FX_BROKER_URL": "amqp://guest:guest@127.0.0.1:9//"}, "did not answer"),
 ])
-@pytest.mark.parametrize("command", [["-m", "fxworker", "web"], WORKER])
+@pytest.mark.parametrize("command", [WEB, WORKER])
 def test_a_store_or_broker_url_that_cannot_serve_stops_the_processes(plain: RedisServer, env: dict[str, str],
                                                                        said: str, command: list[str]) -> None:
     done = _run(command, plain.url, **{k: v.format(port=plain.port) for k, v in env.items()})
