@@ -1,6 +1,9 @@
 """Run by tests/durable/test_tracing.py in its own process (the tracer provider is global):
 a turn on the embedded store whose worker is killed mid-tool and resumed by its
 replacement, traced with the SDK's in-memory exporter; prints the finished spans as JSON.
+Every span is exported as it ends here (`SimpleSpanProcessor`), so what the trace shows is
+what the runtime recorded; what `fx worker`'s batches lose to a kill -9 is the concern of
+`test_a_worker_killed_100_ms_into_its_delivery_has_exported_its_delivery_span`.
 
     python -m tests.durable._traced_kill MODEL_BASE_URL IDEMPOTENT(0|1)
 """

@@ -1,6 +1,7 @@
 """OpenTelemetry traces that survive a crash: a turn whose worker is killed mid-tool and
 resumed by another is one trace, with both deliveries, the takeover, and the tool's span
-once (rerun, for an idempotent tool) or its "may have partly run" answer."""
+once (rerun, for an idempotent tool) or its "may have partly run" answer; a Celery worker
+set up from `OTEL_*` and killed 100 ms into its delivery has exported its `fx.delivery`."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fxengine.testing import Reply, ScriptedModel, text, tool_call
+from tests.support.otlp import OtlpReceiver
+from tests.support.workers import Workers
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,6 +70,42 @@ def test_a_turn_resumed_after_its_worker_died_is_one_trace(idempotent: bool) -> 
     assert list(first_chat["attributes"]["gen_ai.response.finish_reasons"]) == ["tool_calls"]
     assert list(last_chat["attributes"]["gen_ai.response.finish_reasons"]) == ["stop"]
     assert last_chat["attributes"]["gen_ai.request.model"] == "scripted"
+
+
+KILL_AFTER_S = 0.1  # after the prompt is accepted, so at most this long after the delivery starts
+BATCH_DELAY_S = 5.0  # the SDK's batch schedule (OTEL_BSP_SCHEDULE_DELAY): what the delivery span must beat
+
+
+@pytest.mark.redis
+@pytest.mark.celery
+def test_a_worker_killed_100_ms_into_its_delivery_has_exported_its_delivery_span(
+    workers: Workers, client: Any, model: ScriptedModel
+) -> None:
+    with OtlpReceiver() as receiver:
+        unset = {name: "" for name in os.environ if name.startswith("OTEL_")}  # only the receiver below
+        worker = workers.start(queues=("default",), concurrency=2, env={
+            **unset, "FX_TEST_MODEL_URL": model.base_url,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_SERVICE_NAME": "fx-killed"})
+        session = client.agents["default"].blocking_session()
+        accepted_ns = time.time_ns()
+        session.prompt("hold:killed-early")  # held: the turn is under way, in its model request, when killed
+        try:
+            model.wait_held("killed-early", timeout_s=15)  # the delivery has started
+            time.sleep(max(0.0, KILL_AFTER_S - (time.time_ns() - accepted_ns) / 1e9))  # the crash's timing, not a wait
+            worker.kill()
+            killed_ns = time.time_ns()
+        finally:
+            model.release("killed-early")
+        # Whatever the dead process sent is in (or being read); nothing more can come.
+        deliveries = receiver.wait_for(lambda s: s["name"] == "fx.delivery", timeout_s=2)
+    assert deliveries, f"no fx.delivery of the killed worker reached the collector: {receiver}"
+    (delivery,) = deliveries
+    assert delivery["attributes"]["fx.session.id"] == session.id and delivery["attributes"]["fx.epoch"] == 1
+    assert delivery["resource"]["service.name"] == "fx-killed"
+    into_delivery_s = (killed_ns - delivery["start_ns"]) / 1e9
+    assert into_delivery_s < BATCH_DELAY_S / 5, f"killed {into_delivery_s:.3f} s into the delivery: not a quick crash"
+    # The spans it had not ended (its turn, its model request) died with it.
+    assert not [s for s in receiver.spans if s["name"] != "fx.delivery"], receiver.spans
 
 
 CONFIGURE = """
