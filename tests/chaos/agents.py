@@ -5,6 +5,11 @@ One agent, `default`, on the scripted model at `FX_TEST_MODEL_URL`, with the too
 request with this worker's pid); its `on_event` diagnostics go to a Redis list
 (`tests.chaos.tooling.events_key`). Its API key is `FX_TEST_API_KEY` (default `test-key`):
 the chaos harness sets a key of its own and checks that no Redis value holds it (§11.8).
+
+The chaos run adds two more of the same kind: `late`, which every worker runs but whose
+queue (`fx.late`) none consumes (the run's valve forwards its wakes, `tests.chaos.wakes`),
+and `ghost`, declared only where `FX_TEST_GHOST_AGENT=1` (the web process): no worker runs
+it, so its sessions wait for none and end `FX_NO_AGENT`.
 """
 
 from __future__ import annotations
@@ -16,5 +21,11 @@ from tests.chaos.tooling import provider, record_event, tools
 
 API_KEY = os.environ.get("FX_TEST_API_KEY", "test-key")
 
-AGENTS = {"default": Agent("default", model="scripted", provider=provider(), tools=tools(), api_key=API_KEY,
-                            on_event=record_event)}
+
+def _agent(name: str) -> Agent:
+    return Agent(name, model="scripted", provider=provider(), tools=tools(), api_key=API_KEY, on_event=record_event)
+
+
+AGENTS = {name: _agent(name) for name in ("default", "late")}
+if os.environ.get("FX_TEST_GHOST_AGENT") == "1":
+    AGENTS["ghost"] = _agent("ghost")

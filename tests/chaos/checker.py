@@ -8,6 +8,7 @@ figures and a list of violations, each naming its invariant:
 
 - §11.1 every acknowledged prompt has a `turn_end` line, and every acknowledged steer
   shows in its session (joined a turn as a `user_message`, or ran as a turn of its own);
+  no input has two `turn_end` lines (each ends exactly once);
 - §11.2 no call of the non-idempotent tool started twice (two starts of one execution id);
 - §11.3 every such start found its intent (the model response naming the call) stored;
 - §11.4 no stored line has an epoch below one stored before it (a replaced holder's write);
@@ -25,6 +26,13 @@ queue, and each the transport cannot decode is in the dead-letter list, which ho
 else (a wake with bad arguments decodes: its task refuses it, and it may or may not be
 dead-lettered).
 
+Bounds on work without progress (`bound:`, `tests.chaos.bounds`, where the constants are
+explained): per session, its stored lines, its epoch (claims) and its yields against its
+inputs, yields and the faults of its window; per turn, the calls it started; at most one wake of a session queued in the
+broker at a time. And the caller actions' rules: a session of the agent no worker runs shows
+`noWorker` and its inputs end `FX_NO_AGENT` (§7); each caller kind happened, a cancel reached
+a prompt before any claim and that prompt ended `cancelled` (`run:`, §6).
+
 On a cluster store (`Observation.cluster`) the faults counted include `primary`, and the
 figures add the primaries killed with their failover and rejoin times; the rules are the same.
 """
@@ -36,6 +44,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from tests.chaos.bounds import caller_actions, no_worker, progress, queued_wakes, turn_calls
 
 MAX_CUTOFFS = 3
 FAULT_KINDS = ("kill", "stop", "term", "redis", "clients", "poison", "squeeze", "stall", "replacement")
@@ -68,6 +78,11 @@ class Observation:
     retried: list[dict[str, Any]] = field(default_factory=list)
     stalls: list[dict[str, Any]] = field(default_factory=list)
     cluster: bool = False  # the store was a Redis Cluster (the `primary` fault is one of the run's)
+    epochs: dict[str, int] = field(default_factory=dict)  # session id -> its epoch once drained (meta)
+    ended_at: dict[str, float] = field(default_factory=dict)  # session id -> when its reader saw its last turn_end
+    callers: list[dict[str, Any]] = field(default_factory=list)  # caller, storm, cancel, ghost operations
+    wakes: list[dict[str, Any]] = field(default_factory=list)  # samples of the queued wakes (tests.chaos.wakes)
+    drained_t: float | None = None  # when the drain ended
 
 
 @dataclass
@@ -84,7 +99,7 @@ def check(obs: Observation) -> Verdict:
     violations: list[str] = []
     figures: dict[str, Any] = {}
     for rule in (lost_inputs, duplicated_effects, intents, stale_lines, turn_order, cutoffs, readers, credentials,
-                 worker_exits, dead_letters):
+                 worker_exits, dead_letters, progress, turn_calls, queued_wakes, no_worker, caller_actions):
         figures.update(rule(obs, violations))
     figures.update(counts(obs))
     return Verdict(figures, violations)
@@ -96,9 +111,14 @@ def check(obs: Observation) -> Verdict:
 def lost_inputs(obs: Observation, violations: list[str]) -> dict[str, Any]:
     lost = 0
     lost_steers = 0
+    ended_twice = 0
     for ack in obs.acks:
         lines = obs.streams.get(ack["session"], [])
         mid = ack["messageId"]
+        ends = sum(1 for ln in lines if ln["type"] == "turn_end" and ln.get("messageId") == mid and not ln.get("repeated"))
+        if ends > 1 and not ack.get("repeated"):
+            ended_twice += 1
+            violations.append(f"§11.1 acknowledged {ack['input']} {mid} of {ack['session']} ended {ends} times")
         if ack["input"] == "prompt":
             if not any(ln["type"] == "turn_end" and ln.get("messageId") == mid for ln in lines):
                 lost += 1
@@ -106,7 +126,7 @@ def lost_inputs(obs: Observation, violations: list[str]) -> dict[str, Any]:
         elif not any(_names_steer(ln, mid) for ln in lines):
             lost_steers += 1
             violations.append(f"§11.1 acknowledged steer {mid} of {ack['session']} never showed in its session")
-    return {"lost": lost, "lost_steers": lost_steers}
+    return {"lost": lost, "lost_steers": lost_steers, "ended_twice": ended_twice}
 
 
 def _names_steer(line: dict[str, Any], message_id: str) -> bool:

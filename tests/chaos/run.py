@@ -2,9 +2,11 @@
 
     python -m tests.chaos.run [--duration S] [--seed N] [--sessions S] [--workers N] [--cluster]
 
-Starts the system (`tests.chaos.system`), runs the session drivers and the nemesis for
-`--duration` seconds, stops the faults, lets every acknowledged input run to its end (at
-most `--drain` seconds), has every reader read to the end of its stream, then reads the
+Starts the system (`tests.chaos.system`), runs the session drivers, the nemesis and the
+callers (`tests.chaos.callers`; not with `--no-callers`) for `--duration` seconds, with the
+wake queues sampled and the `late` agent's wakes let through a valve (`tests.chaos.wakes`),
+stops the faults, lets every acknowledged input run to its end (at most `--drain` seconds;
+a `ghost` session's until its give-up has had time), has every reader read to the end of its stream, then reads the
 store and checks the history (`tests.chaos.checker`). Prints a table of figures, writes
 `<--out>/chaos-<seed>.json` (figures, violations, settings), the history as JSON lines and
 what the store held (`.store.json`: streams, tool starts, worker diagnostics) beside it,
@@ -39,12 +41,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from fxworker.keys import session_keys
+from fxworker.keys import queue_name, session_keys
+from tests.chaos.callers import Callers
 from tests.chaos.checker import Observation, Verdict, check, fault_kinds
 from tests.chaos.history import History
 from tests.chaos.nemesis import CLUSTER_KINDS, KINDS, Nemesis
 from tests.chaos.system import System
 from tests.chaos.tooling import events_key, runs_key
+from tests.chaos.wakes import Valve, WakeSampler
 from tests.chaos.workload import Driver, ModelScript, SessionDriver
 from tests.support.stored import unpacked
 
@@ -64,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gap", type=float, nargs=2, default=(2.5, 5.0), metavar=("MIN", "MAX"),
                    help="seconds between two faults (default 2.5 5)")
     p.add_argument("--no-faults", action="store_true", help="run the workload without the nemesis")
+    p.add_argument("--no-callers", action="store_true",
+                   help="no caller actions (early cancels, steer and cancel storms, sessions of the agent no worker runs)")
     p.add_argument("--cluster", action="store_true",
                    help="the store on a Redis Cluster (3 primaries + 3 replicas, FX_ACK=replica), the AOF "
                         "Redis as the broker; adds the fault kind primary")
@@ -128,9 +134,14 @@ def run(args: argparse.Namespace, seed: int) -> tuple[Verdict, Observation, Hist
                           first_prompt="slow" if i == 0 and not args.no_slow else None) for i in range(args.sessions)]
         tags: dict[str, str] = {}
         nemesis = None
+        valve = Valve(system, system.broker_key(queue_name("late")), system.broker_key(queue_name("default"))).start()
+        sampler = WakeSampler(system, history).start()
         if not args.no_faults:
             nemesis = Nemesis(system, script, tags, seed=seed, history=history, stop_at=stop_at,
                               gap_s=tuple(args.gap), kinds=args.faults).start()  # type: ignore[arg-type]
+        callers = None
+        if not args.no_callers:
+            callers = Callers(system.web.url, seed, history, stop_at, drivers=drivers, valve=valve).start()
         for d in drivers:
             d.start()
             time.sleep(0.1)
@@ -139,20 +150,27 @@ def run(args: argparse.Namespace, seed: int) -> tuple[Verdict, Observation, Hist
             time.sleep(0.2)
         for d in drivers:
             d.thread.join(60)
-        sessions = _sessions(drivers)
         if nemesis is not None:
             nemesis.stop()
+        if callers is not None:
+            callers.stop()
+        sessions = _sessions(drivers) + (callers.sessions if callers is not None else [])
         history.record("faults_stopped")
         assert system.pool is not None
         system.pool.fill()
         drained = drain(system, sessions, args.drain)
         history.record("drained", complete=drained)
+        if callers is not None:
+            callers.join_watchers()
         for s in sessions:
             if s.reader is not None:
                 s.reader.finish()
         for s in sessions:
             if s.reader is not None:
                 s.reader.thread.join(30)
+        sampler.stop()
+        sampler.final()
+        valve.stop()
         obs = observe(system, sessions, history, seed, script)
         verdict = check(obs)
         verdict.figures["faults_not_applied"] = len(history.of("fault_failed"))
@@ -178,6 +196,8 @@ def drain(system: System, drivers: list[SessionDriver], timeout_s: float) -> boo
 def _finished(system: System, driver: SessionDriver) -> bool:
     if driver.session_id is None:
         return True
+    if driver.wait_until is not None and time.monotonic() > driver.wait_until:
+        return True  # a ghost session's inputs had their time (the checker says whether they ended)
     want = {a["messageId"] for a in driver.acked if a["input"] == "prompt"}
     ended = {ln.get("messageId") for ln in system.lines(driver.session_id) if ln["type"] == "turn_end"}
     waiting = system.retrying(lambda r: r.zcard(_pending_key(system, driver.session_id)))
@@ -221,6 +241,12 @@ def observe(system: System, drivers: list[SessionDriver], history: History, seed
         retried=history.of("retried"),
         stalls=history.of("stalled"),
         cluster=system.cluster is not None,
+        epochs={s: system.epoch(s) for s in sessions},
+        ended_at={d.session_id: d.reader.last_end_t for d in drivers
+                  if d.session_id and d.reader is not None and d.reader.last_end_t is not None},
+        callers=history.of("caller", "caller_failed", "storm", "ghost", "cancel"),
+        wakes=history.of("wakes", "wakes_final"),
+        drained_t=next((op["t"] for op in history.of("drained")), None),
     )
 
 
@@ -311,6 +337,20 @@ def table(verdict: Verdict, seed: int, elapsed_s: float, *, cluster: bool = Fals
         ("starts without intent", f["starts_without_intent"]),
         ("stale lines", f["stale_lines"]),
         ("API key found in Redis", f["key_found"]),
+        ("caller actions", ", ".join(f"{k} {v}" for k, v in sorted(f["caller_actions"].items())) or "-"),
+        ("cancels before any claim (valve held / raced of n)",
+         f"{f.get('cancels_before_claim', 0)} ({f.get('cancels_before_claim_held', 0)} / "
+         f"{f.get('cancels_before_claim', 0) - f.get('cancels_before_claim_held', 0)} of "
+         f"{f.get('cancels_early_raced', 0)})"),
+        ("storms sent (steers and cancels) / cancels", f"{f.get('storms', 0)} ({f.get('storm_inputs', 0)}) / "
+                                                       f"{f.get('cancels', 0)}"),
+        ("ghost sessions: noWorker shown / inputs ended FX_NO_AGENT",
+         f"{f['ghost_sessions']}: {f['ghost_no_worker_shown']} / {f['ghost_inputs_ended_no_agent']}"),
+        ("inputs ended twice", f["ended_twice"]),
+        ("epochs (highest share of a session's bound)", f"{f['epochs']} ({f['epoch_of_bound_max']:.2f})"),
+        ("lines / epoch / yield bounds exceeded", f["bounds_exceeded"]),
+        ("wakes queued for one session: max (sessions over 1) / left after drain",
+         f"{f['wakes_queued_max']} ({f['sessions_over_wake_bound']}) / {f['wakes_left_queued']}"),
         *((f"recover after {name}: p50 / p99 / max (n)",
            f"{_s(f[f'recover_{k}_p50_s'])} / {_s(f[f'recover_{k}_p99_s'])} / {_s(f[f'recover_{k}_max_s'])} "
            f"({f[f'recover_{k}_n']})") for k, name in (("kill", "kill -9"), ("stop", "SIGSTOP"))),
@@ -338,7 +378,7 @@ def write_results(args: argparse.Namespace, seed: int, verdict: Verdict, obs: Ob
     path.write_text(json.dumps(body, indent=2, default=str) + "\n")
     history.write_jsonl(path.with_suffix(".history.jsonl"))
     store = {"streams": obs.streams, "runs": obs.runs, "events": obs.events, "dead_letters": obs.dead_letters,
-             "queued": obs.queued}
+             "queued": obs.queued, "epochs": obs.epochs, "ended_at": obs.ended_at}
     path.with_suffix(".store.json").write_text(json.dumps(store, default=str) + "\n")
     return path
 

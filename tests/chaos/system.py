@@ -7,7 +7,9 @@
   some streams when the nemesis says so (`MODEL_IDLE_TIMEOUT_S`);
 - one web process (`fx web`, `tests.web._server.WebProcess`), which the workload talks HTTP to;
 - a pool of N Celery worker processes (`tests.chaos.faults.Pool`, agents of
-  `tests.chaos.agents`), which the nemesis kills, freezes and stops and refills.
+  `tests.chaos.agents`), which the nemesis kills, freezes and stops and refills; they
+  consume `fx.default` only, and run `default` and `late`; the web process also declares
+  `ghost`, which none runs (`WAKE_AGENTS`, `NO_AGENT_GIVE_UP_S`).
 
 With `cluster=True` the store is a Redis Cluster of its own (3 primaries, each with a
 replica: `tests.support.redis_topology.RedisClusterProcesses`, no persistence: a killed
@@ -56,6 +58,13 @@ MODEL_IDLE_TIMEOUT_S = 2.0
 # The agents' queues the workers consume (`Pool.start`), and the broker's dead-letter list
 # (an entry the transport cannot decode is moved there).
 QUEUES = ("default",)
+# Every agent's wake queue: `late` (run by every worker, its queue consumed through the
+# caller's valve, `tests.chaos.wakes.Valve`) and `ghost` (known to the web process alone:
+# no worker runs it) besides the consumed ones (`tests.chaos.agents`).
+WAKE_AGENTS = (*QUEUES, "late", "ghost")
+# A session whose agent no live worker runs ends its inputs FX_NO_AGENT this long after
+# its first wake found none: short, so a run sees it happen (the default is minutes).
+NO_AGENT_GIVE_UP_S = 8.0
 DEAD_LETTER = "dead"
 # What a store read may raise while a node restarts or a cluster shard fails over (a slot
 # no node serves is a `RedisClusterException`, not a `RedisError`).
@@ -99,7 +108,7 @@ class System:
         env = fault_env(self.model, FX_LEASE_S=str(LEASE_S), FX_SWEEP_S=str(SWEEP_S), FX_RESERVE_S=str(RESERVE_S),
                         FX_DELIVERY_TIMEOUT_S=str(DELIVERY_TIMEOUT_S), FX_TEST_API_KEY=self.api_key,
                         FX_MODEL_IDLE_TIMEOUT_S=str(MODEL_IDLE_TIMEOUT_S), FX_LOG_LEVEL="WARNING",
-                        **store, **self.worker_env)
+                        FX_NO_AGENT_GIVE_UP_S=str(NO_AGENT_GIVE_UP_S), **store, **self.worker_env)
         self._workers = Workers(redis_url=self.redis.url, prefix=self.prefix)
         self.pool = Pool(self._workers, env, size=self.size, concurrency=8)
         self.pool.fill()
@@ -110,7 +119,8 @@ class System:
         assert self.redis is not None
         env = {k: v for k, v in os.environ.items() if not k.startswith("FX_")}
         env.update(worker_env)
-        env.update(REDIS_URL=self.redis.url, FX_PREFIX=self.prefix,
+        # The web process alone declares the agent `ghost`, which no worker runs.
+        env.update(REDIS_URL=self.redis.url, FX_PREFIX=self.prefix, FX_TEST_GHOST_AGENT="1",
                    PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
         return env
 
@@ -224,6 +234,19 @@ class System:
                 held[session_id] = (int(epoch), int(expires))
         return held
 
+    def epoch(self, session_id: str) -> int:
+        """The session's epoch: the number of claims it has had (meta `epoch`, which a claim
+        bumps, or the lease's; 0 before the first), whether or not they stored a line."""
+        keys = session_keys(self.prefix, session_id)
+
+        def read(r: Any) -> list[Any]:
+            pipe = r.pipeline(transaction=False)
+            pipe.hget(keys.meta, "epoch")
+            pipe.hget(keys.lease, "epoch")
+            return list(pipe.execute())
+
+        return max(int(v or 0) for v in self.retrying(read))
+
     def lease(self, session_id: str) -> tuple[int, int, str] | None:
         """(epoch, expires_ms, state) of the session's lease, None when it has none."""
         keys = session_keys(self.prefix, session_id)
@@ -243,6 +266,10 @@ class System:
     def queue_keys(self) -> list[str]:
         """The Celery queue lists the workers pop wakes from."""
         return [self.broker_key(queue_name(q)) for q in QUEUES]
+
+    def wake_queue_keys(self) -> list[str]:
+        """Every agent's wake queue list, consumed or not (`WAKE_AGENTS`)."""
+        return [self.broker_key(queue_name(a)) for a in WAKE_AGENTS]
 
     def dead_letter_key(self) -> str:
         return self.broker_key(DEAD_LETTER)

@@ -20,7 +20,7 @@ import pytest
 
 from fxengine.testing import Reply, delay, text, tool_call
 from fxengine.testing.script import Delay, Text
-from tests.chaos import poison
+from tests.chaos import poison, wakes
 from tests.chaos.checker import CLUSTER_FAULT_KINDS, FAULT_KINDS, Observation, check
 from tests.chaos.workload import Stall
 from tests.support.workers import ROOT
@@ -125,6 +125,124 @@ def test_each_rule_names_its_invariant() -> None:
     for rule, obs in cases.items():
         violations = check(obs).violations
         assert violations and all(v.startswith(rule) for v in violations), (rule, violations)
+
+
+def _only(rule: str, obs: Observation) -> list[str]:
+    """The violations of `obs`, each asserted to be of `rule` (and at least one)."""
+    violations = check(obs).violations
+    assert violations and all(v.startswith(rule) for v in violations), (rule, violations)
+    return violations
+
+
+def test_an_input_that_ends_twice_fails_once_per_input() -> None:
+    twice = [*GOOD, _line(4, "turn_end", messageId="a", stopReason="cancelled")]
+    assert _only("§11.1", _observation(twice)) == ["§11.1 acknowledged prompt a of s ended 2 times"]
+    replayed = [*GOOD, _line(4, "turn_end", messageId="a", stopReason="end_turn", repeated=True)]
+    assert check(_observation(replayed)).violations == []
+
+
+def test_a_session_storing_lines_past_its_inputs_bound_fails() -> None:
+    # one prompt: at most 17 + 2 lines, no yield, no fault
+    chatty = [GOOD[0], *(_line(c, "text_delta", delta="x") for c in range(2, 20)), _line(20, "turn_end", messageId="a")]
+    assert "stored 20 lines, at most 19" in _only("bound:", _observation(chatty))[0]
+    assert check(_observation(chatty[:18] + [_line(19, "turn_end", messageId="a")])).violations == []
+
+
+def test_a_session_looping_on_a_cancel_fails_its_epoch_bound() -> None:
+    cancel = [{"kind": "cancel", "session": "s", "t": 1.0}]
+    # a prompt and a cancel: at most 1 + 1 + 2 claims
+    assert check(_observation(GOOD, callers=cancel, epochs={"s": 4})).violations == []
+    violations = _only("bound:", _observation(GOOD, callers=cancel, epochs={"s": 300}))
+    assert violations == ["bound: s is at epoch 300, at most 4 (1 prompts, 0 steers, 1 cancels, 0 yields, "
+                          "0 faults in its window): claims without progress"]
+
+
+def test_faults_count_toward_a_session_only_within_its_window() -> None:
+    acks = [{"session": "s", "input": "prompt", "messageId": "a", "t": 10.0}]
+    inside, after = {"fault": "kill", "t": 12.0}, {"fault": "kill", "t": 40.0}
+    follow_up = {"fault": "replacement", "t": 12.5}
+    window = dict(acks=acks, ended_at={"s": 20.0}, epochs={"s": 6})
+    assert check(_observation(GOOD, faults=[inside, follow_up, after], **window)).violations == []  # 1 + 3 + 2
+    # the kill after its last turn_end, and the follow-up of the one inside, count for nothing
+    assert _only("bound:", _observation(GOOD, faults=[after, follow_up], **window)) == [
+        "bound: s is at epoch 6, at most 3 (1 prompts, 0 steers, 0 cancels, 0 yields, 0 faults in its window): "
+        "claims without progress"]
+
+
+def test_yields_are_bounded_by_the_time_a_session_ran() -> None:
+    yielding = [GOOD[0], *(_line(c, "turn_yield", messageId="a") for c in range(2, 6)), _line(6, "turn_end", messageId="a")]
+    acks = [{"session": "s", "input": "prompt", "messageId": "a", "t": 0.0}]
+    slow = dict(acks=acks, epochs={"s": 5})
+    assert check(_observation(yielding, ended_at={"s": 40.0}, **slow)).violations == []  # 40 s: up to 5 + 1
+    assert "yielded 4 times in 10.0 s, at most 2" in _only("bound:", _observation(yielding, ended_at={"s": 10.0},
+                                                                                  **slow))[0]
+
+
+def test_a_turn_that_keeps_starting_calls_fails() -> None:
+    starts = [_line(c, "tool_start", messageId="a", id=f"call_{c}") for c in range(2, 10)]
+    looping = [GOOD[0], *starts, _line(10, "turn_end", messageId="a", stopReason="cancelled")]
+    assert _only("bound:", _observation(looping)) == ["bound: turn a of s started 8 tool calls, at most 6 (0 resumes)"]
+    resumed = [GOOD[0], *starts, _line(10, "turn_resume", messageId="a"), _line(11, "turn_end", messageId="a")]
+    assert check(_observation(resumed, epochs={"s": 1})).violations == []  # a resume may redo 2
+
+
+def test_more_than_one_queued_wake_of_a_session_fails() -> None:
+    wakes = [{"kind": "wakes", "t": 3.0, "queued": {"s": 3}}, {"kind": "wakes", "t": 4.0, "queued": {"s": 2}},
+             {"kind": "wakes_final", "t": 9.0, "queued": {"s": 1}}]
+    assert _only("bound:", _observation(GOOD, wakes=wakes)) == ["bound: 3 wakes of s queued at once at 3.0 s, at most 1"]
+    assert check(_observation(GOOD, wakes=wakes[2:])).violations == []
+
+
+def _ghost(*, no_worker: bool, code: str = "FX_NO_AGENT", stop: str = "error") -> Observation:
+    lines = [_line(1, "turn_end", messageId="a", stopReason=stop, error={"code": code})]
+    callers = [{"kind": "caller", "action": "ghost", "session": "s"},
+               {"kind": "ghost", "session": "s", "statuses": {"waiting": 30, "idle": 1},
+                "no_worker": {"agent": "ghost", "sinceMs": 1} if no_worker else None}]
+    return _observation(lines, callers=callers)
+
+
+def test_a_session_of_the_agent_no_worker_runs_shows_no_worker_and_ends_fx_no_agent() -> None:
+    assert check(_ghost(no_worker=True)).violations == [
+        "run: the caller action cancel_early never happened", "run: the caller action storm never happened"]
+    ghost_rules = [v for v in check(_ghost(no_worker=False)).violations if not v.startswith("run:")]
+    assert ghost_rules == ["§7 s (agent ghost, no worker runs it) never showed noWorker while it waited "
+                           "(states read: {'waiting': 30, 'idle': 1})"]
+    ghost_rules = [v for v in check(_ghost(no_worker=True, code="FX_TURN_FAILED")).violations if not v.startswith("run:")]
+    assert ghost_rules == ["§7 prompt a of s (agent ghost) ended error FX_TURN_FAILED, not error FX_NO_AGENT"]
+    never = _ghost(no_worker=True)
+    never.streams["s"] = []
+    assert any(v == "§7 prompt a of s (agent ghost) never ended, not error FX_NO_AGENT" for v in check(never).violations)
+
+
+def _callers(*, before_claim: bool, stop: str = "cancelled", stormed: bool = True) -> Observation:
+    lines = [_line(1, "turn_start", messageId="a"), _line(2, "turn_end", messageId="a", stopReason=stop)]
+    callers = [{"kind": "caller", "action": "cancel_early", "session": "s", "messageId": "a", "held": True,
+                "epoch": 0 if before_claim else 1, "before_claim": before_claim},
+               {"kind": "cancel", "session": "s"},
+               {"kind": "caller", "action": "storm", "driver": 0, "kinds": ["steer", "cancel"]},
+               {"kind": "caller", "action": "ghost", "session": "g"},
+               {"kind": "ghost", "session": "g", "no_worker": {"agent": "ghost"}}]
+    if stormed:
+        callers.append({"kind": "storm", "session": "t", "kinds": ["steer", "cancel"]})
+    return _observation(lines, callers=callers)
+
+
+def test_a_cancel_before_any_claim_must_happen_and_end_its_prompt_cancelled() -> None:
+    assert check(_callers(before_claim=True)).violations == []
+    assert check(_callers(before_claim=True)).figures["cancels_before_claim"] == 1
+    assert _only("run:", _callers(before_claim=False)) == ["run: no cancel was stored before a worker claimed its prompt"]
+    assert _only("§6", _callers(before_claim=True, stop="end_turn")) == [
+        "§6 prompt a of s, cancelled before any worker claimed it, ended end_turn"]
+    assert _only("run:", _callers(before_claim=True, stormed=False)) == [
+        "run: no driver sent a storm of steers and cancels the callers asked for"]
+
+
+def test_wakes_are_read_from_kombu_messages_and_poison_is_skipped() -> None:
+    body = json.dumps([[{"sessionId": "fxs_1", "agent": "default", "reason": "prompt"}], {}, {}])
+    wake = json.dumps(poison.envelope("m", base64.b64encode(body.encode()).decode())).encode()
+    raws = [wake, wake, poison.message("garbage", "x", random.Random(1))[0],
+            poison.message("wake", "y", random.Random(2))[0]]
+    assert wakes.count_queued(raws) == {"fxs_1": 2}
 
 
 def test_primary_kills_are_counted_only_on_a_cluster_store() -> None:

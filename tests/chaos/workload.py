@@ -8,6 +8,8 @@ or refuses it (4xx); a 5xx (503 `FX_STORE_UNAVAILABLE` while Redis restarts, 503
 `FX_STORE_FULL` while its memory is squeezed) is resent like a lost connection, and recorded
 (`retried`, with its code). Each acknowledgement is recorded (`ack`), in the order the driver
 got them: one driver sends one request at a time, so that is the session's acceptance order.
+At its next step a driver also sends the bursts of steers and cancels the callers asked it
+for (`Storms`, `tests.chaos.callers`), back to back, each cancel recorded (`cancel`).
 
 Each `Reader` follows one session's stream from cursor 0 and drops its connection at random
 (after a few lines, or when no line came within a random read timeout), then resumes from
@@ -194,6 +196,7 @@ class Driver:
         self.prompts = prompts
         self.first_prompt = first_prompt
         self.sessions: list[SessionDriver] = []
+        self.storms = Storms()
         self.thread = threading.Thread(target=self.run, name=f"chaos-driver-{index}", daemon=True)
 
     def start(self) -> Driver:
@@ -204,7 +207,8 @@ class Driver:
         generation = 0
         while time.monotonic() < self.stop_at:
             session = SessionDriver(f"{self.index}g{generation}", self.base_url, self.seed, self.history,
-                                    self.stop_at, max_prompts=self.prompts, first_prompt=self.first_prompt)
+                                    self.stop_at, max_prompts=self.prompts, first_prompt=self.first_prompt,
+                                    storms=self.storms)
             self.sessions.append(session)
             session.run()  # an input never acknowledged ends its session: order holds per session
             generation += 1
@@ -221,12 +225,16 @@ class SessionDriver:
     stop_at: float
     max_prompts: int = 6
     first_prompt: str | None = None
+    storms: Storms | None = None
+    agent: str | None = None  # the agent a create names (None: the server's default)
+    wait_until: float | None = None  # the drain waits for its inputs until then (None: to its end)
     session_id: str | None = None
     acked: list[dict[str, Any]] = field(default_factory=list)
     reader: Reader | None = None
 
     def __post_init__(self) -> None:
         self.rng = random.Random(f"driver-{self.seed}-{self.name}")
+        self._stormed = 0
 
     @property
     def tag(self) -> str:
@@ -249,37 +257,91 @@ class SessionDriver:
                     return True
                 tag = f"{self.tag}.{n}"
                 text_ = f"{self.first_prompt}:{tag}" if n == 0 and self.first_prompt else prompt_text(self.rng, tag)
-                if not self._send(http, "prompt", text_, f"m-{self.seed}-{tag}"):
+                if not self.send(http, "prompt", text_, f"m-{self.seed}-{tag}"):
                     return False
                 for k in range(self.rng.choice((0, 0, 1, 1, 2))):
                     time.sleep(self.rng.uniform(0.1, 1.5))
-                    if not self._send(http, "steer", f"steer:{tag}.{k}", f"m-{self.seed}-{tag}-s{k}"):
+                    if not self.send(http, "steer", f"steer:{tag}.{k}", f"m-{self.seed}-{tag}-s{k}"):
                         return False
+                if not self._storm(http, tag):
+                    return False
                 time.sleep(self.rng.uniform(0.5, 4.0))
         return True
+
+    def _storm(self, http: httpx.Client, tag: str) -> bool:
+        """Sends the bursts of steers and cancels the callers asked for (`Storms`), back to
+        back: against the running turn and the prompts waiting behind it."""
+        for kinds in self.storms.take() if self.storms is not None else []:
+            status = self.state(http).get("status")
+            self.history.record("storm", session=self.session_id, driver=self.name, kinds=kinds, status=status)
+            for kind in kinds:
+                self._stormed += 1
+                if kind == "cancel":
+                    sent = self.cancel(http)
+                else:
+                    sent = self.send(http, "steer", f"steer:{tag}.x{self._stormed}", f"m-{self.seed}-{tag}-x{self._stormed}")
+                if not sent:
+                    return False
+        return True
+
+    def cancel(self, http: httpx.Client) -> bool:
+        """`POST .../cancel` until it is acknowledged (True) or refused or never answered;
+        each acknowledgement is recorded (`cancel`, with the session's epoch when sent)."""
+        deadline = time.monotonic() + ACK_TIMEOUT_S
+        attempts = 0
+        while time.monotonic() < deadline:
+            attempts += 1
+            try:
+                response = http.post(f"/v1/sessions/{self.session_id}/cancel")
+            except httpx.HTTPError:
+                time.sleep(self.rng.uniform(0.2, 0.8))
+                continue
+            if response.status_code in (200, 202):
+                self.history.record("cancel", session=self.session_id, driver=self.name, attempts=attempts)
+                return True
+            if response.status_code < 500:
+                self.history.record("refused", session=self.session_id, input="cancel", messageId=None,
+                                    status=response.status_code, body=response.text[:300])
+                return False
+            self.history.record("retried", session=self.session_id, input="cancel", messageId=None,
+                                status=response.status_code, code=_code(response))
+            time.sleep(self.rng.uniform(0.2, 0.8))
+        self.history.record("unacked", session=self.session_id, input="cancel", messageId=None, attempts=attempts)
+        return False
+
+    def state(self, http: httpx.Client) -> dict[str, Any]:
+        """`GET /v1/sessions/{id}` (an empty dict when it cannot be read now)."""
+        try:
+            response = http.get(f"/v1/sessions/{self.session_id}")
+        except httpx.HTTPError:
+            return {}
+        return dict(response.json()) if response.status_code == 200 else {}
 
     def _path(self, kind: str) -> str:
         if self.session_id is None:
             return "/v1/sessions"
         return f"/v1/sessions/{self.session_id}/{'steer' if kind == 'steer' else 'prompts'}"
 
-    def _send(self, http: httpx.Client, kind: str, text_: str, message_id: str) -> bool:
+    def send(self, http: httpx.Client, kind: str, text_: str, message_id: str) -> bool:
         """Sends one input until it is acknowledged (True) or refused or never answered (False)."""
         deadline = time.monotonic() + ACK_TIMEOUT_S
         attempts = 0
+        body = {"input": text_, "messageId": message_id}
+        if self.session_id is None and self.agent is not None:
+            body["agent"] = self.agent
         while time.monotonic() < deadline:
             attempts += 1
             try:
-                response = http.post(self._path(kind), json={"input": text_, "messageId": message_id})
+                response = http.post(self._path(kind), json=body)
             except httpx.HTTPError:
                 time.sleep(self.rng.uniform(0.2, 0.8))
                 continue
             if response.status_code in (200, 202):
-                body = response.json()
-                self.session_id = self.session_id or body["sessionId"]
+                reply = response.json()
+                self.session_id = self.session_id or reply["sessionId"]
                 ack = self.history.record("ack", session=self.session_id, driver=self.name, input=kind,
                                           messageId=message_id, text=text_, attempts=attempts,
-                                          repeated=bool(body.get("repeated")))
+                                          repeated=bool(reply.get("repeated")), agent=self.agent or "default")
                 self.acked.append(ack)
                 if self.reader is None:
                     self.reader = Reader(self.session_id, self.base_url, self.seed, self.history).start()
@@ -293,6 +355,24 @@ class SessionDriver:
             time.sleep(self.rng.uniform(0.2, 0.8))
         self.history.record("unacked", session=self.session_id, input=kind, messageId=message_id, attempts=attempts)
         return False
+
+
+class Storms:
+    """The bursts the callers asked one driver for (`tests.chaos.callers`): each a list of
+    `steer` / `cancel`, taken by whichever of its sessions sends next; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bursts: list[list[str]] = []
+
+    def ask(self, kinds: list[str]) -> None:
+        with self._lock:
+            self._bursts.append(list(kinds))
+
+    def take(self) -> list[list[str]]:
+        with self._lock:
+            bursts, self._bursts = self._bursts, []
+        return bursts
 
 
 def _code(response: httpx.Response) -> str | None:
@@ -322,6 +402,7 @@ class Reader:
         self._finish = threading.Event()
         self._expected: set[str] | None = None
         self._ended: set[str] = set()
+        self.last_end_t: float | None = None  # when (history time) the last turn_end came
         self.caught_up = threading.Event()
         self.thread = threading.Thread(target=self.run, name=f"chaos-reader-{session_id}", daemon=True)
 
@@ -373,6 +454,7 @@ class Reader:
                     self.seen.append(line)
                     if line["type"] == "turn_end":
                         self._ended.add(line.get("messageId"))
+                        self.last_end_t = round(self.history.now(), 3)
                     self.cursor = max(self.cursor, int(line["cursor"]))
                     budget -= 1
                     if budget == 0 or self._idle():
