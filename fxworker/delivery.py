@@ -12,8 +12,13 @@ Outcomes (`protocol.Outcome`): `DONE` (the session was run until nothing was lef
 elsewhere — a duplicate or early wake —, nothing was left to run, or this worker was
 fenced).
 
-Raises `FxNoAgentError` when this process has no agent of the session's name (Celery
-retries with a backoff, HTTP answers 503), `FxUnknownSessionError` for a session the
+A wake for a session whose owning agent this process does not run is passed on to that
+agent's queue when a live worker runs it (`liveness`: the workers' own marks), once, and
+is otherwise dropped: the sweeper keeps such a session's `noWorker` state and, past
+`FX_NO_AGENT_GIVE_UP_S`, ends its inputs (§7). Nothing retries it through the broker.
+
+Raises `FxNoAgentError` when this process has no agent of the session's name and no live
+worker runs it (Celery drops the wake, HTTP answers 503), `FxUnknownSessionError` for a session the
 store does not know (refused and dropped), and `FxStoreUnavailableError` when the claim
 met a store outage for 2 s (the session stays in the ready set: the sweeper wakes
 it again once the store is back). A store outage during the run itself is the runner's.
@@ -28,6 +33,7 @@ from typing import Any, NoReturn
 from . import metrics, registry
 from .errors import FxNoAgentError, FxUnknownSessionError
 from .ids import now_ms
+from .liveness import PROCESS_COUNTER, served_by
 from .protocol import Outcome, WorkerAgent
 from .runner import Runner
 from .runtime import LoopThread
@@ -54,6 +60,7 @@ async def handle_wake(
     deadline_ms: int | None = None,
     loop_thread: LoopThread | None = None,
     settings: Settings | None = None,
+    counted: bool = True,
 ) -> Outcome:
     """Runs the session a wake names; see the module docstring for outcomes and errors.
 
@@ -64,7 +71,21 @@ async def handle_wake(
             warm-shutdown flag), when there is one.
         settings: the process's settings, for the store read of a process with no agent
             (from the environment when None).
+        counted: a delivery of a queued wake, counted in this process's live mark (the
+            sweeper's own settling of an unserved session is not).
     """
+    if not counted:
+        return await _handle_wake(payload, deadline_ms=deadline_ms, loop_thread=loop_thread, settings=settings)
+    PROCESS_COUNTER.started(payload.get("sentMs") if isinstance(payload, dict) else None)
+    try:
+        return await _handle_wake(payload, deadline_ms=deadline_ms, loop_thread=loop_thread, settings=settings)
+    finally:
+        PROCESS_COUNTER.finished()
+
+
+async def _handle_wake(
+    payload: dict[str, Any], *, deadline_ms: int | None, loop_thread: LoopThread | None, settings: Settings | None,
+) -> Outcome:
     session_id = payload.get("sessionId") if isinstance(payload, dict) else None
     reason = str(payload.get("reason") or "wake") if isinstance(payload, dict) else "wake"
     hint = payload.get("agent") if isinstance(payload, dict) else None
@@ -97,6 +118,8 @@ async def handle_wake(
             owner = registry.get_agent(result.owner) if result.owner else None
             if owner is None:
                 metrics.NO_AGENT_REFUSALS.inc()
+                if result.owner and await _forwarded(runner, session_id, result.owner):
+                    return Outcome.NOOP
                 unserved = result.unserved
                 raise FxNoAgentError(
                     f"this process has no agent named {result.owner!r} (session {session_id})",
@@ -112,6 +135,7 @@ async def handle_wake(
         raise
     if result.outcome is Outcome.YIELDED:
         try:
+            await runner.store.mark_woken([session_id])
             await asyncio.to_thread(result.agent.wake, session_id, reason="yield")
         except Exception as exc:  # noqa: BLE001 - the broker is away too: the sweeper re-wakes it
             log.warning("requeueing %s failed (%s); the sweeper will wake it", session_id, exc)
@@ -127,11 +151,41 @@ async def handle_wake(
                 after = await runner.store.state(session_id)
                 more = after is not None and after.status == "waiting"
             if more:
+                await runner.store.mark_woken([session_id])
                 await asyncio.to_thread(result.agent.wake, session_id, reason="pending")
         except Exception as exc:  # noqa: BLE001 - the store or broker is away: the sweeper wakes it
             log.warning("looking for more work in %s failed (%s); the sweeper will wake it", session_id, exc)
         return Outcome.DONE
     return Outcome.NOOP
+
+
+async def _forwarded(runner: Runner, session_id: str, owner: str) -> bool:
+    """Passes the wake on to `owner`'s queue when a live worker runs that agent (a wake
+    that reached the wrong queue); False when none does (the sweeper keeps the session)."""
+    try:
+        served = served_by(await runner.store.live_workers())
+    except Exception as exc:  # noqa: BLE001 - the sweeper wakes it once the store answers
+        log.warning("reading the live workers for %s failed: %s", session_id, exc)
+        return False
+    if owner not in served:
+        log.info("session %s waits for agent %r, which no live worker runs", session_id, owner)
+        return False
+    await runner.store.mark_woken([session_id])
+    await asyncio.to_thread(runner.agent.wake, session_id, agent=owner, reason="forward")
+    log.info("wake of %s passed on to agent %r", session_id, owner)
+    return True
+
+
+async def settle_unserved(session_id: str, agent: str, *, loop_thread: LoopThread | None = None,
+                          settings: Settings | None = None) -> None:
+    """The sweeper's claim of a session whose agent no live worker runs: it records the
+    `noWorker` state (the claim takes nothing), or, past `FX_NO_AGENT_GIVE_UP_S`, ends
+    the session's inputs `FX_NO_AGENT` (`Runner._give_up`)."""
+    try:
+        await handle_wake({"sessionId": session_id, "agent": agent, "reason": "unserved"},
+                          loop_thread=loop_thread, settings=settings, counted=False)
+    except FxNoAgentError:
+        pass  # nothing taken: it waits, and its state says for which agent
 
 
 async def _route_without_agents(session_id: str, settings: Settings) -> NoReturn:

@@ -15,11 +15,12 @@ import threading
 from typing import Any
 
 from . import registry
-from .delivery import handle_wake
+from .delivery import handle_wake, settle_unserved
+from .liveness import PROCESS_COUNTER, Liveness
 from .runtime import LoopThread
 from .settings import Settings
 from .store import default_store
-from .sweeper import Sweeper
+from .sweeper import Sweeper, lost_after_ms
 from .wakers import BROKER_AWAY, wake_payload
 
 log = logging.getLogger("fxworker.embedded")
@@ -147,7 +148,8 @@ def _log_failure(future: Any) -> None:
 
 
 def start_embedded_sweeper(settings: Settings | None = None) -> Sweeper:
-    """The embedded mode's sweeper: one process, so no guard; wakes go in-process."""
+    """The embedded mode's sweeper: one process, so no guard; wakes go in-process. Its
+    live mark names every agent of the process while an embedded worker lives."""
     global _sweeper
     if _sweeper is not None:
         return _sweeper[0]
@@ -158,12 +160,18 @@ def start_embedded_sweeper(settings: Settings | None = None) -> Sweeper:
     async def always(_px_ms: int) -> bool:
         return True
 
+    def served() -> list[str]:
+        return list(registry.agents()) if embedded_workers() else []
+
     waker = InProcessWaker()
     sweeper = Sweeper(
         store,
         interval_s=min(settings.sweep_s, 1.0),
         guard=always,
         wake=lambda sid, agent: waker.wake(sid, agent=agent, reason="sweep"),
+        liveness=Liveness(store, agents=served, counter=PROCESS_COUNTER),
+        unserved=lambda sid, agent: settle_unserved(sid, agent, settings=settings),
+        lost_after_ms=lost_after_ms(settings),
     )
     loop = LoopThread("fx-sweeper")
     _sweeper = (sweeper, loop)

@@ -465,6 +465,18 @@ class Runner:
             marks.append(protocol.drop(entry.message_id))
         return await self._end_without_engine(error, marks)
 
+    async def _end_cancelled(self, entry: Input) -> Outcome:
+        """Ends an input cancelled before its turn started (a cancel sent before any worker
+        ran, or while the turn before it ran): its `turn_start` and a `turn_end`
+        `cancelled`, and the input consumed (`drop`) in one call. The model never sees it,
+        and the steers waiting behind it run as the next turn (§6)."""
+        self.turn_id = entry.message_id
+        text_input = entry.input if isinstance(entry.input, str) else None
+        if text_input is None and isinstance(entry.input, list):
+            text_input = prompt_text(entry.input)
+        self._push(protocol.turn_start(self.turn_id, self.session_id, text_input))
+        return await self._end_without_engine(None, [protocol.drop(entry.message_id)], stop_reason="cancelled")
+
     async def _end_unstarted(self, entry: Input, error: dict[str, Any]) -> Outcome:
         """Ends an input without opening a turn for it (`drop`): its `turn_end` says why."""
         self.turn_id = entry.message_id
@@ -472,7 +484,7 @@ class Runner:
         return await self._end_without_engine(error, [protocol.drop(entry.message_id)])
 
     async def _end_without_engine(
-        self, error: dict[str, Any], marks: list[dict[str, Any]], *, stop_reason: str = "error"
+        self, error: dict[str, Any] | None, marks: list[dict[str, Any]], *, stop_reason: str = "error"
     ) -> Outcome:
         """Writes the turn's `turn_end` with store `marks` (`end`, `drop`) in one fenced call."""
         assert self.writer is not None
@@ -596,6 +608,8 @@ class Runner:
         if Stopped.REQUEUE in self.stopped:
             self.pending.appendleft(entry)
             return Outcome.YIELDED
+        if entry.cancelled:
+            return await self._settled(self._end_cancelled(entry))
         _check_readable(entry)
         engine = await self._open_engine(entry.context, entry.settings)
         if engine is None:
@@ -611,14 +625,9 @@ class Runner:
         span = self._trace_delivery(entry.traceparent, resumed=False)
         with _current(span):  # the engine's turn task starts under it: its spans are the turn's
             self.turn = engine.prompt(entry.input, yield_at=self.deadline.yield_at(), turn_id=entry.message_id)
-        if entry.cancelled:
-            # Cancelled before it started (a cancel that came before any worker): it opens
-            # and ends `cancelled` at once; steers waiting behind it run as the next turn.
-            self.turn.cancel()
-        else:
-            self._yield_if_stopping()
-            # Steers accepted after this prompt and waiting join it (§6).
-            self._join_waiting_steers()
+        self._yield_if_stopping()
+        # Steers accepted after this prompt and waiting join it (§6).
+        self._join_waiting_steers()
         return await self._traced(span, self._drive())
 
     async def _continue_open_turn(self) -> Outcome:

@@ -518,6 +518,11 @@ def cancel(keys: SessionKeys, *, now_ms: int, message_id: str | None = None) -> 
     return Call(SCRIPTS["cancel"], keys.names, [now_ms, message_id or ""])
 
 
+def woken(keys: SessionKeys, *, now_ms: int) -> Call:
+    """woken.lua: note that a wake of the session was queued at `now_ms` (untaken till a claim)."""
+    return Call(SCRIPTS["woken"], (keys.meta,), [now_ms])
+
+
 def state(keys: SessionKeys) -> Call:
     """state.lua: one atomic snapshot of a session."""
     return Call(SCRIPTS["state"], keys.names, [])

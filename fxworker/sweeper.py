@@ -5,8 +5,11 @@ Redis `SET NX PX` guard lets one sweep at a time across the pool (every process 
 each second, so a successor takes over within `GUARD_MS` of the holder's death). Every
 `FX_SWEEP_S` it asks the store for sessions with work and no live lease (`ready_sessions`)
 and sends each a wake to its owner's queue; a session whose worker died is woken when its
-lease expires (see `Sweeper`). Duplicate wakes are harmless (the lease decides); a wake
-lost between accept and the broker only delays the turn until the next sweep.
+lease expires (see `Sweeper`). Duplicate wakes are harmless (the lease decides), but every
+wake is bounded: a session has at most one outstanding wake the sweeper sent or trusts
+(meta `woken`, taken by the next claim), and a session whose agent no live worker runs is
+never woken through the broker (fxworker/liveness.py). A wake lost between accept and the
+broker is sent again once the workers' marks show it cannot be on its way.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 from .ids import now_ms
 from .keys import sweeper_guard_key, worker_ready_key
+from .liveness import PROCESS_COUNTER, Liveness, Service
 from .runtime import LoopThread
 from .settings import Settings
 from .store import RedisStore, default_store, store_clients
@@ -43,7 +47,10 @@ GUARD_MS = 2500  # the guard's life: the holder renews it every tick, a successo
 TICK_S = 1.0  # how often a process tries the guard (and the holder looks at due lease expiries)
 IN_FLIGHT_MS = 2000  # a session marked ready this recently most likely has its sender's wake on the way
 EXPIRY_MARGIN_MS = 50  # a lease is looked at this long after it was due to expire
-UNSERVED_SLACK_MS = 5000  # a session waiting for its agent is swept this long after its backoff's wake was due
+
+# Settles a session whose agent no live worker runs, in this process (session id, agent):
+# a claim that records `noWorker` (or, past the give-up, ends its inputs FX_NO_AGENT).
+Unserved = Callable[[str, str], Awaitable[None]]
 
 
 class Sweeper:
@@ -56,13 +63,27 @@ class Sweeper:
     looks at those sessions then (`check_expired`): a renewed lease is noted again, a dead
     one is woken at once. So a session whose worker died is woken about `lease_s` after
     its last renewal, not at the next full sweep (this needs `interval_s` < `lease_s`).
+
+    With `liveness` (every worker process has it), each tick also writes this process's
+    mark, and a sweep reads everyone's: a session whose agent no live worker runs is
+    handed to `unserved` (in this process, no broker) once its backoff is due; one whose
+    wake is outstanding is woken again only once `Service.wake_lost` says so (or after
+    `lost_after_ms`, the broker's redelivery bound). A sweep runs at once when an agent
+    starts being served, so its waiting sessions do not wait for the next interval.
     """
 
-    def __init__(self, store: RedisStore, *, interval_s: float, guard: Callable[[int], Awaitable[bool]], wake: Any) -> None:
+    def __init__(
+        self, store: RedisStore, *, interval_s: float, guard: Callable[[int], Awaitable[bool]], wake: Any,
+        liveness: Liveness | None = None, unserved: Unserved | None = None, lost_after_ms: int = 600_000,
+    ) -> None:
         self.store = store
         self.interval_s = interval_s
         self.guard = guard  # async callable(px_ms) -> bool: may this process sweep now?
         self.wake = wake  # callable(session_id, agent) -> None
+        self.liveness = liveness
+        self.unserved = unserved
+        self.lost_after_ms = lost_after_ms
+        self._served: dict[str, Service] | None = None  # at the last sweep (None: not known)
         self.swept = 0
         self.in_flight_ms = int(min(IN_FLIGHT_MS, interval_s * 1000))
         self.tick_s = min(TICK_S, interval_s)
@@ -85,15 +106,41 @@ class Sweeper:
         now = now_ms()
         self._next_sweep_ms = now + int(self.interval_s * 1000)
         ready = await self.store.ready_sessions(now_ms=now, include_held=True)
+        served = self._served = await self.liveness.served(now) if self.liveness is not None else None
         self._held = {r.session_id: (r.agent, r.lease_expires_ms or now) for r in ready if r.reason == "held"}
-        # A session waiting for an agent no worker runs is woken by its own backoff (the
-        # FX_NO_AGENT redelivery); only when that looks lost does a sweep wake it.
-        unserved_slack_ms = max(UNSERVED_SLACK_MS, int(self.interval_s * 2000))
-        return await self._wake_all([
-            (r.session_id, r.agent) for r in ready
-            if r.reason != "held" and r.marked_ms <= now - self.in_flight_ms
-            and (r.unserved_next_ms is None or r.unserved_next_ms + unserved_slack_ms <= now)
-        ])
+        wake, unserved = [], []
+        for r in ready:
+            if r.reason == "held" or r.marked_ms > now - self.in_flight_ms:
+                continue
+            if served is not None and r.agent not in served:
+                # Nobody runs its agent: a wake would wait in a queue nobody reads. Its
+                # claim here records `noWorker`, and past the give-up ends its inputs.
+                if r.unserved_next_ms is None or r.unserved_next_ms <= now:
+                    unserved.append((r.session_id, r.agent))
+            elif self._wake_due(r.agent, r.woken_ms, served, now):
+                wake.append((r.session_id, r.agent))
+        await self._settle_unserved(unserved)
+        return await self._wake_all(wake)
+
+    def _wake_due(self, agent: str, woken_ms: int | None, served: dict[str, Service] | None, now: int) -> bool:
+        """Whether to queue a wake for a session of `agent` whose outstanding wake (if any)
+        was queued at `woken_ms`: none is, or that one was lost."""
+        if woken_ms is None:
+            return True
+        service = served.get(agent) if served is not None else None
+        if service is None:  # no marks to judge by: trust it up to the broker's bound
+            return now - woken_ms >= self.lost_after_ms
+        return service.wake_lost(woken_ms, now, self.lost_after_ms)
+
+    async def _settle_unserved(self, sessions: list[tuple[str, str]]) -> None:
+        if self.unserved is None or not sessions:
+            return
+        for session_id, agent in sessions:
+            try:
+                await self.unserved(session_id, agent)
+            except Exception:  # noqa: BLE001 - the next sweep tries again
+                log.warning("sweeper could not settle %s (agent %r runs nowhere)", session_id, agent, exc_info=True)
+        log.info("%d session(s) wait for an agent no live worker runs", len(sessions))
 
     async def check_expired(self) -> int:
         """Looks at the running sessions whose lease was due to expire; wakes those it did."""
@@ -102,16 +149,25 @@ class Sweeper:
         if not due:
             return 0
         woken = []
+        served = self._served
         for sid, state in zip(due, await self.store.states(due, now_ms=now)):
             if state is not None and state.has_work and state.lease_expires_ms is not None:
                 self._held[sid] = (state.agent, state.lease_expires_ms)  # renewed
                 continue
             del self._held[sid]
-            if state is not None and state.status == "waiting":
+            if state is None or state.status != "waiting":
+                continue
+            if served is not None and state.agent not in served:
+                continue  # the next sweep settles it
+            if self._wake_due(state.agent, state.woken_ms, served, now):
                 woken.append((sid, state.agent))
         return await self._wake_all(woken)
 
     async def _wake_all(self, sessions: list[tuple[str, str]]) -> int:
+        if not sessions:
+            return 0
+        # Noted before it is sent: a claim that takes the wake at once clears the note.
+        await self.store.mark_woken([sid for sid, _ in sessions], now_ms=now_ms())
         n = 0
         for session_id, agent in sessions:
             try:
@@ -126,7 +182,9 @@ class Sweeper:
 
     async def tick(self) -> bool:
         """One tick; True when this process held the guard and looked at sessions."""
-        if now_ms() >= self._next_sweep_ms:
+        if self.liveness is not None:
+            await self.liveness.beat()
+        if now_ms() >= self._next_sweep_ms or await self._newly_served():
             swept = await self.guard(GUARD_MS)
             await self.sweep_once(guarded=swept)
             return swept
@@ -135,6 +193,15 @@ class Sweeper:
             return True
         self._held.clear()
         return False
+
+    async def _newly_served(self) -> bool:
+        """Whether an agent is served now that was not at the last sweep (a worker of it
+        just started): its waiting sessions are swept at once, not at the next interval."""
+        known = self._served
+        if self.liveness is None or known is None:
+            return False
+        served = await self.liveness.served(now_ms())
+        return any(agent not in known for agent in served)
 
     def _sleep_s(self) -> float:
         """Until the next tick, the next full sweep or the first lease due, whichever is first."""
@@ -188,20 +255,32 @@ def _redis_guard(settings: Settings) -> Callable[[int], Awaitable[bool]]:
 
 
 def start_worker_sweeper(
-    settings: Settings, *, loop: LoopThread, waker: Waker
+    settings: Settings, *, loop: LoopThread, waker: Waker, agents: Callable[[], Any], unserved: Unserved,
 ) -> tuple[Sweeper, concurrent.futures.Future[None]] | None:
     """Starts a worker process's sweeper on `loop`, waking through `waker` (Celery
-    `worker_ready`, in `fxworker.tasks`); None without a store URL.
+    `worker_ready`, in `fxworker.tasks`); None without a store URL. `agents()` names the
+    agents the process serves (its mark); `unserved` settles a session nobody serves.
 
     Returns the sweeper and the future of its run, for the caller to keep: asyncio holds
     a running task only weakly.
     """
     if not settings.store_url:
         return None
+    store = default_store(settings)
     sweeper = Sweeper(
-        default_store(settings),
+        store,
         interval_s=settings.sweep_s,
         guard=_redis_guard(settings),
         wake=lambda sid, agent: waker.wake(sid, agent=agent, reason="sweep"),
+        liveness=Liveness(store, agents=agents, counter=PROCESS_COUNTER),
+        unserved=unserved,
+        lost_after_ms=lost_after_ms(settings),
     )
     return sweeper, loop.submit(sweeper.run())
+
+
+def lost_after_ms(settings: Settings) -> int:
+    """How long a queued wake is trusted with no evidence either way: the broker's own
+    bound (its visibility timeout, fxworker/celery_app.py), past which a wake a worker
+    took and lost would have come back."""
+    return int((settings.delivery_timeout_s * 3 + 60) * 1000)

@@ -10,11 +10,13 @@ handlers, before `worker_init`:
   every running task at each broker connection loss). Under the threads pool a turn whose
   broker connection dropped simply runs on; its message is delivered again and that
   duplicate finds the lease held or the work done.
-- `worker_ready`: starts the process loop (and builds its HTTP clients) and the sweeper,
-  serves the Prometheus metrics on `FX_METRICS_PORT` when set, and marks the worker ready
-  in Redis.
+- `worker_ready`: stops consuming the queue of any agent the process does not run (a
+  `--queues` or deploy mistake: its wakes are left for a worker that runs it, never
+  refused over and over), starts the process loop (and builds its HTTP clients) and the
+  sweeper with this process's live mark (fxworker/liveness.py), serves the Prometheus
+  metrics on `FX_METRICS_PORT` when set, and marks the worker ready in Redis.
 - `worker_shutting_down` (SIGTERM): warm shutdown, running turns yield and requeue.
-- `worker_shutdown`: stops the sweeper.
+- `worker_shutdown`: stops the sweeper and deletes the live mark.
 
 The worker process's own state lives here and is passed down: its loop
 (`process_loop()`, where every delivery of the process runs) and its sweeper.
@@ -33,11 +35,10 @@ from typing import Any
 from celery import signals
 from celery.exceptions import CPendingDeprecationWarning
 
-from . import embedded, metrics, tracing
+from . import embedded, metrics, registry, tracing
 from .celery_app import app, pool_can_cancel
-from .delivery import handle_wake_blocking
+from .delivery import handle_wake_blocking, settle_unserved
 from .errors import FxNoAgentError, FxStoreUnavailableError, FxUnknownSessionError
-from .ids import now_ms
 from .registry import import_agents_module
 from .runtime import LoopThread, SharedLoop
 from .settings import Settings
@@ -52,6 +53,7 @@ celery_log = logging.getLogger("fxworker.celery")
 
 _process_loop = SharedLoop("fx-loop")  # task threads may ask for it at once
 _sweeper: tuple[Sweeper, Future[None]] | None = None  # set on worker_ready, stopped on worker_shutdown
+_served: tuple[str, ...] = ()  # the agents whose queue this worker consumes (set on worker_ready)
 
 
 def process_loop() -> LoopThread:
@@ -78,24 +80,16 @@ def wake(self: Any, payload: dict[str, Any]) -> str:
     Redelivery is harmless: the wake carries no input (the worker reads inputs only from
     the store), and the session's lease decides who runs — a duplicate finds the lease
     held and returns "noop"; a worker that lost its lease has every write refused by the
-    epoch fence. `FX_NO_AGENT` (no agent of the session's name here) retries with a short
-    backoff so another worker of the queue takes it: the one Celery delay in the design.
+    epoch fence. A wake for an agent this process does not run was passed on to a live
+    worker of it, or finds none (`FX_NO_AGENT`): it is dropped, not retried; the sweeper
+    keeps that session's `noWorker` state until a worker of its agent starts (§7).
     """
     try:
         outcome = handle_wake_blocking(payload, loop_thread=process_loop(), settings=app.fx_settings)
     except FxNoAgentError as exc:
         metrics.WAKES.labels(outcome="no_agent").inc()
-        if exc.spare:
-            log.info("%s: another wake is due, this one is dropped", exc)
-            return "no_agent"
-        settings = app.fx_settings
-        if exc.retry_at_ms is not None:
-            # The store's backoff for this session (claim.lua), shared by every wake of it.
-            countdown_s = max(0.05, (exc.retry_at_ms - now_ms()) / 1000)
-        else:
-            countdown_s = min(settings.no_agent_retry_s, 0.25 * 2 ** min(self.request.retries, 8))
-        log.warning("%s: retrying in %.2f s", exc, countdown_s)
-        raise self.retry(exc=exc, countdown=countdown_s) from exc
+        log.warning("%s: no live worker runs it; the session waits (noWorker) and the sweeper keeps it", exc)
+        return "no_agent"
     except FxUnknownSessionError as exc:
         log.warning("wake refused and dropped: %s", exc)
         metrics.WAKES.labels(outcome="refused").inc()
@@ -153,12 +147,16 @@ def _import_agents(sender: Any = None, **_: Any) -> None:
 @signals.worker_ready.connect
 def _on_ready(sender: Any = None, **_: Any) -> None:
     """Starts the process loop and the sweeper, then marks this worker ready in Redis."""
-    global _sweeper
+    global _sweeper, _served
     settings: Settings = app.fx_settings
+    _served = _consume_only_served_queues(sender)
     loop = process_loop()
     loop.build_http_clients()  # off the first turns' path (each takes a few ms)
     if _sweeper is None:
-        _sweeper = start_worker_sweeper(settings, loop=loop, waker=CeleryWaker(app))
+        _sweeper = start_worker_sweeper(
+            settings, loop=loop, waker=CeleryWaker(app), agents=lambda: _served,
+            unserved=lambda sid, agent: settle_unserved(sid, agent, loop_thread=loop, settings=settings),
+        )
     if settings.metrics_port is not None:
         metrics.serve(settings.metrics_port, host=settings.metrics_host)
         celery_log.info("metrics on http://%s:%s/metrics", settings.metrics_host, settings.metrics_port)
@@ -167,6 +165,33 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
         mark_worker_ready(settings, hostname=hostname, pid=os.getpid())
     tune_gc()
     celery_log.info("worker %s ready (pid %s)", hostname, os.getpid())
+
+
+def _consume_only_served_queues(consumer: Any) -> tuple[str, ...]:
+    """Stops consuming `fx.<name>` for every agent name this process does not run, saying
+    so; returns the agents whose queue it consumes (what its live mark says it runs).
+
+    A wake taken from such a queue could only be refused, and a refused wake retried on
+    the same queue kept landing on the refusing worker beside one that runs the agent."""
+    runs = set(registry.agents())
+    queues = getattr(getattr(consumer, "task_consumer", None), "queues", None) or []
+    names = [getattr(queue, "name", "") for queue in queues]
+    served = []
+    for name in names:
+        agent = name[len("fx."):] if name.startswith("fx.") else None
+        if agent is None:
+            continue
+        if agent in runs:
+            served.append(agent)
+            continue
+        celery_log.warning(
+            "FX_NO_AGENT: this worker does not run agent %r (FX_AGENTS=%s), so it does not consume its queue %s; "
+            "start a worker with that agent", agent, app.fx_settings.agents_module, name)
+        consumer.cancel_task_queue(name)
+    if names and not served:
+        celery_log.error("this worker consumes none of its queues (%s): none is an agent it runs (%s)",
+                         ", ".join(names), ", ".join(sorted(runs)) or "none")
+    return tuple(sorted(served))
 
 
 # The young generation's threshold in a worker (Python's default: 700 allocations).
@@ -196,5 +221,12 @@ def _on_shutdown(**_: Any) -> None:
     """Stops the sweeper."""
     global _sweeper
     if _sweeper is not None:
-        _sweeper[0].stop()
+        sweeper = _sweeper[0]
+        sweeper.stop()
         _sweeper = None
+        loop = _process_loop.running
+        if sweeper.liveness is not None and loop is not None:
+            try:
+                loop.run(sweeper.liveness.forget(), timeout_s=2.0)
+            except Exception:  # noqa: BLE001 - the mark expires on its own
+                log.debug("deleting the live mark failed", exc_info=True)

@@ -1,4 +1,4 @@
-"""How wakes reach a worker (§7): a wake is `{sessionId, agent, reason}` and carries no input.
+"""How wakes reach a worker (§7): a wake is `{sessionId, agent, reason, sentMs}` and carries no input.
 
 - `CeleryWaker` sends task `fxworker.wake` to queue `fx.<agent>` at once (no ETA or
   countdown: any delay lives in the store, never in a Celery ETA).
@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+from .ids import now_ms
 from .keys import queue_name
 
 
-def wake_payload(session_id: str, *, agent: str, reason: str) -> dict[str, str]:
-    """The message body of one wake."""
-    return {"sessionId": session_id, "agent": agent, "reason": reason}
+def wake_payload(session_id: str, *, agent: str, reason: str) -> dict[str, Any]:
+    """The message body of one wake. `sentMs` lets the workers' marks say how far their
+    queue has been read (fxworker/liveness.py); a worker that does not know it ignores it."""
+    return {"sessionId": session_id, "agent": agent, "reason": reason, "sentMs": now_ms()}
 
 
 @runtime_checkable

@@ -48,6 +48,7 @@ LAYERS: list[list[str]] = [
     ["fxworker.scripts", "fxworker.broker"],
     ["fxworker.store"],
     ["fxworker.protocol", "fxworker.leases", "fxworker.background", "fxworker.watch", "fxworker.registry", "fxworker.celery_app",
+     "fxworker.liveness",
      "fxworker.deadline"],
     ["fxworker.wakers"],
     ["fxworker.timeline"],

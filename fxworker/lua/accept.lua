@@ -18,7 +18,8 @@
 --
 -- Invariant: a message id names one input. The same id and kind again stores nothing and
 -- reports the original (state w waiting | r its turn is open | d done); the same id with
--- the other kind is refused. Steer limits hold for the queued (unconsumed) steers, in
+-- the other kind is refused. A stored input sets meta `woken` (now_ms): the sender's wake
+-- that follows is outstanding until a claim takes it (claim.lua clears it). Steer limits hold for the queued (unconsumed) steers, in
 -- bytes of text as §6 counts them (ARGV 13), so quotes and escapes of the JSON never count.
 -- The session is in the ready set before the input is stored (§5): given KEYS 11-12 (one
 -- server, no slots), the script marks it first, as mark_ready.lua does, whatever it then
@@ -61,7 +62,9 @@ if redis.call('HSETNX', msgs, mid, kind .. ':w:' .. seq .. ':0:' .. size) == 0 t
   return {'repeated', owner or '', state, tonumber(at), tonumber(endc), ui, 0}
 end
 
-local fields = {'inbox', seq}
+-- The wake the sender sends next is outstanding until a delivery's claim takes it
+-- (`woken`, claim.lua): the sweeper queues no second one meanwhile (§7).
+local fields = {'inbox', seq, 'woken', now_ms}
 if not owner then
   if ARGV[6] ~= '1' then
     redis.call('HDEL', msgs, mid)

@@ -13,7 +13,10 @@
 -- and no input waits (a second wake of work a delivery already ran: nothing changes),
 -- {"unserved", agent, since_ms, next_ms, spare(0|1)} when the owning agent is not among
 -- ARGV[5] (nothing taken: lease and epoch stay; meta counts the miss and when to wake
--- next; spare: another wake is due at next_ms already, this one counted nothing), else
+-- next; spare: another wake is due at next_ms already, this one counted nothing; the
+-- first miss since the last claim also appends one `session_waiting` line, naming the
+-- open turn or first waiting input and `noWorker {agent, sinceMs}`, at the meta's
+-- epoch: a client following the turn sees why nothing runs), else
 --   {"ok", epoch, expires_ms, agent, has_ckpt(0|1), ckpt_data, ckpt_through,
 --    records {cursor, data, ...}, head, pending {{seq, field, value, ...}, ...},
 --    turn, yielded, cutoffs, deaths, cancel_target, ui_cursor, taken_over(0|1),
@@ -41,6 +44,9 @@
 -- A session whose agent the caller cannot run is not claimed: its wakes back off in meta
 -- (unserved_ms: the first miss, unserved_n, unserved_next_ms: 250 ms doubling to ARGV[7]);
 -- a claim of a caller that can run it forgets them.
+-- Every claim that finds the session (held, idle, unserved or claimed) is a delivery of
+-- its outstanding wake: meta `woken` (set by accept.lua, cancel.lua, woken.lua) goes, so
+-- the sweeper may queue the next one (§7: one outstanding wake per session).
 
 -- include: _whole.lua
 -- include: _rest.lua
@@ -50,12 +56,26 @@ local MAX_SPARED = 6  -- takeovers after an outage not counted as deaths, betwee
 local meta, lease, inbox, log, pending, ckpt = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7], KEYS[9]
 local holder, lease_ms, now_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
+-- One `session_waiting` line: agent names and message ids are checked ([A-Za-z0-9._-]),
+-- so the JSON is written as text, as append.lua stamps its lines.
+local function waiting_line(agent, since_ms, open, at_epoch)
+  local target = open
+  if target == '' then target = redis.call('ZRANGE', pending, 0, 0)[1] or '' end
+  local cursor = redis.call('HINCRBY', meta, 'ui', 1)
+  redis.call('XADD', KEYS[5], cursor .. '-0', 'l', '{"type":"session_waiting","messageId":"' .. target ..
+    '","noWorker":{"agent":"' .. agent .. '","sinceMs":' .. string.format('%d', since_ms) .. '},"epoch":' ..
+    at_epoch .. ',"cursor":' .. cursor .. '}')
+end
+
 local l = redis.call('HMGET', lease, 'holder', 'epoch', 'expires_ms', 'state')
 local epoch = tonumber(l[2] or 0)
 local taken, again = 0, 0
 if l[4] == 'held' then
   if tonumber(l[3] or 0) > now_ms then
-    if l[1] ~= holder then return {'held', l[1], epoch, tonumber(l[3])} end
+    if l[1] ~= holder then
+      redis.call('HDEL', meta, 'woken')
+      return {'held', l[1], epoch, tonumber(l[3])}
+    end
     again = 1  -- this holder's own claim, retried after a lost reply: the same epoch
   else
     taken = 1
@@ -63,7 +83,7 @@ if l[4] == 'held' then
 end
 local m = redis.call('HMGET', meta, 'agent', 'head', 'ui', 'inbox', 'turn', 'turn_seq', 'yielded', 'cutoffs', 'deaths', 'cancel',
                        'turn_cursor', 'epoch', 'unserved_ms', 'unserved_n', 'expiring', 'unserved_next_ms', 'spared',
-                       'rest', 'through')
+                       'rest', 'through', 'woken')
 if not m[1] then
   if orphan_key() == 'meta' then return {'incomplete', 'meta'} end
   return {'unknown'}
@@ -77,6 +97,7 @@ if lost then
 end
 local turn = m[5] or ''
 local give_up = 0
+if m[20] then redis.call('HDEL', meta, 'woken') end
 if again == 0 then
   if ARGV[4] == '1' and taken == 0 and turn == '' and redis.call('ZCARD', pending) == 0 then
     return {'idle', epoch, m[1]}
@@ -89,6 +110,7 @@ if again == 0 then
       local due = tonumber(m[16] or 0)
       if due > now_ms + 50 then return {'unserved', m[1], since, due, 1} end
       local next_ms = now_ms + math.min(tonumber(ARGV[7]), 250 * 2 ^ math.min(n - 1, 32))
+      if not m[13] then waiting_line(m[1], since, turn, math.max(epoch, tonumber(m[12] or 0))) end
       redis.call('HSET', meta, 'unserved_ms', string.format('%d', since), 'unserved_n', n,
         'unserved_next_ms', string.format('%d', next_ms))
       return {'unserved', m[1], since, next_ms, 0}

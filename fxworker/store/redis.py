@@ -28,6 +28,7 @@ from ..errors import FxStoreUnavailableError
 from ..scripts import AsyncRunner, Call
 from ._boundary import ServerCheck, client_factories, map_redis_errors, retry_read
 from ._core import AsyncStore, Op, StoreCore
+from ._live import LiveOperations
 from ._readers import ReaderOperations
 from ._senders import SenderOperations
 from ._workers import WorkerOperations
@@ -40,7 +41,7 @@ __all__ = ["RedisStore", "SyncRedisStore", "client_factories", "map_redis_errors
 T = TypeVar("T")
 
 
-class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, AsyncStore):
+class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, LiveOperations, AsyncStore):
     """The session store of docs/design.md §5 (async); `store.sync` is its blocking twin.
 
     Build one with `redis_store()`, `embedded_store()` or `memory_store()`. The module

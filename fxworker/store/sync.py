@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from ..scripts import SyncRunner
 from ._boundary import ServerCheck, map_redis_errors, policy_or_none, retry_read_sync
 from ._core import Op, StoreCore, SyncStore
+from ._live import LiveOperations
 from ._readers import ReaderOperations
 from ._senders import SenderOperations
 from ._workers import WorkerOperations
@@ -19,7 +20,7 @@ from ._workers import WorkerOperations
 T = TypeVar("T")
 
 
-class SyncRedisStore(SenderOperations, WorkerOperations, ReaderOperations, SyncStore):
+class SyncRedisStore(SenderOperations, WorkerOperations, ReaderOperations, LiveOperations, SyncStore):
     """The blocking twin of `RedisStore` (`store.sync`), for Django, Flask or Celery code.
 
     Same methods, same arguments, same results; nothing here awaits.

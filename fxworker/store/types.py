@@ -194,10 +194,27 @@ class SessionState:
     # Set while a wake found no process running `agent` (since that ms; woken again at next).
     unserved_since_ms: int | None = None
     unserved_next_ms: int | None = None
+    # When the wake queued for it was sent, while no delivery has taken that wake (§7).
+    woken_ms: int | None = None
 
     @property
     def has_work(self) -> bool:
         return self.open_turn is not None or self.pending > 0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerMark:
+    """One live worker process as its last mark describes it (`heartbeat`, `live_workers`):
+    the agents it runs, until when the mark holds, since when no delivery has run on it
+    (None: one runs now) and the newest send time of a wake it started (0: none yet)."""
+
+    worker_id: str
+    agents: tuple[str, ...]
+    expires_ms: int
+    idle_since_ms: int | None = None
+    took_sent_ms: int = 0
+    host: str = ""
+    pid: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +231,8 @@ class ReadySession:
     lease_expires_ms: int | None = None
     # A wake found no process running its agent: the store's backoff wakes it again then.
     unserved_next_ms: int | None = None
+    # When its outstanding wake was queued (None: no wake waits for a delivery).
+    woken_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

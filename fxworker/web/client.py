@@ -298,4 +298,7 @@ def render_line(line: dict[str, Any]) -> str:
         return f"\n[{line.get('stopReason')}{repeated}{detail}]\n"
     if kind == "session_error":
         return f"\n[{line.get('code')}: {line.get('message')}]\n"
+    if kind == "session_waiting":
+        agent = (line.get("noWorker") or {}).get("agent")
+        return f"[waiting: no worker runs agent {agent!r}; start one with that agent]\n"
     return ""

@@ -35,6 +35,7 @@ def _sample_calls() -> dict[str, Call]:
                                                    ttl_ms=0),
         "cancel": scripts.cancel(keys, now_ms=1),
         "state": scripts.state(keys),
+        "woken": scripts.woken(keys, now_ms=1),
         "load": scripts.load(keys),
         "ack_read": scripts.ack_read(keys, after=0),
     }

@@ -2,7 +2,8 @@
 
 The module has its own worker (agents `default` and `a` only, serving its metrics on a
 free port) and its own web process (agents `default`, `a` and `b`), so a prompt to `b`
-reaches a worker without that agent: an `FX_NO_AGENT` refusal.
+waits for an agent no live worker runs: the worker's sweeper counts an `FX_NO_AGENT`
+refusal as it records `noWorker`.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def test_a_wake_for_an_agent_the_worker_lacks_counts_a_refusal(web: WebProcess, 
     with httpx.Client(base_url=web.url, timeout=15.0) as api:
         created = api.post("/v1/sessions", json={"input": "for b", "agent": "b"})
         assert created.status_code == 202, created.text
-    wait_until(lambda: value(scrape(worker_url), "fx_no_agent_refusals_total") > before, 10, interval_s=0.05,
-               what="an FX_NO_AGENT refusal counted on the worker")
-    after = scrape(worker_url)
-    assert value(after, "fx_wakes_total", outcome="no_agent") >= 1
+        session_id = created.json()["sessionId"]
+        wait_until(lambda: value(scrape(worker_url), "fx_no_agent_refusals_total") > before, 10, interval_s=0.05,
+                   what="an FX_NO_AGENT refusal counted on the worker")
+        state = api.get(f"/v1/sessions/{session_id}").json()
+        assert state["status"] == "waiting" and state["noWorker"]["agent"] == "b", state

@@ -160,6 +160,10 @@ function render(line) {
     case "session_error":
       $("transcript").appendChild(el("div", "error", line.code + ": " + line.message));
       break;
+    case "session_waiting":
+      $("transcript").appendChild(el("div", "waiting",
+        "waiting: no worker runs agent " + ((line.noWorker || {}).agent || "?") + "; start one with that agent"));
+      break;
     default:
       break; // turn_yield, idle: nothing to show
   }
