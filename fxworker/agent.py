@@ -63,6 +63,7 @@ from .ids import (
     validate_message_id,
     validate_session_id,
 )
+from .liveness import SENDER_TRUST_MS
 from .runtime import LoopThread, SharedLoop
 from .settings import Settings
 from .store import RedisStore, close_default_store, default_store
@@ -377,7 +378,7 @@ class Session:
         accepted = await self._accept("prompt", message_id, blocks)
         metrics.ACCEPTED.inc()
         owner = self._forwarded(getattr(accepted, "agent", None))
-        if not (accepted.repeated and accepted.status == "done"):
+        if accepted.wake:  # else a wake sent moments ago, not taken yet, runs it too (§7)
             await self._wake(owner, "prompt")
         return Turn(self, message_id=accepted.message_id, repeated=accepted.repeated, cursor=accepted.cursor)
 
@@ -404,7 +405,8 @@ class Session:
         accepted = await self._accept("steer", message_id, text)
         metrics.ACCEPTED.inc()
         owner = self._forwarded(getattr(accepted, "agent", None))
-        await self._wake(owner, "steer")
+        if accepted.wake:
+            await self._wake(owner, "steer")
         return accepted
 
     async def _accept(self, kind: InputKind, message_id: str, input: Any) -> Accepted:
@@ -427,11 +429,18 @@ class Session:
         await self._cancel(None)
 
     async def _cancel(self, message_id: str | None) -> bool:
-        """Asks for the open (or next waiting) turn, or `message_id`'s, to end `cancelled`,
-        and wakes a worker to see it; whether a turn was targeted."""
+        """Asks for the open (or next waiting) turn, or `message_id`'s, to end `cancelled`;
+        whether a turn was targeted. A running worker sees the request in its inbox; a
+        waiting session is woken only when no wake of it is outstanding (§7), so a cancel
+        sent before any worker ran costs no second wake."""
         target = await self.store.request_cancel(self.id, message_id=message_id)
-        state = await self.state()
-        await self._wake(state["agent"], "cancel")
+        state = await self.store.state(self.id)
+        if state is None:
+            raise FxUnknownSessionError(f"no session {self.id}")
+        fresh = state.woken_ms is not None and now_ms() - state.woken_ms < SENDER_TRUST_MS
+        if state.status == "waiting" and not fresh:
+            await self.store.mark_woken([self.id])
+            await self._wake(state.agent, "cancel")
         return target is not None
 
     async def stream(self, cursor: int = 0, *, follow: bool = True) -> AsyncIterator[dict[str, Any]]:

@@ -36,6 +36,9 @@ HEARTBEAT_MS = 1000  # how often a worker writes its mark
 MARK_TTL_MS = 3500  # a mark not renewed for this long is a worker gone
 IDLE_PROOF_MS = 2000  # a worker idle this long since a wake was queued would have taken it
 REORDER_SLACK_MS = 5000  # wakes of one queue start in the order sent, give or take this
+# A sender sends no wake while one sent this recently is outstanding (accept.lua keeps the
+# same figure): past it, a wake the broker lost costs a sender no more than this.
+SENDER_TRUST_MS = 10_000
 
 
 class DeliveryCounter:

@@ -11,15 +11,20 @@
 --       10 steer max bytes   11 steer max queued count   12 steer max queued bytes
 --       13 the steer's size: UTF-8 bytes of its text, not of its JSON (10-13: steers only)
 --       14 the W3C trace context of the request that sent it ("" or absent: none)
--- Returns {"ok", agent, state, seq, end_cursor, ui_cursor, created(0|1)}
---         {"repeated", agent, state, seq, end_cursor, ui_cursor, 0}
+-- Returns {"ok", agent, state, seq, end_cursor, ui_cursor, created(0|1), wake(0|1)}
+--         {"repeated", agent, state, seq, end_cursor, ui_cursor, 0, wake(0|1)}
+--   wake: 1 when the sender should send a wake now; 0 when one it or another sender sent
+--   less than WAKE_TRUST_MS ago is still outstanding (no claim took it), or the input is done.
 --         {"in_use", stored_kind} | {"unknown"} | {"too_large", limit} | {"queue_full", what, limit}
 --         {"incomplete", key}: a key of the session is gone (_whole.lua); nothing stored
 --
 -- Invariant: a message id names one input. The same id and kind again stores nothing and
 -- reports the original (state w waiting | r its turn is open | d done); the same id with
--- the other kind is refused. A stored input sets meta `woken` (now_ms): the sender's wake
--- that follows is outstanding until a claim takes it (claim.lua clears it). Steer limits hold for the queued (unconsumed) steers, in
+-- the other kind is refused. One outstanding wake per session (§7): a stored input sets
+-- meta `woken` (now_ms) and answers wake 1, unless a wake sent less than WAKE_TRUST_MS
+-- ago is outstanding (no claim took it since): then it answers 0 and that wake, which
+-- runs whatever waits, stands for this input too. Past WAKE_TRUST_MS a sender wakes again
+-- (a wake lost by the broker costs a sender at most that long; the sweeper also finds it). Steer limits hold for the queued (unconsumed) steers, in
 -- bytes of text as §6 counts them (ARGV 13), so quotes and escapes of the JSON never count.
 -- The session is in the ready set before the input is stored (§5): given KEYS 11-12 (one
 -- server, no slots), the script marks it first, as mark_ready.lua does, whatever it then
@@ -28,13 +33,14 @@
 
 -- include: _whole.lua
 
+local WAKE_TRUST_MS = 10000  -- fxworker/liveness.py SENDER_TRUST_MS
 local meta, inbox, msgs, pending = KEYS[1], KEYS[3], KEYS[6], KEYS[7]
 local kind, mid, input, agent, now_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
 if KEYS[11] then redis.call('ZADD', KEYS[11], 'GT', now_ms, ARGV[7]) end
 
 local m = redis.call('HMGET', meta, 'agent', 'ui', 'inbox', 'steers', 'steer_bytes', 'expiring', 'context', 'head', 'epoch',
-  'rest', 'turn', 'through')
+  'rest', 'turn', 'through', 'woken')
 local owner, ui = m[1], tonumber(m[2] or 0)
 -- A session with a key gone is refused; one that was set to expire is gone: what is left
 -- of it goes, and the input finds no session.
@@ -51,6 +57,10 @@ elseif lost then
   return {'incomplete', lost}
 end
 local seq = tonumber(m[3] or 0) + 1
+-- A wake sent for the session less than WAKE_TRUST_MS ago that no claim has taken yet.
+local function outstanding()
+  return m[13] ~= nil and m[13] ~= false and tonumber(now_ms) - tonumber(m[13]) < WAKE_TRUST_MS
+end
 -- The size stored with the id is what append.lua gives back when the steer is consumed.
 local size = tonumber(ARGV[13]) or string.len(input)
 
@@ -59,19 +69,28 @@ local size = tonumber(ARGV[13]) or string.len(input)
 if redis.call('HSETNX', msgs, mid, kind .. ':w:' .. seq .. ':0:' .. size) == 0 then
   local k, state, at, endc = string.match(redis.call('HGET', msgs, mid), '^(%a):(%a):(%d+):(%d+)')
   if k ~= kind then return {'in_use', k} end
-  return {'repeated', owner or '', state, tonumber(at), tonumber(endc), ui, 0}
+  local wake = 0
+  if owner and state ~= 'd' and not outstanding() then
+    redis.call('HSET', meta, 'woken', now_ms)
+    wake = 1
+  end
+  return {'repeated', owner or '', state, tonumber(at), tonumber(endc), ui, 0, wake}
 end
 
--- The wake the sender sends next is outstanding until a delivery's claim takes it
--- (`woken`, claim.lua): the sweeper queues no second one meanwhile (§7).
-local fields = {'inbox', seq, 'woken', now_ms}
+local fields = {'inbox', seq}
+local wake = 0
+if not outstanding() then
+  -- The wake the sender sends next is outstanding until a delivery's claim takes it
+  -- (claim.lua): neither the sweeper nor another sender queues a second one meanwhile.
+  fields[3], fields[4], wake = 'woken', now_ms, 1
+end
 if not owner then
   if ARGV[6] ~= '1' then
     redis.call('HDEL', msgs, mid)
     return {'unknown'}
   end
   owner = agent
-  fields[3], fields[4], fields[5], fields[6] = 'agent', agent, 'created_ms', now_ms
+  fields[#fields + 1], fields[#fields + 2], fields[#fields + 3], fields[#fields + 4] = 'agent', agent, 'created_ms', now_ms
   -- Into the session index when created (NX: an older entry keeps its first-seen time).
   if KEYS[12] then redis.call('ZADD', KEYS[12], 'NX', now_ms, ARGV[7]) end
 end
@@ -115,4 +134,4 @@ end
 if (ARGV[14] or '') ~= '' then entry[#entry + 1], entry[#entry + 2] = 'tp', ARGV[14] end
 redis.call('XADD', inbox, seq .. '-0', unpack(entry))
 redis.call('ZADD', pending, seq, mid)
-return {'ok', owner, 'w', seq, 0, ui, m[1] and 0 or 1}
+return {'ok', owner, 'w', seq, 0, ui, m[1] and 0 or 1, wake}

@@ -24,7 +24,7 @@ else
   if #first == 0 then return {'none'} end
   target = first[1]
 end
-redis.call('HSET', meta, 'cancel', target, 'woken', ARGV[1])  -- its sender wakes the session next
+redis.call('HSET', meta, 'cancel', target)
 local seq = redis.call('HINCRBY', meta, 'inbox', 1)
 redis.call('XADD', inbox, seq .. '-0', 'k', 'c', 'id', target, 'at', ARGV[1])
 return {'ok', target, seq}

@@ -97,9 +97,12 @@ if lost then
 end
 local turn = m[5] or ''
 local give_up = 0
-if m[20] then redis.call('HDEL', meta, 'woken') end
+-- After the script's first write that memory may refuse, so a full Redis still refuses
+-- the claim whole (a write made first would let every later one through).
+local function took_wake() if m[20] then redis.call('HDEL', meta, 'woken') end end
 if again == 0 then
   if ARGV[4] == '1' and taken == 0 and turn == '' and redis.call('ZCARD', pending) == 0 then
+    took_wake()
     return {'idle', epoch, m[1]}
   end
   local served = ARGV[5] or ''
@@ -108,11 +111,15 @@ if again == 0 then
     if now_ms - since < tonumber(ARGV[6]) then
       -- Another wake is due later: this one is spare (one wake at a time backs off).
       local due = tonumber(m[16] or 0)
-      if due > now_ms + 50 then return {'unserved', m[1], since, due, 1} end
+      if due > now_ms + 50 then
+        took_wake()
+        return {'unserved', m[1], since, due, 1}
+      end
       local next_ms = now_ms + math.min(tonumber(ARGV[7]), 250 * 2 ^ math.min(n - 1, 32))
       if not m[13] then waiting_line(m[1], since, turn, math.max(epoch, tonumber(m[12] or 0))) end
       redis.call('HSET', meta, 'unserved_ms', string.format('%d', since), 'unserved_n', n,
         'unserved_next_ms', string.format('%d', next_ms))
+      took_wake()
       return {'unserved', m[1], since, next_ms, 0}
     end
     give_up = 1
@@ -123,6 +130,7 @@ if again == 0 then
 end
 local expires = now_ms + lease_ms
 redis.call('HSET', lease, 'holder', holder, 'epoch', epoch, 'expires_ms', string.format('%d', expires), 'state', 'held')
+took_wake()
 if m[18] then rest_thaw() end  -- at rest: the log goes back into its stream
 
 local deaths = tonumber(m[9] or 0)

@@ -98,11 +98,12 @@ def _accept(
 def _accepted(reply: list[Any], session_id: str, message_id: str, kind: InputKind) -> Accepted:
     word = reply[0]
     if word == b"ok" or word == b"repeated":
-        _, agent, state, seq, end_cursor, cursor, created = reply
+        _, agent, state, seq, end_cursor, cursor, created, wake = reply
         # Positional: this runs once per accepted input (see Accepted for the fields).
         return Accepted(
             session_id, message_id, kind, word == b"repeated", r.STATUS[state], int(cursor),  # type: ignore[arg-type]
             agent.decode() if isinstance(agent, bytes) else agent, bool(created), int(seq), int(end_cursor) or None,
+            bool(wake),
         )
     if word == b"in_use":
         other = r.KIND_NAME[reply[1]]

@@ -42,6 +42,10 @@ class Accepted:
     created: bool
     seq: int
     end_cursor: int | None = None
+    # Whether the sender should wake the session now: False while a wake sent for it less
+    # than `liveness.SENDER_TRUST_MS` ago is outstanding (it runs this input too), or the
+    # input is done (§7: one outstanding wake per session).
+    wake: bool = True
 
 
 @dataclass(frozen=True, slots=True)
