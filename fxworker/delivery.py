@@ -180,7 +180,12 @@ async def settle_unserved(session_id: str, agent: str, *, loop_thread: LoopThrea
                           settings: Settings | None = None) -> None:
     """The sweeper's claim of a session whose agent no live worker runs: it records the
     `noWorker` state (the claim takes nothing), or, past `FX_NO_AGENT_GIVE_UP_S`, ends
-    the session's inputs `FX_NO_AGENT` (`Runner._give_up`)."""
+    the session's inputs `FX_NO_AGENT` (`Runner._give_up`). A process that has the agent
+    but does not consume its queue leaves the session alone: its claim would run the turn
+    here, on the sweeper's loop."""
+    if registry.get_agent(agent) is not None:
+        log.info("session %s waits for agent %r, which this process has but no live worker serves", session_id, agent)
+        return
     try:
         await handle_wake({"sessionId": session_id, "agent": agent, "reason": "unserved"},
                           loop_thread=loop_thread, settings=settings, counted=False)

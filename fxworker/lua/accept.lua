@@ -14,7 +14,8 @@
 -- Returns {"ok", agent, state, seq, end_cursor, ui_cursor, created(0|1), wake(0|1)}
 --         {"repeated", agent, state, seq, end_cursor, ui_cursor, 0, wake(0|1)}
 --   wake: 1 when the sender should send a wake now; 0 when one it or another sender sent
---   less than WAKE_TRUST_MS ago is still outstanding (no claim took it), or the input is done.
+--   less than WAKE_TRUST_MS ago is still outstanding (no claim took it), the session waits
+--   for an agent no live worker runs (`noWorker`: the sweeper keeps it), or the input is done.
 --         {"in_use", stored_kind} | {"unknown"} | {"too_large", limit} | {"queue_full", what, limit}
 --         {"incomplete", key}: a key of the session is gone (_whole.lua); nothing stored
 --
@@ -40,7 +41,7 @@ local kind, mid, input, agent, now_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV
 if KEYS[11] then redis.call('ZADD', KEYS[11], 'GT', now_ms, ARGV[7]) end
 
 local m = redis.call('HMGET', meta, 'agent', 'ui', 'inbox', 'steers', 'steer_bytes', 'expiring', 'context', 'head', 'epoch',
-  'rest', 'turn', 'through', 'woken')
+  'rest', 'turn', 'through', 'woken', 'unserved_ms')
 local owner, ui = m[1], tonumber(m[2] or 0)
 -- A session with a key gone is refused; one that was set to expire is gone: what is left
 -- of it goes, and the input finds no session.
@@ -57,8 +58,11 @@ elseif lost then
   return {'incomplete', lost}
 end
 local seq = tonumber(m[3] or 0) + 1
--- A wake sent for the session less than WAKE_TRUST_MS ago that no claim has taken yet.
+-- A wake sent for the session less than WAKE_TRUST_MS ago that no claim has taken yet; or
+-- the session waits for an agent no live worker runs (`unserved_ms`, claim.lua): its wake
+-- would wait in a queue nobody reads, and the sweeper keeps it.
 local function outstanding()
+  if m[14] then return true end
   return m[13] ~= nil and m[13] ~= false and tonumber(now_ms) - tonumber(m[13]) < WAKE_TRUST_MS
 end
 -- The size stored with the id is what append.lua gives back when the steer is consumed.

@@ -134,7 +134,9 @@ def run(args: argparse.Namespace, seed: int) -> tuple[Verdict, Observation, Hist
                           first_prompt="slow" if i == 0 and not args.no_slow else None) for i in range(args.sessions)]
         tags: dict[str, str] = {}
         nemesis = None
-        valve = Valve(system, system.broker_key(queue_name("late")), system.broker_key(queue_name("default"))).start()
+        valve = Valve(system, system.broker_key(queue_name("late")), system.broker_key(queue_name("default")))
+        valve.mark_live()
+        valve.start()
         sampler = WakeSampler(system, history).start()
         if not args.no_faults:
             nemesis = Nemesis(system, script, tags, seed=seed, history=history, stop_at=stop_at,

@@ -23,11 +23,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from fxworker.keys import live_workers_key
 from tests.chaos.history import History
 from tests.chaos.system import STORE_ERRORS, System
 
@@ -152,4 +155,17 @@ class Valve:
     def run(self) -> None:
         while not self._done.wait(FORWARD_S):
             self.forward()
+            self.mark_live()
+
+    def mark_live(self) -> None:
+        """Writes the valve's live mark (fxworker/store/_live.py's layout): it is what runs
+        `late` wakes, as a worker consuming `fx.late` would be, always busy, so the sweepers
+        count `late` as served and never take one of its held wakes for lost."""
+        body = json.dumps({"v": 1, "agents": ["late"], "expiresMs": int(time.time() * 1000) + 3500,
+                           "idleSinceMs": None, "tookSentMs": 0, "host": "chaos-valve", "pid": os.getpid()})
+        try:
+            self.system.retrying(lambda r: r.hset(live_workers_key(self.system.prefix), "chaos-valve", body),
+                                 timeout_s=2.0)
+        except STORE_ERRORS:
+            pass  # Redis restarting: the next round
 
