@@ -189,7 +189,7 @@ def web(host: str, port: int | None, module: str | None, processes: int) -> None
     import uvicorn
 
     settings = _settings()
-    port = port or settings.port
+    port = settings.port if port is None else port  # `--port 0`: a free port, as uvicorn takes it
     _check_bind(host, settings)
     _check_port_free(host, port)
     if not settings.store_url:
