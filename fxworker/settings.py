@@ -64,9 +64,9 @@ class Settings:
     url: str = "http://127.0.0.1:8000"
     # PORT: the port `fx web` binds unless --port says otherwise (set by Heroku, Render, Fly).
     port: int = 8000
-    # FX_NO_AGENT_RETRY_S: the longest wait between two wakes of a session whose agent no
-    # worker that took its wake runs (FX_NO_AGENT); they start at a quarter second and
-    # double up to this, counted per session in the store.
+    # FX_NO_AGENT_RETRY_S: the longest wait between two of the sweeper's looks at a session
+    # whose agent no live worker runs (noWorker); they start at a quarter second and double
+    # up to this, counted per session in the store.
     no_agent_retry_s: float = 30.0
     # FX_METRICS_PORT: a worker process serves its Prometheus metrics on this port
     # (`GET /metrics`, on FX_METRICS_HOST); unset: not served.
