@@ -66,6 +66,10 @@ log = logging.getLogger("fxworker.runner")
 
 MAX_CUTOFFS = 3
 MAX_DEATHS = 3
+# Claims in a row with no input or step moving on, past which what heads the session ends
+# FX_NO_PROGRESS: a backstop for any path that re-wakes and re-claims without progress
+# (deaths, cut-offs and store outages have bounds of their own, well below it).
+MAX_FUTILE_CLAIMS = 20
 CLAIM_RETRY_MS = 2000  # how long a claim retries a store that does not answer
 
 
@@ -113,6 +117,9 @@ class Runner:
         self.turn: Turn | None = None
         self.turn_id: str | None = None
         self.pending: deque[Input] = deque()
+        # Steers handed to the running turn that it has not placed yet (no `user_message`),
+        # by message id: a turn that ends without placing one hands it back (`_take_back_steers`).
+        self.handed: dict[str, Input] = {}
         self.stopped = Stopped(0)  # why this delivery stops short of its work, if it does
         self.writer: LineWriter | None = None
         self._engine_key: tuple[Any, Any] | None = None
@@ -342,6 +349,11 @@ class Runner:
                 log.info("cancel of %s reached turn %s", self.session_id, self.turn_id)
                 self.turn.cancel()
             else:
+                # A steer the ended turn did not place heads the store's waiting inputs
+                # before the runner takes it back: the cancel names it there.
+                handed = self.handed.get(entry.message_id)
+                if handed is not None:
+                    self.handed[entry.message_id] = dataclasses.replace(handed, cancelled=True)
                 self.pending = deque(dataclasses.replace(waiting, cancelled=True)
                                      if waiting.kind in ("prompt", "steer") and waiting.message_id == entry.message_id
                                      else waiting for waiting in self.pending)
@@ -349,10 +361,21 @@ class Runner:
         if entry.kind == "steer" and self.turn is not None:
             try:
                 self.turn.steer(entry.input, id=entry.message_id)
-                return
             except FxInputError:
                 pass  # the turn is ending: the steer becomes the next turn
+            else:
+                self.handed[entry.message_id] = entry
+                return
         self.pending.append(entry)
+
+    def _take_back_steers(self) -> None:
+        """Puts the steers the last turn was handed but never placed (it was cancelled, or
+        ended before its next request) back among the waiting inputs, in acceptance order:
+        the store still holds them waiting, so they run next, before any later prompt (§6)."""
+        if not self.handed:
+            return
+        back, self.handed = self.handed, {}
+        self.pending = deque(sorted([*back.values(), *self.pending], key=lambda waiting: waiting.seq))
 
     # ------------------------------------------------------------------ turns
 
@@ -360,6 +383,9 @@ class Runner:
         claim = self.claim
         if claim.give_up:
             return await self._give_up()
+        if claim.futile > MAX_FUTILE_CLAIMS:
+            await self._end_futile()
+            claim = self.claim
         if claim.open_turn is not None:
             outcome = await self._guarded(self._continue_open_turn(), None)
             if outcome != Outcome.ENDED:
@@ -435,6 +461,7 @@ class Runner:
         if self.turn is not None:
             self.turn.detach()  # whatever it still does is not stored
             self.turn = None
+        self._take_back_steers()
         self.turn_id = turn_id
         try:
             return await self._settled(self._settle_failed(entry, error))
@@ -513,6 +540,25 @@ class Runner:
             await self._settled(self._end_unstarted(entry, error))
         return Outcome.DONE
 
+    async def _end_futile(self) -> None:
+        """Ends what heads a session claimed `MAX_FUTILE_CLAIMS` times with nothing moving
+        on (the open turn `cancelled`, else the first waiting input `error`), with
+        FX_NO_PROGRESS; the inputs behind it run as usual."""
+        claim = self.claim
+        error = {
+            "code": Code.NO_PROGRESS,
+            "message": f"this session was claimed {claim.futile} times in a row with no input or step moving on; "
+            "what headed it was ended so the session can go on",
+        }
+        log.error("ending the head of %s: %s", self.session_id, error["message"])
+        if claim.open_turn is not None:
+            self.turn_id = claim.open_turn.message_id
+            self._session_error(error)
+            await self._settled(self._end_without_engine(error, [{"end": True}], stop_reason="cancelled"))
+            self.claim = dataclasses.replace(claim, open_turn=None)
+        elif (entry := self._next_input()) is not None:
+            await self._settled(self._end_unstarted(entry, error))
+
     def _next_input(self) -> Any:
         while self.pending:
             entry = self.pending.popleft()
@@ -559,7 +605,7 @@ class Runner:
         Only for a turn ending in `_drive` with no stop and no input waiting here, as then
         nothing follows it; the store lets go only if no input waits there either
         (`StorePersistence.released`)."""
-        waiting = any(entry.kind in ("prompt", "steer") for entry in self.pending)
+        waiting = bool(self.handed) or any(entry.kind in ("prompt", "steer") for entry in self.pending)
         return self.driving and not self.stopped and self.released is None and not waiting
 
     def _let_go(self) -> bool:
@@ -578,9 +624,11 @@ class Runner:
         """The engine's `event_sink`: every event becomes a UI line of this turn; the
         turn's end (or yield) rides in the call of the record that ends (or yields) it."""
         assert self.writer is not None and self.persistence is not None
+        kind = event.get("type")
+        if kind == "user_message":
+            self.handed.pop(str(event.get("id")), None)  # placed: its `accepted` record went before it
         if self.stopped & (Stopped.CUT_OFF | Stopped.FENCED):
             return
-        kind = event.get("type")
         if kind == "turn_end" or kind == "turn_yield":
             if event.get("turnId") != self.turn_id:
                 return  # an older turn the engine closed before starting this one: not ours
@@ -731,6 +779,7 @@ class Runner:
             except FxInputError:
                 return
             self.pending.remove(later)
+            self.handed[later.message_id] = later
 
     async def _end_open(self, stop_reason: str, error: dict[str, Any] | None) -> Outcome:
         assert self.engine is not None
@@ -762,6 +811,7 @@ class Runner:
         finally:
             self.driving = False
             metrics.TURNS_RUNNING.dec()
+        self._take_back_steers()
         if self.released is None and self._let_go():
             self.released = Released(released=True, cutoffs=0, pending=0)
         if Stopped.FENCED in self.stopped:

@@ -35,7 +35,8 @@
 -- its writer retries a call before it sends the next one. Line cursors are contiguous:
 -- `N-0`, N = last + 1.
 -- Progress (§6): the death count of the open turn restarts only on a record that names a
--- new step or carries `done`; a resume record, a rerun's request, a steer or a yield
+-- new step or carries `done`; so does `futile` (claims without progress, claim.lua), which
+-- an input consumed (started, ended, accepted or dropped) restarts too; a resume record, a rerun's request, a steer or a yield
 -- names the step the turn was at, so a turn that kills its worker every time is poison.
 -- A call with a `release` mark stores what it carries and lets the lease go in one step:
 -- nothing is written under the lease after it, and an input accepted after it finds the
@@ -88,6 +89,7 @@ local starting = false  -- a turn started in this call; its turn_start line may 
 local function consume(id, state)
   local v = redis.call('HGET', msgs, id)
   if not v then return 0 end
+  changed.futile = 0  -- an input moved on: progress (claim.lua counts claims without it)
   local k, s, seq, endc, size = string.match(v, '^(%a):(%a):(%d+):(%d+):(%d+)')
   if s == 'w' then
     redis.call('ZREM', pending, id)
@@ -155,7 +157,7 @@ for _ = 1, nrec do
   -- Real progress (a new step, or something finished) restarts the death count; the
   -- cut-off count restarts unless the record names the same step as before (§6: a step
   -- cut off 3 times in a row is not run again).
-  if done or (named ~= nil and named ~= step) then changed.deaths = 0 end
+  if done or (named ~= nil and named ~= step) then changed.deaths, changed.futile = 0, 0 end
   if named == nil or named ~= step then
     changed.cutoffs = 0
     if named ~= nil then step = named; changed.step = named end

@@ -20,11 +20,12 @@
 --   {"ok", epoch, expires_ms, agent, has_ckpt(0|1), ckpt_data, ckpt_through,
 --    records {cursor, data, ...}, head, pending {{seq, field, value, ...}, ...},
 --    turn, yielded, cutoffs, deaths, cancel_target, ui_cursor, taken_over(0|1),
---    inbox_seq, turn_input {seq, field, value, ...} or {}, turn_cursor, give_up(0|1)}
+--    inbox_seq, turn_input {seq, field, value, ...} or {}, turn_cursor, give_up(0|1), futile}
 --   turn_cursor: the UI cursor of the open turn's `turn_start` line (0: no turn open, or
 --   not known), so a resume reads the open turn's lines without scanning the stream.
 --   give_up: the owning agent is not among ARGV[5] and the session has waited for it
 --   longer than ARGV[6]: the lease is taken so the caller ends its inputs (FX_NO_AGENT).
+--   futile: the claims (this one included) since an input or a step last moved on.
 --
 -- Invariant: at most one live lease. A claim succeeds only when no lease is held or the
 -- held one expired by now_ms; it bumps the epoch (never reused, even after a release), so
@@ -83,7 +84,7 @@ if l[4] == 'held' then
 end
 local m = redis.call('HMGET', meta, 'agent', 'head', 'ui', 'inbox', 'turn', 'turn_seq', 'yielded', 'cutoffs', 'deaths', 'cancel',
                        'turn_cursor', 'epoch', 'unserved_ms', 'unserved_n', 'expiring', 'unserved_next_ms', 'spared',
-                       'rest', 'through', 'woken')
+                       'rest', 'through', 'woken', 'futile')
 if not m[1] then
   if orphan_key() == 'meta' then return {'incomplete', 'meta'} end
   return {'unknown'}
@@ -131,6 +132,10 @@ end
 local expires = now_ms + lease_ms
 redis.call('HSET', lease, 'holder', holder, 'epoch', epoch, 'expires_ms', string.format('%d', expires), 'state', 'held')
 took_wake()
+-- Claims since the session last made progress (append.lua restarts the count): a bound on
+-- any path that claims again and again without moving an input or a step on (§6).
+local futile = tonumber(m[21] or 0)
+if again == 0 then futile = redis.call('HINCRBY', meta, 'futile', 1) end
 if m[18] then rest_thaw() end  -- at rest: the log goes back into its stream
 
 local deaths = tonumber(m[9] or 0)
@@ -178,4 +183,4 @@ if turn ~= '' and tonumber(m[6] or 0) > 0 then turn_input = entry(m[6]) end
 return {'ok', epoch, expires, m[1] or '', has_ckpt, c[1] or '', through, records,
         tonumber(m[2] or 0), waiting, turn, tonumber(m[7] or 0), tonumber(m[8] or 0), deaths,
         m[10] or '', tonumber(m[3] or 0), taken, tonumber(m[4] or 0), turn_input,
-        turn ~= '' and tonumber(m[11] or 0) or 0, give_up}
+        turn ~= '' and tonumber(m[11] or 0) or 0, give_up, futile}

@@ -88,7 +88,7 @@ def _claimed(reply: list[Any], *, session_id: str, holder: str) -> Claim | Idle 
     if word == b"incomplete":
         raise r.incomplete(session_id, reply[1])
     (_, epoch, expires, agent, has_ckpt, ckpt_data, through, flat_records, head, waiting, turn, yielded,
-     cutoffs, deaths, cancel, ui, taken, inbox, turn_input, turn_cursor, give_up) = reply
+     cutoffs, deaths, cancel, ui, taken, inbox, turn_input, turn_cursor, give_up, futile) = reply
     cancel_target = r.text(cancel)
     records = [
         JournalRecord(r.text(flat_records[i]), bytes(flat_records[i + 1])) for i in range(0, len(flat_records), 2)
@@ -121,6 +121,7 @@ def _claimed(reply: list[Any], *, session_id: str, holder: str) -> Claim | Idle 
         inbox_cursor=int(inbox),
         turn_cursor=int(turn_cursor),
         give_up=bool(give_up),
+        futile=int(futile),
     )
 
 

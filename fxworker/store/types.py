@@ -107,6 +107,8 @@ class Claim:
     # The owning agent is not among `Serving.agents` and waited for one past
     # `Serving.give_up_ms`: the lease is held only to end the session's inputs FX_NO_AGENT.
     give_up: bool = False
+    # Claims (this one included) since an input or a step last moved on (§6: bounded).
+    futile: int = 0
 
     def __repr__(self) -> str:
         return (

@@ -105,3 +105,26 @@ async def test_a_cancel_of_a_steer_alone_before_any_worker_ends_it_once(agent: A
     ends = [line for line in lines if line["type"] == "turn_end"]
     assert [e["stopReason"] for e in ends] == ["cancelled"], lines
     assert len(lines) <= 4 and state.epoch == 1 and state.pending == 0, (state, lines)
+
+
+async def test_a_session_claimed_again_and_again_without_progress_ends_its_head(agent: Agent) -> None:
+    """The backstop for any loop of claims that moves nothing on (§6): a prompt claimed
+    more than MAX_FUTILE_CLAIMS times with no input or step moving on ends FX_NO_PROGRESS,
+    and the prompt behind it runs."""
+    from fxworker.runner import MAX_FUTILE_CLAIMS
+
+    session = agent.session()
+    stuck = await session.prompt("claimed and let go, again and again")
+    behind = await session.prompt("then this")
+    for i in range(MAX_FUTILE_CLAIMS):  # deliveries that took the lease and moved nothing on
+        claim = await agent.store.claim(session.id, holder=f"h{i}", lease_ms=5000)
+        assert claim is not None and claim.futile == i + 1
+        await agent.store.release(session.id, claim.epoch, cutoff=False)
+    embedded.start_embedded_workers(1)
+    result = await asyncio.wait_for(stuck.result(), IDLE_TIMEOUT_S)
+    assert result.stop_reason == "error" and result.error["code"] == "FX_NO_PROGRESS", result
+    assert (await asyncio.wait_for(behind.result(), IDLE_TIMEOUT_S)).stop_reason == "end_turn"
+    # The count restarted with that progress: the next claims start from one again.
+    state = await _idle(agent, session.id)
+    claim = await agent.store.claim(session.id, holder="after", lease_ms=5000)
+    assert claim is not None and claim.futile == 1, (state, claim)
