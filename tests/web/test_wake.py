@@ -12,6 +12,7 @@ from fxworker.ids import new_session_id
 from fxworker.store import redis_store
 from fxworker.web import sign_wake
 from fxworker.web.wake import WINDOW_S
+from tests.support.workers import wait_until
 from tests.web._server import WebProcess
 from tests.web.conftest import TOKEN, WAKE_SECRET, read_turn
 
@@ -65,14 +66,14 @@ def test_a_wake_for_an_unknown_session_is_refused_and_dropped(api: httpx.Client)
     assert response.json()["outcome"] == "refused" and response.json()["error"]["code"] == "FX_UNKNOWN_SESSION"
 
 
-def test_a_wake_for_an_agent_this_process_lacks_is_503_and_may_be_delivered_again(
+def test_a_wake_for_an_agent_no_live_worker_runs_is_503_and_may_be_delivered_again(
     api: httpx.Client, redis_url: str, prefix: str
 ) -> None:
-    # A prompt for agent b stored with no wake sent: b runs on the worker, not on web_open.
+    # A prompt for an agent no process runs, stored with no wake sent.
     store = redis_store(redis_url, prefix=prefix).sync
     sid = new_session_id()
-    store.accept(sid, agent="b", message_id="waits-for-b", input="owned by b")
-    body = json.dumps({"sessionId": sid, "agent": "b"}).encode()
+    store.accept(sid, agent="nobody", message_id="waits-for-nobody", input="owned by nobody")
+    body = json.dumps({"sessionId": sid, "agent": "nobody"}).encode()
     headers = {"Content-Type": "application/json", **sign_wake(body, WAKE_SECRET)}
     first = api.post("/v1/wake", content=body, headers=headers)
     assert first.status_code == 503 and first.json()["error"]["code"] == "FX_NO_AGENT"
@@ -84,6 +85,23 @@ def test_a_wake_for_an_agent_this_process_lacks_is_503_and_may_be_delivered_agai
     again = api.post("/v1/wake", content=body, headers=headers)
     assert again.status_code == 503 and again.json()["error"]["code"] == "FX_NO_AGENT"
     assert store.state(sid).epoch == 0
+
+
+def test_a_wake_for_an_agent_a_live_worker_runs_is_passed_on_to_it(
+    api: httpx.Client, redis_url: str, prefix: str
+) -> None:
+    """b runs on the worker, not on web_open: the wake goes on to `fx.b` (§7) and the turn
+    runs there; nothing waits for the push queue to deliver it again."""
+    store = redis_store(redis_url, prefix=prefix).sync
+    sid = new_session_id()
+    store.accept(sid, agent="b", message_id="waits-for-b", input="owned by b")
+    body = json.dumps({"sessionId": sid, "agent": "b"}).encode()
+    headers = {"Content-Type": "application/json", **sign_wake(body, WAKE_SECRET)}
+    passed = api.post("/v1/wake", content=body, headers=headers)
+    assert passed.status_code == 200, passed.text
+    state = wait_until(lambda: (s := store.state(sid)).status == "idle" and s, 15, interval_s=0.05,
+                       what="the turn of b run by the worker")
+    assert state.turns == 1 and state.epoch == 1, state
 
 
 def test_a_wake_of_a_session_with_nothing_to_run_is_a_noop_whoever_owns_it(
