@@ -1,0 +1,413 @@
+"""The session as its users drive it, checked against a model (§6, §7, §11.1, §11.2).
+
+A Hypothesis state machine over the real store (fakeredis running the same Lua) and the
+real delivery handler (embedded worker loops, the embedded sweeper). Rules: prompt (text,
+a model request a deadline cuts off, a tool that is not idempotent, an idempotent tool
+that takes a while), prompt again with a used message id, steer, `session.cancel()`,
+`turn.cancel()`, a worker starting, stopping or being killed, a wake handled by a worker
+process whose registry lacks the session's agent, and time passing past leases and
+deadlines (real time: the settings below are short).
+
+Invariants, after every step:
+- no tool that is not idempotent runs twice for one execution id (§11.2);
+- no input ends twice (at most one `turn_end` per message id), and every `turn_end` names
+  an input the store accepted;
+- the stored lines and the epoch are bounded by the inputs and faults so far (see
+  `lines_bound` and `epoch_bound`): no loop that writes or claims without progress;
+- a sweep never queues a wake for a session whose wake is still queued or running, and
+  no session has more than `SYSTEM_WAKES_IN_FLIGHT` wakes the system sent itself queued or
+  running at once (`wake_check`).
+At quiescence (teardown): a capable worker is started, every session is idle within
+`QUIET_S`, and every prompt ended exactly once (§11.1).
+
+Minimal sequences it found (each one a failure of the invariant named):
+- idle within a bound: `prompt(i=1, prompt="send:bob")`, then `kill_worker(index=0,
+  replace=False)` before the delivery claims; at quiescence a new worker runs, but the
+  session stays `waiting` at epoch 0: the killed loop's delivery is counted as running
+  for ever (`liveness.PROCESS_COUNTER`), so the process never looks idle and the lost
+  wake is trusted until the broker's bound (3 x FX_DELIVERY_TIMEOUT_S + 60 s).
+
+The default run is seeded and short; `FX_MODEL_EXAMPLES=2000` runs the long version (with
+shrinking; `FX_MODEL_SHRINK=1` shrinks a default run's failure too).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+
+import fxworker.delivery
+import fxworker.runner
+from fxengine.testing import ScriptedModel
+from fxworker import Agent, Settings, embedded, registry
+from fxworker.errors import FxNoAgentError, FxUnknownSessionError
+from fxworker.protocol import Outcome
+from fxworker.runtime import LoopThread
+from fxworker.store import embedded_store
+from tests.durable.session_harness import (
+    SYSTEM_REASONS,
+    Effects,
+    ProcessRegistry,
+    Wake,
+    WakeTracker,
+    as_process,
+    responder,
+    tools,
+)
+from tests.support.workers import wait_until
+
+pytestmark = pytest.mark.slow
+
+EXAMPLES = int(os.environ.get("FX_MODEL_EXAMPLES", "0")) or 20
+LONG = EXAMPLES > 100
+STEPS = 30 if LONG else 12
+
+# Short enough that leases lapse and deadlines cut turns off within a step or two: a lease
+# renewed every 0.2 s; a delivery yields before a model request 0.7 s in and cuts off what
+# still runs at 0.95 s; a sweep every 0.2 s.
+LEASE_S = 0.6
+DELIVERY_S = 1.2
+SETTINGS = Settings(lease_s=LEASE_S, reserve_s=0.5, delivery_timeout_s=DELIVERY_S, sweep_s=0.2,
+                    no_agent_retry_s=0.5)
+MAIN, FOREIGN = "modelled", "elsewhere"
+SESSIONS = 2
+MAX_WORKERS = 2
+# A session waiting after a wake found no worker of its agent is swept only once its
+# backoff is 5 s overdue (sweeper.UNSERVED_SLACK_MS), and a turn cut off three times takes
+# three deliveries: idle within this once a capable worker runs.
+QUIET_S = 15.0
+SYSTEM_WAKES_IN_FLIGHT = 2  # a running delivery and its own requeue
+CALL_S = 10.0  # bound on any one blocking call of a rule
+
+PROMPTS = st.sampled_from(["hi", "send:bob", "nap:0.3", "wait:300", "wait:1500"])
+
+
+def wake_check(wake: Wake, others: list[Wake]) -> str | None:
+    """What a wake may find already queued or running for its session when it is queued.
+
+    A sender's wake (prompt, steer, cancel) is sent whatever is in flight: duplicates are
+    harmless and finish at once (§7). The wakes the system sends itself are bounded: a sweep
+    never joins a wake of the session still queued or running, and a delivery's own
+    requeue (yield, pending) or a forward joins at most the one delivery that sent it.
+    """
+    reasons = sorted(w.reason for w in others)
+    if wake.reason == "sweep" and others:
+        return f"a sweep queued a wake for {wake.session_id} while {len(others)} were queued or running: {reasons}"
+    system = [w for w in others if w.reason in SYSTEM_REASONS]
+    if wake.reason in SYSTEM_REASONS and len(system) + 1 > SYSTEM_WAKES_IN_FLIGHT:
+        return f"{len(system) + 1} system wakes of {wake.session_id} queued or running: {wake.reason}, {reasons}"
+    return None
+
+
+class SessionMachine(RuleBasedStateMachine):
+    model_url = ""
+    tracker: WakeTracker
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.effects = Effects()
+        self.events: list[dict[str, Any]] = []
+        prefix = f"fxm{uuid.uuid4().hex[:8]}"
+        self.store = embedded_store(prefix=prefix)
+        common: dict[str, Any] = dict(
+            model="scripted", api_key="test-key", tools=tools(self.effects), settings=SETTINGS,
+            provider={"name": "scripted", "base_url": self.model_url,
+                      "models": {"scripted": {"context_window": 100_000, "max_output_tokens": 4096,
+                                              "supports_tools": True}}},
+        )
+        self.agent = Agent(MAIN, store=self.store, waker=embedded.InProcessWaker(start_workers=False),
+                           on_event=self.events.append, **common)
+        # Another worker process on the same store (its own connection) that runs another
+        # agent only: its registry is its own, not this process's.
+        self.foreign_store = embedded_store(prefix=prefix)
+        self.foreign = Agent(FOREIGN, store=self.foreign_store, waker=embedded.InProcessWaker(start_workers=False),
+                             **common)
+        registry.unregister(FOREIGN)
+        self.foreign_loop = LoopThread("fx-model-foreign")
+        self.sessions = [self.agent.blocking_session() for _ in range(SESSIONS)]
+        self.turns: dict[str, list[Any]] = {s.id: [] for s in self.sessions}  # BlockingTurn per prompt
+        self.prompt_texts: dict[str, str] = {}
+        self.steers: dict[str, set[str]] = {s.id: set() for s in self.sessions}
+        self.inputs: Counter[str] = Counter()  # accepted inputs per session (prompts and steers)
+        self.cancels: Counter[str] = Counter()
+        self.faults = 0  # kills, stops and foreign deliveries: each may cost a session a claim
+        self.n = 0
+        self.loops: list[LoopThread] = []  # worker loops stopped or killed: closed after the example
+        self.tracker.queued.clear()
+        self.tracker.violations.clear()
+        embedded.start_embedded_workers(1)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _id(self, kind: str) -> str:
+        self.n += 1
+        return f"{kind}{self.n}"
+
+    def _lines(self, session_id: str) -> list[dict[str, Any]]:
+        """Every stored line of the session, chunks packed at rest expanded by the reader."""
+        out: list[dict[str, Any]] = []
+        sync = self.store.sync
+        while True:
+            page = sync.read_lines(session_id, out[-1]["cursor"] if out else 0)
+            if not page:
+                return out
+            out += page
+
+    def _ends(self, session_id: str) -> Counter[str]:
+        return Counter(line.get("messageId") for line in self._lines(session_id) if line["type"] == "turn_end")
+
+    def lines_bound(self, session_id: str, epoch: int) -> int:
+        """A turn writes turn_start, a few deltas, tool_start/tool_end, a user_message per
+        steer it took, session_error and turn_end: 12 an input is generous. Each claim adds
+        at most its turn_resume and a turn_yield (2 lines) and re-streams at most one model
+        reply's deltas and a tool's start (4)."""
+        return 12 * self.inputs[session_id] + 6 * epoch + 4
+
+    def epoch_bound(self, session_id: str) -> int:
+        """Claims (each one epoch) are what inputs and faults cause: a turn takes one, and
+        a deadline cuts it off at most 3 times in a row before it ends (§11.6), so 5 an
+        input covers a yield between tool steps too; each fault (a kill, a stop, a wake of
+        the foreign process) and each cancel may cost one claim more."""
+        return 5 * self.inputs[session_id] + 2 * (self.faults + self.cancels[session_id]) + 2
+
+    def _state(self, session_id: str) -> Any:
+        try:
+            return self.store.sync.state(session_id)
+        except FxUnknownSessionError:
+            return None  # nothing was ever stored for it
+
+    def _stop_workers(self) -> None:
+        self.loops += embedded.embedded_workers()
+        embedded.stop_embedded_workers()
+
+    def _close_loops(self) -> None:
+        """Closes the event loops of the workers this example stopped or killed (and its
+        own): `LoopThread.close()` stops a loop without closing it, and a killed one is kept
+        for ever, each holding its selector's descriptors. Once the example is over nothing
+        of theirs may run again, so their loops are closed here."""
+        for loop_thread in [*self.loops, self.foreign_loop]:
+            if not loop_thread.loop.is_running() and not loop_thread.loop.is_closed():
+                loop_thread.loop.close()
+
+    # ------------------------------------------------------------------ users
+
+    @rule(i=st.integers(0, SESSIONS - 1), prompt=PROMPTS)
+    def prompt(self, i: int, prompt: str) -> None:
+        session = self.sessions[i]
+        message_id = self._id("p")
+        turn = session.prompt(prompt, message_id=message_id)
+        assert turn.message_id == message_id and turn.repeated is False
+        self.turns[session.id].append(turn)
+        self.prompt_texts[message_id] = prompt
+        self.inputs[session.id] += 1
+
+    @precondition(lambda self: any(self.turns.values()))
+    @rule(data=st.data())
+    def prompt_again(self, data: st.DataObject) -> None:
+        """A sender repeats a prompt with its message id (a retry after a lost answer)."""
+        i = data.draw(st.sampled_from([i for i, s in enumerate(self.sessions) if self.turns[s.id]]))
+        session = self.sessions[i]
+        original = data.draw(st.sampled_from(self.turns[session.id]))
+        again = session.prompt(self.prompt_texts[original.message_id], message_id=original.message_id)
+        assert again.repeated is True and again.message_id == original.message_id
+
+    @rule(i=st.integers(0, SESSIONS - 1))
+    def steer(self, i: int) -> None:
+        session = self.sessions[i]
+        message_id = self._id("s")
+        session.steer(f"steer {message_id}", message_id=message_id)
+        self.steers[session.id].add(message_id)
+        self.inputs[session.id] += 1
+
+    @rule(i=st.integers(0, SESSIONS - 1))
+    def cancel_session(self, i: int) -> None:
+        session = self.sessions[i]
+        try:
+            session.cancel()
+        except FxUnknownSessionError:
+            assert self.inputs[session.id] == 0  # nothing was ever sent to it
+            return
+        self.cancels[session.id] += 1
+
+    @precondition(lambda self: any(self.turns.values()))
+    @rule(data=st.data())
+    def cancel_turn(self, data: st.DataObject) -> None:
+        i = data.draw(st.sampled_from([i for i, s in enumerate(self.sessions) if self.turns[s.id]]))
+        session = self.sessions[i]
+        data.draw(st.sampled_from(self.turns[session.id])).cancel()
+        self.cancels[session.id] += 1
+
+    # ------------------------------------------------------------------ workers and time
+
+    @precondition(lambda self: len(embedded.embedded_workers()) < MAX_WORKERS)
+    @rule()
+    def start_worker(self) -> None:
+        embedded.start_embedded_workers(len(embedded.embedded_workers()) + 1)
+
+    @precondition(lambda self: bool(embedded.embedded_workers()))
+    @rule()
+    def stop_workers(self) -> None:
+        """Every worker of this process stops (its loop closes: running deliveries are
+        cancelled), and so does the embedded sweeper."""
+        self._stop_workers()
+        self.faults += 1
+
+    @precondition(lambda self: bool(embedded.embedded_workers()))
+    @rule(data=st.data(), replace=st.booleans())
+    def kill_worker(self, data: st.DataObject, replace: bool) -> None:
+        index = data.draw(st.integers(0, len(embedded.embedded_workers()) - 1))
+        self.loops.append(embedded.embedded_workers()[index])
+        embedded.kill_embedded_worker(index, replace=replace)
+        self.faults += 1
+
+    @rule(i=st.integers(0, SESSIONS - 1))
+    def wake_in_a_process_without_the_agent(self, i: int) -> None:
+        """A worker process whose registry holds only another agent (on the same store)
+        gets a wake of the session: it must not run it (FX_NO_AGENT) nor change its work."""
+        session = self.sessions[i]
+        payload = {"sessionId": session.id, "agent": MAIN, "reason": "prompt"}
+        loop = self.foreign_loop
+
+        async def deliver() -> Any:
+            return await fxworker.delivery.handle_wake(payload, loop_thread=loop, settings=SETTINGS)
+
+        try:
+            outcome = loop.run(as_process({FOREIGN: self.foreign}, deliver), timeout_s=CALL_S)
+        except FxNoAgentError:
+            return  # refused: what a Celery worker would retry later
+        except FxUnknownSessionError:
+            assert self.inputs[session.id] == 0 and self.cancels[session.id] == 0
+            return
+        finally:
+            self.faults += 1
+        # Handed on to a worker of the owner, or dropped: never run here.
+        assert outcome not in (Outcome.DONE, Outcome.YIELDED), (
+            f"a process without {MAIN!r} ran a delivery of its session: {outcome}")
+
+    @rule(s=st.sampled_from([0.05, LEASE_S + 0.1, DELIVERY_S + 0.1]))
+    def time_passes(self, s: float) -> None:
+        time.sleep(s)
+
+    # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def no_tool_with_effects_runs_twice(self) -> None:
+        assert self.effects.repeated() == {}, f"a tool that is not idempotent ran twice: {self.effects.repeated()}"
+
+    @invariant()
+    def no_input_ends_twice(self) -> None:
+        for session in self.sessions:
+            ends = self._ends(session.id)
+            accepted = {t.message_id for t in self.turns[session.id]} | self.steers[session.id]
+            assert {m: n for m, n in ends.items() if n > 1} == {}, f"an input ended twice in {session.id}: {ends}"
+            assert set(ends) <= accepted, f"turn_end of inputs never sent: {set(ends) - accepted}"
+
+    @invariant()
+    def writes_and_claims_are_bounded(self) -> None:
+        for session in self.sessions:
+            state = self._state(session.id)
+            if state is None:
+                continue
+            assert state.epoch <= self.epoch_bound(session.id), (
+                f"{session.id}: epoch {state.epoch} > {self.epoch_bound(session.id)} after {self.inputs[session.id]} "
+                f"inputs, {self.faults} faults, {self.cancels[session.id]} cancels: claims without progress")
+            lines = state.cursor
+            assert lines <= self.lines_bound(session.id, state.epoch), (
+                f"{session.id}: {lines} lines > {self.lines_bound(session.id, state.epoch)} at epoch {state.epoch} "
+                f"after {self.inputs[session.id]} inputs: writes without progress")
+
+    @invariant()
+    def wakes_do_not_pile_up(self) -> None:
+        assert self.tracker.violations == [], self.tracker.violations[:3]
+
+    # ------------------------------------------------------------------ quiescence
+
+    def teardown(self) -> None:
+        try:
+            self._quiesce()
+        finally:
+            self._stop_workers()
+            self.foreign_loop.close()
+            self._close_loops()
+            self.agent.close()
+            self.foreign.close()
+            self.store.close()
+            self.foreign_store.close()
+
+    def _quiesce(self) -> None:
+        if not embedded.embedded_workers():
+            embedded.start_embedded_workers(1)
+        else:
+            embedded.start_embedded_sweeper(SETTINGS)  # a kill leaves the workers, a stop took the sweeper
+
+        def busy() -> list[str]:
+            out = []
+            for session in self.sessions:
+                state = self._state(session.id)
+                if state is not None and state.status != "idle":
+                    out.append(f"{session.id} {state.status} epoch={state.epoch} cursor={state.cursor}")
+            return out
+
+        try:
+            wait_until(lambda: not busy(), QUIET_S, interval_s=0.05, what="every session to be idle")
+        except TimeoutError:
+            raise AssertionError(f"not idle {QUIET_S}s after a capable worker ran: {busy()}") from None
+        self.writes_and_claims_are_bounded()
+        self.wakes_do_not_pile_up()
+        self.no_tool_with_effects_runs_twice()
+        for session in self.sessions:
+            ends = self._ends(session.id)
+            for turn in self.turns[session.id]:
+                assert ends[turn.message_id] == 1, (
+                    f"prompt {turn.message_id} of {session.id} ended {ends[turn.message_id]} times")
+            assert all(ends[m] <= 1 for m in self.steers[session.id])
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[ScriptedModel]:
+    with ScriptedModel() as m:
+        m.responder = responder
+        yield m
+
+
+@pytest.fixture
+def machine(model: ScriptedModel, monkeypatch: pytest.MonkeyPatch) -> Iterator[type[SessionMachine]]:
+    """The machine class, with the embedded waker's deliveries counted and the registry of
+    the delivery handler and runner answerable as another process's."""
+    tracker = WakeTracker(wake_check)
+    monkeypatch.setattr(embedded, "handle_wake", tracker.wrap(embedded.handle_wake))
+    process_registry = ProcessRegistry(registry)
+    monkeypatch.setattr(fxworker.delivery, "registry", process_registry)
+    monkeypatch.setattr(fxworker.runner, "registry", process_registry)
+    embedded.stop_embedded_workers()
+
+    class Machine(SessionMachine):
+        model_url = model.base_url
+
+    Machine.tracker = tracker
+    try:
+        yield Machine
+    finally:
+        embedded.stop_embedded_workers()
+
+
+@pytest.mark.timeout(3600 if LONG else 240)
+def test_sessions_driven_by_their_users_keep_the_contract(machine: type[SessionMachine]) -> None:
+    shrink = LONG or bool(os.environ.get("FX_MODEL_SHRINK"))
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=not LONG,
+            phases=[Phase.explicit, Phase.reuse, Phase.generate, *([Phase.shrink] if shrink else [])],
+            suppress_health_check=list(HealthCheck), database=None,
+        ),
+    )
