@@ -3,7 +3,12 @@
 Every change goes through `EngineCore.commit` (applied to the conversation, then
 journaled), so a replay rebuilds the same state. The runner is one asyncio task in a
 `Phase`; `cancel()`, `detach()` and a failed journal append stop it through
-`Task.cancel()`, and the `Halt` set beforehand says which of them it was. Steering cancels only the streaming sub-task. The
+`Task.cancel()`, and the `Halt` set beforehand says which of them it was. The halt, not the
+`CancelledError`, is what stops the turn: code the task awaits can swallow the error (a tool
+that catches it; `asyncio.wait_for` on Python 3.11 when what it waits for, such as the
+aborted signal, finishes in the same loop iteration), so the loop checks the halt before
+each model request and each tool call (`_raise_if_halted`). Steering cancels only the
+streaming sub-task. The
 runner's owner hears of the turn's end and of a detach through callbacks (`on_finish`,
 `on_detach`); the runner never touches its owner's state.
 """
@@ -223,6 +228,12 @@ class TurnRunner:
         self.signal.abort("journal")
         self._stop_task()
 
+    def _raise_if_halted(self) -> None:
+        """Stops the task of a halted turn whose `Task.cancel()` was swallowed by what it
+        awaited (see the module docstring): nothing more starts after a halt."""
+        if self._halt is not None:
+            raise asyncio.CancelledError(f"halted: {self._halt.name}")
+
     def _stop_task(self) -> None:
         task = self._task
         if self._phase is Phase.STARTING:
@@ -322,6 +333,7 @@ class TurnRunner:
             if first_barrier is not None:
                 await self.core.journal.wait(first_barrier)
                 first_barrier = None
+            self._raise_if_halted()  # a halted turn places no steer and makes no request
             await self._place_steers()
             stop = self._stop_before_request(first)
             if stop is not None:
@@ -399,6 +411,7 @@ class TurnRunner:
         """One model request and the tools it calls; how the turn stops, or None to go on."""
         core = self.core
         out, cut = await self._model_step(step)
+        self._raise_if_halted()  # a reply that ended as the turn was cancelled: kept as cut
         finish = out.finish_reason
         calls = out.tool_calls if not cut and finish not in ("length", "content_filter") else []
         response: dict[str, Any] = {"step": step, "content": out.content, "toolCalls": calls,
@@ -473,7 +486,7 @@ class TurnRunner:
             return out, False
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            if task is not None and task.cancelling():
+            if self._halt is not None or (task is not None and task.cancelling()):
                 raise
             cut = True
             return out, True  # a steer cut the reply short
@@ -506,6 +519,7 @@ class TurnRunner:
         spans: dict[str, Any] = {}
 
         async def on_start(call: PlannedCall) -> None:
+            self._raise_if_halted()  # no call starts after a cancel, even one the tools swallowed
             self._running_calls[call.id] = {"id": call.id, "name": call.name, "executionId": call.execution_id}
             tool = core.tools.get(call.name)
             spans[call.id] = tracing.start_tool_span(call.name, call.id, call.execution_id, rerun=rerun,
@@ -539,6 +553,7 @@ class TurnRunner:
         finally:
             self._in_flight = None
             self._running_calls.clear()
+        self._raise_if_halted()
 
     async def _resume_calls(self, step: int, unanswered: list[dict[str, Any]]) -> None:
         """Decides each call the crashed turn left running: rerun it or answer it as ambiguous."""

@@ -217,3 +217,50 @@ async def test_a_turn_cancelled_before_its_first_step_opens_and_ends_in_the_jour
     _, after = await run(engine.prompt("asked"))
     assert after.stop_reason == "end_turn"
     assert [m["content"] for m in model.requests[0].body["messages"]] == ["never asked", "asked"]
+
+
+async def _waits_for_the_signal(input: Any, ctx: ToolContext) -> str:
+    # `asyncio.wait_for` on Python 3.11 returns the inner result when the task is
+    # cancelled in the loop iteration the signal's wait finished in: the cancel is swallowed.
+    try:
+        await asyncio.wait_for(ctx.signal.wait(), timeout=5)
+    except asyncio.TimeoutError:
+        return "slept"
+    return "aborted"
+
+
+async def _catches_the_cancel(input: Any, ctx: ToolContext) -> str:
+    try:
+        await asyncio.sleep(5)
+    except asyncio.CancelledError:
+        return "stopped"
+    return "slept"
+
+
+@pytest.mark.parametrize("execute", [_waits_for_the_signal, _catches_the_cancel], ids=["wait_for", "catches"])
+@pytest.mark.parametrize("order", ["steer-then-cancel", "cancel-then-steer", "cancel"])
+async def test_a_cancel_a_tool_swallows_still_ends_the_turn_with_no_further_request(
+    model: ScriptedModel, make_engine: Any, order: str, execute: Any
+) -> None:
+    """A tool that is not idempotent runs alone, in the turn's own task, so the cancel's
+    `CancelledError` reaches the tool, which may swallow it. The turn still ends `cancelled`
+    at once: no further model request, no further call, and the steer is not placed."""
+    model.script(*[Reply(tool_call(f"t{i}", "wait", {})) for i in range(8)], Reply(text("done")))
+    engine = await make_engine(tools=[Tool("wait", "w", SCHEMA, idempotent=False, execute=execute)])
+    turn = engine.prompt("go")
+    await asyncio.wait_for(next_event(turn, "tool_start"), 5)
+    started = time.monotonic()
+    if order == "steer-then-cancel":
+        turn.steer("and then", id="steer-1")
+        turn.cancel()
+    else:
+        turn.cancel()
+        if order == "cancel-then-steer":
+            with pytest.raises(FxInputError) as refused:
+                turn.steer("and then", id="steer-1")
+            assert refused.value.code == "FX_TURN_ENDED"
+    rest, result = await run(turn, timeout_s=5)
+    assert result.stop_reason == "cancelled"
+    assert time.monotonic() - started < 1.0
+    assert [e["type"] for e in rest if e["type"] in ("tool_start", "tool_end", "user_message")] == []
+    assert len(model.requests) == 1
