@@ -1,10 +1,11 @@
 """Which agents live worker processes run, and whether a queued wake can still arrive (§7).
 
 Every worker process (a Celery worker, or the embedded workers of one process) counts the
-deliveries running on it (`DeliveryCounter`) and writes its mark to the store every
-`HEARTBEAT_MS` (`Liveness.beat`, from its sweeper's loop): the agents it runs, since when
-it has been idle, and the send time of the newest wake it started. A mark holds for
-`MARK_TTL_MS`, so a worker killed is gone from the served agents within that.
+deliveries running on it against its capacity (`DeliveryCounter`) and writes its mark to
+the store every `HEARTBEAT_MS` (`Liveness.beat`, from its sweeper's loop): the agents it
+runs, since when it has had a free slot, and the send time of the newest wake it started.
+A mark holds for `MARK_TTL_MS`, so a worker killed is gone from the served agents within
+that.
 
 The sweeper reads the marks (`Liveness.served`) and decides with them:
 - an agent no live worker runs is not served: its sessions are never woken through the
@@ -12,8 +13,9 @@ The sweeper reads the marks (`Liveness.served`) and decides with them:
   `noWorker` and end `FX_NO_AGENT` after `FX_NO_AGENT_GIVE_UP_S` (fxworker/sweeper.py);
 - a session's outstanding wake (meta `woken`, taken by the next claim) is trusted until
   there is evidence it was lost (`Service.wake_lost`): a worker of its agent started a
-  wake sent `REORDER_SLACK_MS` after it (queues are first in, first out), or one has been
-  idle for `IDLE_PROOF_MS` since it was sent (an idle worker takes what its queue holds),
+  wake sent `REORDER_SLACK_MS` after it (queues are first in, first out), or one has had
+  a free slot for `FREE_PROOF_MS` since it was sent (a worker with a free slot takes what
+  its queue holds: Celery reserves up to its concurrency),
   or it is older than the broker's own redelivery bound (`lost_after_ms`).
 """
 
@@ -34,7 +36,7 @@ log = logging.getLogger("fxworker.liveness")
 
 HEARTBEAT_MS = 1000  # how often a worker writes its mark
 MARK_TTL_MS = 3500  # a mark not renewed for this long is a worker gone
-IDLE_PROOF_MS = 2000  # a worker idle this long since a wake was queued would have taken it
+FREE_PROOF_MS = 2000  # a worker with a free slot this long since a wake was queued would have taken it
 REORDER_SLACK_MS = 5000  # wakes of one queue start in the order sent, give or take this
 # A sender sends no wake while one sent this recently is outstanding (accept.lua keeps the
 # same figure): past it, a wake the broker lost costs a sender no more than this.
@@ -42,39 +44,43 @@ SENDER_TRUST_MS = 10_000
 
 
 class DeliveryCounter:
-    """The deliveries running in this process, and what its mark says of them (thread-safe:
-    Celery's task threads and the embedded loops count into one)."""
+    """The deliveries running in this process against its `capacity` (a Celery worker's
+    concurrency; the embedded workers take any number), and what its mark says of them
+    (thread-safe: Celery's task threads and the embedded loops count into one). A delivery
+    that never finishes (its loop was killed) holds one slot, not the whole process."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int = 1 << 30) -> None:
         self._lock = threading.Lock()
+        self.capacity = capacity
         self.running = 0
-        self.idle_since_ms: int | None = now_ms()
+        self.free_since_ms: int | None = now_ms()
         self.took_sent_ms = 0
 
     def __repr__(self) -> str:
-        return f"<DeliveryCounter running={self.running} idle_since_ms={self.idle_since_ms}>"
+        return f"<DeliveryCounter running={self.running}/{self.capacity} free_since_ms={self.free_since_ms}>"
 
     def started(self, sent_ms: object) -> None:
         """A delivery of a wake sent at `sent_ms` (its payload's `sentMs`, if any) starts."""
         with self._lock:
             self.running += 1
-            self.idle_since_ms = None
+            if self.running >= self.capacity:
+                self.free_since_ms = None
             if isinstance(sent_ms, int) and sent_ms > self.took_sent_ms:
                 self.took_sent_ms = sent_ms
 
     def finished(self) -> None:
         with self._lock:
             self.running -= 1
-            if self.running == 0:
-                self.idle_since_ms = now_ms()
+            if self.free_since_ms is None and self.running < self.capacity:
+                self.free_since_ms = now_ms()
 
 
 @dataclass(frozen=True, slots=True)
 class Service:
     """What the live workers of one agent say: the earliest moment since which one of
-    them has been idle (None: all busy) and the newest send time of a wake one started."""
+    them has had a free slot (None: all full) and the newest send time of a wake one started."""
 
-    idle_since_ms: int | None
+    free_since_ms: int | None
     took_sent_ms: int
 
     def wake_lost(self, woken_ms: int, now: int, lost_after_ms: int) -> bool:
@@ -83,8 +89,8 @@ class Service:
             return True
         if self.took_sent_ms > woken_ms + REORDER_SLACK_MS:
             return True  # a later wake of its queue started: this one is not coming
-        idle = self.idle_since_ms
-        return idle is not None and now - max(idle, woken_ms) >= IDLE_PROOF_MS
+        idle = self.free_since_ms
+        return idle is not None and now - max(idle, woken_ms) >= FREE_PROOF_MS
 
 
 def served_by(marks: Iterable[WorkerMark]) -> dict[str, Service]:
@@ -95,10 +101,10 @@ def served_by(marks: Iterable[WorkerMark]) -> dict[str, Service]:
         for agent in mark.agents:
             took[agent] = max(took.get(agent, 0), mark.took_sent_ms)
             if agent not in idle:
-                idle[agent] = mark.idle_since_ms
-            elif mark.idle_since_ms is not None:
+                idle[agent] = mark.free_since_ms
+            elif mark.free_since_ms is not None:
                 known = idle[agent]
-                idle[agent] = mark.idle_since_ms if known is None else min(known, mark.idle_since_ms)
+                idle[agent] = mark.free_since_ms if known is None else min(known, mark.free_since_ms)
     return {agent: Service(idle[agent], took[agent]) for agent in idle}
 
 
@@ -131,7 +137,7 @@ class Liveness:
             return
         self._next_beat_ms = now + HEARTBEAT_MS
         counter = self.counter
-        await self.store.heartbeat(WorkerMark(self.worker_id, agents, now + MARK_TTL_MS, counter.idle_since_ms,
+        await self.store.heartbeat(WorkerMark(self.worker_id, agents, now + MARK_TTL_MS, counter.free_since_ms,
                                               counter.took_sent_ms, self.host, os.getpid()))
 
     async def served(self, now: int) -> dict[str, Service]:
@@ -140,7 +146,7 @@ class Liveness:
         counter = self.counter
         for agent in self.agents():
             if agent not in served:
-                served[agent] = Service(counter.idle_since_ms, counter.took_sent_ms)
+                served[agent] = Service(counter.free_since_ms, counter.took_sent_ms)
         return served
 
     async def forget(self) -> None:

@@ -39,6 +39,7 @@ from . import embedded, metrics, registry, tracing
 from .celery_app import app, pool_can_cancel
 from .delivery import handle_wake_blocking, settle_unserved
 from .errors import FxNoAgentError, FxStoreUnavailableError, FxUnknownSessionError
+from .liveness import PROCESS_COUNTER
 from .registry import import_agents_module
 from .runtime import LoopThread, SharedLoop
 from .settings import Settings
@@ -150,6 +151,9 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
     global _sweeper, _served
     settings: Settings = app.fx_settings
     _served = _consume_only_served_queues(sender)
+    # The pool's size: a worker with a free slot takes what its queues hold (its live mark).
+    PROCESS_COUNTER.capacity = int(getattr(getattr(sender, "controller", None), "concurrency", None)
+                                   or settings.worker_concurrency)
     loop = process_loop()
     loop.build_http_clients()  # off the first turns' path (each takes a few ms)
     if _sweeper is None:

@@ -50,7 +50,7 @@ def _heartbeat(core: StoreCore, mark: WorkerMark) -> Op[None]:
     key = live_workers_key(core.prefix)
     body = json.dumps({
         "v": MARK_VERSION, "agents": list(mark.agents), "expiresMs": mark.expires_ms,
-        "idleSinceMs": mark.idle_since_ms, "tookSentMs": mark.took_sent_ms, "host": mark.host, "pid": mark.pid,
+        "freeSinceMs": mark.free_since_ms, "tookSentMs": mark.took_sent_ms, "host": mark.host, "pid": mark.pid,
     }, separators=(",", ":"))
     steps: list[Step] = [Command(("HSET", key, mark.worker_id, body), key=key),
                          Command(("PEXPIRE", key, mark.expires_ms - core.now(None) + LIVE_KEY_TTL_MS), key=key)]
@@ -94,7 +94,7 @@ def parse_mark(worker_id: str, value: bytes | str) -> WorkerMark | None:
             _skip(version, worker_id, "newer" if isinstance(version, int) and version > MARK_VERSION else "unknown")
             return None
         agents = body["agents"]
-        idle = body["idleSinceMs"]
+        idle = body["freeSinceMs"]
         if not (isinstance(agents, list) and all(isinstance(a, str) for a in agents)
                 and isinstance(body["expiresMs"], int) and (idle is None or isinstance(idle, int))
                 and isinstance(body["tookSentMs"], int)):

@@ -162,7 +162,7 @@ class Valve:
         `late` wakes, as a worker consuming `fx.late` would be, always busy, so the sweepers
         count `late` as served and never take one of its held wakes for lost."""
         body = json.dumps({"v": 1, "agents": ["late"], "expiresMs": int(time.time() * 1000) + 3500,
-                           "idleSinceMs": None, "tookSentMs": 0, "host": "chaos-valve", "pid": os.getpid()})
+                           "freeSinceMs": None, "tookSentMs": 0, "host": "chaos-valve", "pid": os.getpid()})
         try:
             self.system.retrying(lambda r: r.hset(live_workers_key(self.system.prefix), "chaos-valve", body),
                                  timeout_s=2.0)
