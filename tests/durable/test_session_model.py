@@ -28,7 +28,8 @@ Minimal sequences it found (each one a failure of the invariant named):
   wake is trusted until the broker's bound (3 x FX_DELIVERY_TIMEOUT_S + 60 s).
 
 The default run is seeded and short; `FX_MODEL_EXAMPLES=2000` runs the long version (with
-shrinking; `FX_MODEL_SHRINK=1` shrinks a default run's failure too).
+shrinking; `FX_MODEL_SHRINK=1` shrinks a default run's failure too; `FX_MODEL_STEPS` sets
+the steps per example, 30 in the long version).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ pytestmark = pytest.mark.slow
 
 EXAMPLES = int(os.environ.get("FX_MODEL_EXAMPLES", "0")) or 20
 LONG = EXAMPLES > 100
-STEPS = 30 if LONG else 12
+STEPS = int(os.environ.get("FX_MODEL_STEPS", "0")) or (30 if LONG else 12)
 
 # Short enough that leases lapse and deadlines cut turns off within a step or two: a lease
 # renewed every 0.2 s; a delivery yields before a model request 0.7 s in and cuts off what
@@ -400,7 +401,7 @@ def machine(model: ScriptedModel, monkeypatch: pytest.MonkeyPatch) -> Iterator[t
         embedded.stop_embedded_workers()
 
 
-@pytest.mark.timeout(3600 if LONG else 240)
+@pytest.mark.timeout(max(240, EXAMPLES * 12))
 def test_sessions_driven_by_their_users_keep_the_contract(machine: type[SessionMachine]) -> None:
     shrink = LONG or bool(os.environ.get("FX_MODEL_SHRINK"))
     run_state_machine_as_test(
