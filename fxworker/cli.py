@@ -399,12 +399,16 @@ def cancel(session_id: str, url: str | None) -> None:
 def inspect(session_id: str, url: str | None, as_json: bool) -> None:
     """What SESSION_ID went through: each turn, the workers (epochs) that ran it and how each
     one's part ended, and its tool calls (ran, rerun, may have partly run)."""
+    from .timeline import MAX_PAGE_TURNS
+
     client = _client(url)
-    found = _api_call(lambda: client.timeline(session_id))
+    # The API answers a page of turns at a time: read them all, then print the session whole.
+    pages = _api_call(lambda: list(client.timeline_pages(session_id, limit=MAX_PAGE_TURNS)))
+    turns = [turn for page in pages for turn in page.get("turns") or []]
+    found = {**pages[0], "turns": turns, "next": None}
     if as_json:
         click.echo(json.dumps(found, ensure_ascii=False, indent=2))
         return
-    turns = found.get("turns") or []
     click.echo(f"{found.get('sessionId', session_id)}: {len(turns)} turn(s)")
     for turn in turns:
         click.echo(_inspect_turn(turn))

@@ -27,7 +27,15 @@ Not stored, so not shown: times (lines carry none, stream ids are `<cursor>-0`),
 kill / fence / store loss stopped a `died` part, and a rerun of a call whose first
 `tool_start` line was lost with its worker (it shows as `ran`).
 
-    timeline = await fxworker.timeline.read(store, session_id)   # or `timeline_of(id, lines)`
+A timeline is read a page of turns at a time (`read`): a page holds at most `limit` turns
+(the web route's default `DEFAULT_PAGE_TURNS`, at most `MAX_PAGE_TURNS`) and says where the
+next one starts, so a reader of a session of ten thousand turns holds one page of turns and
+one page of lines (`store.read_lines`), never the session.
+
+    page = await fxworker.timeline.read(store, session_id)          # the first turns
+    while page["next"] is not None:                                  # and the ones after
+        page = await fxworker.timeline.read(store, session_id, cursor=page["next"])
+    timeline = timeline_of(session_id, lines)                        # lines already in hand
 """
 
 from __future__ import annotations
@@ -40,6 +48,9 @@ from fxengine.loop import AMBIGUOUS_RESULT
 from .store import RedisStore
 
 INPUT_PREVIEW_CHARS = 200
+# Turns in one page of `read`: the web route's default, and the most it answers at once.
+DEFAULT_PAGE_TURNS = 20
+MAX_PAGE_TURNS = 100
 
 How = Literal["ended", "yielded", "cut off", "died", "running"]
 Outcome = Literal["ran", "rerun", "may have partly run", "running", "unfinished"]
@@ -85,6 +96,13 @@ class Timeline(TypedDict):
     turns: list[Turn]
 
 
+class TimelinePage(Timeline):
+    """One page of `read`: its turns, and `next`, the cursor the following page is read
+    after (None: this page reaches the end of what is stored)."""
+
+    next: int | None
+
+
 class _Call:
     """A tool call while lines come in; its outcome is decided once they are all read."""
 
@@ -104,6 +122,15 @@ class TimelineBuilder:
         self.session_id = session_id
         self._turns: dict[str, Turn] = {}
         self._calls: dict[str, dict[str, _Call]] = {}
+
+    @property
+    def turn_count(self) -> int:
+        return len(self._turns)
+
+    def starts_turn(self, line: Mapping[str, Any]) -> bool:
+        """Whether `line` is the first this builder sees of a turn."""
+        mid = line.get("messageId")
+        return isinstance(mid, str) and bool(mid) and mid not in self._turns
 
     def add(self, line: Mapping[str, Any]) -> None:
         mid = line.get("messageId")
@@ -191,22 +218,41 @@ def timeline_of(session_id: str, lines: Iterable[Mapping[str, Any]],
     return builder.result(state)
 
 
-async def read(store: RedisStore, session_id: str, *, state: Mapping[str, Any] | None = None) -> Timeline:
-    """The timeline of `session_id` from every line it stored, read a page at a time.
+async def read(store: RedisStore, session_id: str, *, state: Mapping[str, Any] | None = None, cursor: int = 0,
+               limit: int = DEFAULT_PAGE_TURNS) -> TimelinePage:
+    """A page of the timeline of `session_id`: the turns whose lines follow stream cursor
+    `cursor` (0: the first turns), at most `limit` of them, read a page of lines at a time.
+
+    `next` is the cursor just before the first line of the turn after the page: pass it as
+    `cursor` for the following page. It is None when the page reaches the end of what is
+    stored (its last turn may still be open: read the same page again to see it grow). A
+    turn's lines follow each other in the stream, so a page holds whole turns; a `cursor`
+    inside a turn gives that turn from there on. The reader holds the page's turns and one
+    page of lines (`READ_PAGE_LINES`), whatever the session's length.
 
     `state` is the session's `state()` if the caller has it (read before the lines, so
     the lines are at least as new); otherwise it is read here, first.
-    `FxUnknownSessionError` for no such session."""
+    `FxUnknownSessionError` for no such session; `FxInvalidCursorError` for a cursor that
+    is no stream cursor; `ValueError` for a `limit` below 1."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"a timeline page holds at least one turn, got limit={limit!r}")
     if state is None:
         found = await store.state(session_id)
         state = {"status": found.status, "epoch": found.epoch}
     builder = TimelineBuilder(session_id)
-    cursor = 0
-    while lines := await store.read_lines(session_id, cursor):
+    after = cursor
+    while lines := await store.read_lines(session_id, after):
         for line in lines:
+            if builder.turn_count >= limit and builder.starts_turn(line):
+                # The turn after the page: it is read from just before its first line.
+                return _page(builder.result(state), next_cursor=int(line["cursor"]) - 1)
             builder.add(line)
-        cursor = int(lines[-1]["cursor"])
-    return builder.result(state)
+        after = int(lines[-1]["cursor"])
+    return _page(builder.result(state), next_cursor=None)
+
+
+def _page(timeline: Timeline, *, next_cursor: int | None) -> TimelinePage:
+    return TimelinePage(sessionId=timeline["sessionId"], turns=timeline["turns"], next=next_cursor)
 
 
 def _int(value: Any) -> int:

@@ -45,7 +45,9 @@ from fxengine.codes import Code
 
 from .errors import error_response
 
-ACTIONS = ("create", "prompt", "steer", "cancel", "stream", "state", "list", "metrics")
+# `timeline` is asked for the timeline route alone: it shows the prompts' text, which a
+# hook allowing `state` (status, cursor, counts) did not agree to show.
+ACTIONS = ("create", "prompt", "steer", "cancel", "stream", "state", "timeline", "list", "metrics")
 
 
 class Authorize(Protocol):

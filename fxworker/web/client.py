@@ -92,10 +92,21 @@ class ApiClient:
         result: dict[str, Any] = self._request("GET", f"/v1/sessions/{session_id}").json()
         return result
 
-    def timeline(self, session_id: str) -> dict[str, Any]:
-        """What the session went through: its turns, the workers that ran them, their tools."""
-        result: dict[str, Any] = self._request("GET", f"/v1/sessions/{session_id}/timeline").json()
+    def timeline(self, session_id: str, *, cursor: int = 0, limit: int | None = None) -> dict[str, Any]:
+        """A page of what the session went through: the turns after `cursor`, the workers that
+        ran them, their tools, and `next` (the cursor of the page after it, or None)."""
+        params = {"cursor": cursor, **({"limit": limit} if limit is not None else {})}
+        result: dict[str, Any] = self._request("GET", f"/v1/sessions/{session_id}/timeline", params=params).json()
         return result
+
+    def timeline_pages(self, session_id: str, *, limit: int | None = None) -> Iterator[dict[str, Any]]:
+        """Every page of the session's timeline, from its first turn to what is stored now."""
+        cursor: int | None = 0
+        while cursor is not None:
+            page = self.timeline(session_id, cursor=cursor, limit=limit)
+            yield page
+            following = page.get("next")
+            cursor = following if isinstance(following, int) and following > cursor else None
 
     def sessions(self, *, limit: int = 20) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = self._request("GET", "/v1/sessions", params={"limit": limit}).json()["sessions"]

@@ -14,6 +14,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from fxworker.timeline import DEFAULT_PAGE_TURNS, MAX_PAGE_TURNS
+
 from .bodies import CreateSessionBody, PromptBody, SteerBody
 
 SESSION_ID = {"name": "session_id", "in": "path", "required": True,
@@ -24,10 +26,13 @@ STATE = {"$ref": "#/components/schemas/State"}
 TIMELINE = {"$ref": "#/components/schemas/Timeline"}
 _INT = {"type": "integer"}
 _STEP = {"type": ["integer", "null"]}
-# `fxworker.timeline`: each turn, the parts (epochs) that ran it, its steps and tool calls.
+# `fxworker.timeline`: a page of turns, each with the parts (epochs) that ran it, its steps
+# and tool calls, and the cursor of the next page.
 TIMELINE_SCHEMA: dict[str, Any] = {
-    "type": "object", "required": ["sessionId", "turns"], "properties": {
+    "type": "object", "required": ["sessionId", "turns", "next"], "properties": {
         "sessionId": {"type": "string"},
+        "next": {"type": ["integer", "null"], "minimum": 0,
+                 "description": "the cursor to read the next page after; null: this page reaches the end"},
         "turns": {"type": "array", "items": {
             "type": "object",
             "required": ["messageId", "input", "stopReason", "error", "deliveries", "steps", "tools", "steers"],
@@ -105,9 +110,17 @@ def document() -> dict[str, Any]:
                                                 "asked"), **_errors(*COMMON)}},
         },
         "/v1/sessions/{session_id}/timeline": {
-            "get": {"summary": "What the session went through: each turn, the workers (epochs) that ran it and "
-                               "how each part ended, its steps and tool calls, read from its stored lines",
-                    "parameters": [SESSION_ID],
+            "get": {"summary": "What the session went through, a page of turns at a time: each turn, the workers "
+                               "(epochs) that ran it and how each part ended, its steps and tool calls, read from "
+                               "its stored lines",
+                    "parameters": [
+                        SESSION_ID,
+                        {"name": "cursor", "in": "query", "schema": {"type": "string"},
+                         "description": "the turns after this stream cursor (0, or a page's next)"},
+                        {"name": "limit", "in": "query", "schema": {"type": "string"},
+                         "description": f"at most this many turns, 1 to {MAX_PAGE_TURNS} "
+                                        f"(default {DEFAULT_PAGE_TURNS})"},
+                    ],
                     "responses": {"200": _json(TIMELINE, "the timeline"), **_errors(*COMMON)}},
         },
         "/v1/sessions/{session_id}/stream": {

@@ -29,6 +29,7 @@ from fxworker.errors import (
     FxUnknownSessionError,
 )
 from fxworker.store._readers import MAX_CURSOR
+from fxworker.timeline import DEFAULT_PAGE_TURNS, MAX_PAGE_TURNS
 from fxworker.timeline import read as read_timeline
 
 from .auth import check_access, is_allowed
@@ -251,12 +252,26 @@ async def state(request: Request) -> Response:
     return JSONResponse(found)
 
 
+def parse_turns(raw: str | None) -> int:
+    """A timeline page's `limit` from the query string: 1 to `MAX_PAGE_TURNS` turns."""
+    if raw is None or raw == "":
+        return DEFAULT_PAGE_TURNS
+    if len(raw) > 3 or not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE_TURNS:
+        raise FxInvalidRequestError(f"limit must be an integer from 1 to {MAX_PAGE_TURNS} (turns), got {raw[:40]!r}")
+    return int(raw)
+
+
 async def timeline(request: Request) -> Response:
-    """`GET /v1/sessions/{id}/timeline`: each turn with the workers that ran it (epoch, how
-    each part ended), its steps and its tool calls (`fxworker.timeline`)."""
-    await check_access(request, request.path_params["session_id"], "state")
+    """`GET /v1/sessions/{id}/timeline?cursor=N&limit=K`: a page of at most K turns (those
+    after stream cursor N), each with the workers that ran it (epoch, how each part ended),
+    its steps and its tool calls, and `next`, the cursor of the page after it
+    (`fxworker.timeline`). Its own hook action, `timeline`: it shows the prompts' text."""
+    session_id = request.path_params["session_id"]
+    await check_access(request, session_id, "timeline")
+    cursor = parse_cursor(request.query_params.get("cursor"))
+    limit = parse_turns(request.query_params.get("limit"))
     session, found = await _existing(request)  # the state first: the lines read after are newer
-    return JSONResponse(await read_timeline(session.store, session.id, state=found))
+    return JSONResponse(await read_timeline(session.store, session.id, state=found, cursor=cursor, limit=limit))
 
 
 async def list_sessions(request: Request) -> Response:

@@ -1,7 +1,8 @@
 """The HTTP API under an embedder's own auth (`create_app(authorize=…, session_context=…)`),
 over real HTTP: the server pins a session's context, cross-site POSTs are refused, a server
 of several agents without `default` serves every route, `/metrics` sits behind the hook,
-two `Authorization` headers are refused, and one caller cannot squat another's message id.
+two `Authorization` headers are refused, one caller cannot squat another's message id, and
+the timeline asks the hook for `timeline` (the prompts' text), not `state`.
 
 Users are named by an `x-user` header here (a stand-in for the embedder's cookie session).
 """
@@ -38,7 +39,13 @@ class NoWake:
         pass
 
 
+ASKED: list[tuple[str | None, str]] = []  # what the hook was asked for the `x-user: carol` requests
+
+
 def authorize(request: Request, session_id: str | None, action: str) -> bool:
+    if request.headers.get("x-user") == "carol":  # a hook written before `timeline`: it knows no such action
+        ASKED.append((session_id, action))
+        return action in ("create", "prompt", "steer", "cancel", "stream", "state", "list")
     return request.headers.get("x-user") in ("alice", "mallory")
 
 
@@ -167,3 +174,26 @@ def test_one_caller_cannot_squat_anothers_message_id(served: Any) -> None:
     repeat = client.post("/v1/sessions", headers={"x-user": "alice"},
                          json={"input": "hers", "agent": "a", "messageId": message_id})
     assert repeat.json()["sessionId"] == own.json()["sessionId"] and repeat.json()["repeated"] is True
+
+
+def test_the_timeline_is_its_own_action_and_a_hook_allowing_state_alone_is_refused_it(served: Any) -> None:
+    client, _ = served
+    carol = {"x-user": "carol"}
+    created = client.post("/v1/sessions", headers=carol, json={"input": "secret plans", "agent": "a"})
+    assert created.status_code == 202, created.text
+    sid = created.json()["sessionId"]
+    ASKED.clear()
+    assert client.get(f"/v1/sessions/{sid}", headers=carol).status_code == 200
+    assert client.get(f"/v1/sessions/{sid}/stream", headers=carol, params={"follow": 0}).status_code == 200
+    refused = client.get(f"/v1/sessions/{sid}/timeline", headers=carol)
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "FX_FORBIDDEN", refused.text
+    assert "secret" not in refused.text
+    assert ASKED == [(sid, "state"), (sid, "stream"), (sid, "timeline")]
+    # Asked before anything is read: a bad cursor or an unknown session is refused the same way.
+    assert client.get(f"/v1/sessions/{sid}/timeline", headers=carol, params={"cursor": "x"}).status_code == 403
+    assert client.get("/v1/sessions/fxs_01J00000000000000000000000/timeline", headers=carol).status_code == 403
+
+    allowed = client.get(f"/v1/sessions/{sid}/timeline", headers={"x-user": "alice"})
+    assert allowed.status_code == 200, allowed.text
+    body = allowed.json()
+    assert body["next"] is None and [t["messageId"] for t in body["turns"]] in ([], [created.json()["messageId"]])

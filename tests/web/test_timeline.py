@@ -1,16 +1,34 @@
-"""The session timeline: built from stored lines alone (`fxworker.timeline`), served at
-`GET /v1/sessions/{id}/timeline` under the session's auth, printed by `fx inspect`."""
+"""The session timeline: built from stored lines alone (`fxworker.timeline`), served a page
+of turns at a time at `GET /v1/sessions/{id}/timeline?cursor=N&limit=K` under the session's
+auth, printed by `fx inspect`; a request holds one page, not the session."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
+import tracemalloc
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import pytest
+import redis
 
 from fxengine.loop import AMBIGUOUS_RESULT
 from fxengine.testing import ScriptedModel
-from fxworker.timeline import INPUT_PREVIEW_CHARS, timeline_of
+from fxworker.ids import new_session_id
+from fxworker.keys import session_keys
+from fxworker.store import redis_store
+from fxworker.timeline import (
+    DEFAULT_PAGE_TURNS,
+    INPUT_PREVIEW_CHARS,
+    MAX_PAGE_TURNS,
+    TimelineBuilder,
+    read,
+    timeline_of,
+)
+from tests.support.workers import wait_until
 from tests.web._server import WebProcess
 from tests.web.conftest import TOKEN, read_turn
 from tests.web.test_cli import UNKNOWN_SESSION, fx
@@ -196,3 +214,223 @@ def test_fx_inspect_prints_the_timeline(web_open: WebProcess, api: httpx.Client)
 
     unknown = fx(web_open.url, "inspect", UNKNOWN_SESSION)
     assert unknown.returncode == 3 and unknown.stderr.startswith("fx: FX_UNKNOWN_SESSION: ") and unknown.stdout == ""
+
+
+# ------------------------------------------------------------------------------------- paging
+
+LINES_PER_TURN = 8
+
+
+def _synthetic_turn(n: int, cursor: int, *, epoch: int = 1) -> list[dict[str, Any]]:
+    """One ended turn of `LINES_PER_TURN` lines from `cursor + 1`: a prompt, text, a tool call."""
+    mid = f"msg_synth{n:06d}"
+    lines: list[dict[str, Any]] = [
+        {"type": "turn_start", "input": f"prompt {n}: " + "p" * 150},
+        {"type": "text_delta", "delta": "Let me look ", "step": 1},
+        {"type": "text_delta", "delta": "that up.", "step": 1},
+        {"type": "tool_start", "id": f"call_{n}", "name": "lookup", "input": {"q": n}, "step": 1},
+        {"type": "tool_end", "id": f"call_{n}", "name": "lookup", "isError": False, "content": "found", "step": 1},
+        {"type": "text_delta", "delta": "Here it is: " + "a" * 60, "step": 2},
+        {"type": "text_delta", "delta": "done.", "step": 2},
+        {"type": "turn_end", "stopReason": "end_turn", "usage": {"inputTokens": 10, "outputTokens": 20}},
+    ]
+    return [{**line, "messageId": mid, "epoch": epoch, "cursor": cursor + i + 1} for i, line in enumerate(lines)]
+
+
+def _store_turns(redis_url: str, prefix: str, session_id: str, turns: int, *, first_cursor: int = 0,
+                 first: int = 0) -> int:
+    """Writes `turns` synthetic turns to the session's UI stream after `first_cursor`, as the
+    store keeps lines (`<cursor>-0`, field `l`), pipelined: thousands of turns in a second.
+    Returns the last cursor."""
+    r = redis.Redis.from_url(redis_url)
+    ui = session_keys(prefix, session_id).ui
+    cursor = first_cursor
+    try:
+        for start in range(0, turns, 500):
+            pipe = r.pipeline(transaction=False)
+            for n in range(first + start, first + min(start + 500, turns)):
+                for line in _synthetic_turn(n, cursor):
+                    pipe.xadd(ui, {"l": json.dumps(line, separators=(",", ":"))}, id=f"{line['cursor']}-0")
+                cursor += LINES_PER_TURN
+            pipe.execute()
+    finally:
+        r.close()
+    return cursor
+
+
+def _read_page(redis_url: str, prefix: str, session_id: str, **kwargs: Any) -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
+        store = redis_store(redis_url, prefix=prefix)
+        try:
+            page: dict[str, Any] = dict(await read(store, session_id, state={"status": "idle", "epoch": 1}, **kwargs))
+            return page
+        finally:
+            await store.aclose()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.redis
+def test_a_page_holds_at_most_its_limit_of_whole_turns_and_the_next_cursor_continues(redis_url: str,
+                                                                                     key_prefix: str) -> None:
+    sid = new_session_id()
+    last = _store_turns(redis_url, key_prefix, sid, 7)
+    whole = [t for n in range(7) for t in timeline_of(sid, _synthetic_turn(n, n * LINES_PER_TURN))["turns"]]
+
+    pages, after = [], 0
+    while True:
+        page = _read_page(redis_url, key_prefix, sid, cursor=after, limit=3)
+        pages.append(page)
+        if page["next"] is None:
+            break
+        assert page["next"] > after
+        after = page["next"]
+    assert [len(p["turns"]) for p in pages] == [3, 3, 1]
+    # Each page ends just before the first line of the turn after it (cursors of whole turns).
+    assert [p["next"] for p in pages] == [3 * LINES_PER_TURN, 6 * LINES_PER_TURN, None]
+    assert [t for p in pages for t in p["turns"]] == whole  # the pages together are the whole timeline
+
+    exactly = _read_page(redis_url, key_prefix, sid, limit=7)
+    assert len(exactly["turns"]) == 7 and exactly["next"] is None
+    assert _read_page(redis_url, key_prefix, sid, cursor=last) == {"sessionId": sid, "turns": [], "next": None}
+    # A cursor inside a turn gives that turn from there on.
+    (partial, *_) = _read_page(redis_url, key_prefix, sid, cursor=LINES_PER_TURN + 3, limit=1)["turns"]
+    assert partial["messageId"] == "msg_synth000001" and partial["input"] is None
+    assert partial["deliveries"][0]["startCursor"] == LINES_PER_TURN + 4
+    with pytest.raises(ValueError):
+        _read_page(redis_url, key_prefix, sid, limit=0)
+
+
+@pytest.fixture
+def many_turns(api: httpx.Client, redis_url: str, prefix: str) -> Iterator[tuple[str, list[dict[str, Any]], int]]:
+    """A real session (one tool turn a worker ran) followed by 150 synthetic turns."""
+    created = api.post("/v1/sessions", json={"input": "tool:paged"})
+    assert created.status_code == 202, created.text
+    sid = created.json()["sessionId"]
+    lines = read_turn(api, sid)
+    wait_until(lambda: api.get(f"/v1/sessions/{sid}").json()["status"] == "idle", 15.0, what="the session at rest")
+    last = _store_turns(redis_url, prefix, sid, 150, first_cursor=api.get(f"/v1/sessions/{sid}").json()["cursor"])
+    yield sid, lines, last
+
+
+def test_the_route_pages_turns_by_cursor(api: httpx.Client, many_turns: tuple[str, list[dict[str, Any]], int],
+                                         web_open: WebProcess) -> None:
+    sid, lines, last = many_turns
+    route = f"/v1/sessions/{sid}/timeline"
+
+    first = api.get(route).json()  # the default page
+    assert "turns" in first, first
+    assert len(first["turns"]) == DEFAULT_PAGE_TURNS and first["next"] is not None
+    assert first["turns"][0]["messageId"] == lines[0]["messageId"]
+    assert first["turns"][0]["tools"][0]["outcome"] == "ran"
+    assert first["turns"][1]["messageId"] == "msg_synth000000"
+
+    seen: list[dict[str, Any]] = []
+    after, sizes = 0, []
+    while after is not None:
+        page = api.get(route, params={"cursor": after, "limit": MAX_PAGE_TURNS})
+        assert page.status_code == 200, page.text
+        body = page.json()
+        assert set(body) == {"sessionId", "turns", "next"}
+        sizes.append(len(body["turns"]))
+        seen += body["turns"]
+        assert body["next"] is None or body["next"] > after
+        after = body["next"]
+    assert sizes == [MAX_PAGE_TURNS, 151 - MAX_PAGE_TURNS]
+    assert len({t["messageId"] for t in seen}) == len(seen) == 151
+    assert seen[:DEFAULT_PAGE_TURNS] == first["turns"]
+    # The next page starts with the turn after the last one of this page.
+    small = api.get(route, params={"limit": 2}).json()
+    following = api.get(route, params={"cursor": small["next"], "limit": 1}).json()
+    assert [t["messageId"] for t in small["turns"] + following["turns"]] == [t["messageId"] for t in seen[:3]]
+    assert api.get(route, params={"cursor": last}).json() == {"sessionId": sid, "turns": [], "next": None}
+
+    # fx inspect reads every page.
+    shown = fx(web_open.url, "inspect", sid)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith(f"{sid}: 151 turn(s)\n")
+    assert shown.stdout.count("\n- ") == 151 and "msg_synth000149 end_turn" in shown.stdout
+    as_json = fx(web_open.url, "inspect", sid, "--json")
+    assert json.loads(as_json.stdout) == {"sessionId": sid, "turns": seen, "next": None}
+
+
+def test_the_route_bounds_its_page_and_refuses_a_bad_cursor(api: httpx.Client,
+                                                            many_turns: tuple[str, list[dict[str, Any]], int]) -> None:
+    sid, _, _ = many_turns
+    route = f"/v1/sessions/{sid}/timeline"
+    assert len(api.get(route, params={"limit": 1}).json()["turns"]) == 1
+    assert len(api.get(route, params={"limit": MAX_PAGE_TURNS}).json()["turns"]) == MAX_PAGE_TURNS
+    for limit in ("0", str(MAX_PAGE_TURNS + 1), "1000000", "-1", "x", "1.5", "٣"):
+        refused = api.get(route, params={"limit": limit})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "FX_INVALID_REQUEST", (limit, refused.text)
+    for cursor in ("-1", "abc", "1e3", str(2**64), "9" * 5000, "٣"):
+        refused = api.get(route, params={"cursor": cursor})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "FX_INVALID_CURSOR", (cursor, refused.text)
+    # Refused before the session is looked up: a bad cursor on an unknown session is still 400.
+    unknown = api.get(f"/v1/sessions/{UNKNOWN_SESSION}/timeline", params={"cursor": "x"})
+    assert unknown.status_code == 400 and unknown.json()["error"]["code"] == "FX_INVALID_CURSOR"
+
+
+# ------------------------------------------------------------------------------- memory bound
+
+MEMORY_TURNS = 4000
+
+
+def _peak_bytes(run: Any) -> tuple[int, Any]:
+    """tracemalloc's peak while `run()` runs, over what was allocated before it."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base, _ = tracemalloc.get_traced_memory()
+        result = run()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak - base, result
+
+
+def _response_bytes(redis_url: str, prefix: str, session_id: str, *, whole: bool) -> int:
+    """What one timeline request builds: the page (or, `whole`, every turn read a page of
+    lines at a time, as the unpaged route did) rendered as the route's JSON body."""
+    async def run() -> int:
+        store = redis_store(redis_url, prefix=prefix)
+        try:
+            state = {"status": "idle", "epoch": 1}
+            if whole:
+                builder = TimelineBuilder(session_id)
+                cursor = 0
+                while lines := await store.read_lines(session_id, cursor):
+                    for line in lines:
+                        builder.add(line)
+                    cursor = int(lines[-1]["cursor"])
+                body: Any = builder.result(state)
+            else:
+                body = await read(store, session_id, state=state)
+            return len(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode())
+        finally:
+            await store.aclose()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.redis
+def test_one_request_holds_a_page_whatever_the_sessions_length(redis_url: str, key_prefix: str) -> None:
+    short, long = new_session_id(), new_session_id()
+    _store_turns(redis_url, key_prefix, short, MEMORY_TURNS // 10)
+    _store_turns(redis_url, key_prefix, long, MEMORY_TURNS)
+    _response_bytes(redis_url, key_prefix, short, whole=False)  # warm: imports, scripts, first connection
+
+    paged_short, _ = _peak_bytes(lambda: _response_bytes(redis_url, key_prefix, short, whole=False))
+    paged, paged_body = _peak_bytes(lambda: _response_bytes(redis_url, key_prefix, long, whole=False))
+    paged_again = max(_peak_bytes(lambda: _response_bytes(redis_url, key_prefix, long, whole=False))[0]
+                      for _ in range(5))
+    whole, whole_body = _peak_bytes(lambda: _response_bytes(redis_url, key_prefix, long, whole=True))
+    print(f"\ntimeline of {MEMORY_TURNS} turns: one paged request peaks at {paged / 1024:.0f} KiB "
+          f"({paged_body} B body), {paged_short / 1024:.0f} KiB on {MEMORY_TURNS // 10} turns; "
+          f"unpaged {whole / 1024:.0f} KiB ({whole_body} B body): x{whole / paged:.1f}")
+    assert whole_body > 100 * paged_body
+    assert paged * 10 < whole, (paged, whole)
+    # Ten times the turns, the same page: the peak does not grow with the session.
+    assert paged < 1.5 * paged_short + 64 * 1024, (paged, paged_short)
+    assert paged_again < 1.5 * paged + 64 * 1024, (paged_again, paged)

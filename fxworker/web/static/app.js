@@ -178,7 +178,7 @@ function take(line) {
   lines.push(line);
   render(line);
   save();
-  if (line.type === "turn_end" && timelineShown()) loadTimeline();
+  if (line.type === "turn_end" && timelineShown()) loadTimeline(timelineLast);
 }
 
 async function follow() {
@@ -227,9 +227,16 @@ function askToken() {
   $("token-row").classList.add("shown");
 }
 
-// The timeline (GET /v1/sessions/{id}/timeline): each turn, the workers (epochs) that ran it
-// and how each one's part ended, its tool calls. Shown on demand, fetched fresh when opened
-// and again when a turn ends while it is open.
+// The timeline (GET /v1/sessions/{id}/timeline?cursor=N): each turn, the workers (epochs)
+// that ran it and how each one's part ended, its tool calls. The API answers a page of turns
+// at a time with the cursor of the next page (`next`, null at the end of what is stored):
+// the panel shows the first page and a button for the turns after it. Shown on demand,
+// fetched fresh when opened; when a turn ends while it is open, the last page shown is
+// fetched again (the ended turn is in it, or starts the page after it).
+const TIMELINE_PAGE_TURNS = 20;
+let timelineLoads = 0; // bumped by each load: an answer to an older one is dropped
+let timelineLast = 0; // the cursor the last page shown was read after
+
 function timelineShown() { return !$("timeline").hidden; }
 
 function toggleTimeline() {
@@ -239,48 +246,78 @@ function toggleTimeline() {
   if (shown) loadTimeline();
 }
 
-async function loadTimeline() {
+// The page of turns after `after`, or null once the error is shown in the panel.
+async function fetchTimelinePage(after, load) {
   const panel = $("timeline");
-  const heading = el("h2", null, "Timeline");
+  const url = ROOT + "/v1/sessions/" + encodeURIComponent(sessionId) + "/timeline?cursor=" + after + "&limit=" + TIMELINE_PAGE_TURNS;
   let response, body;
   try {
-    response = await fetch(ROOT + "/v1/sessions/" + encodeURIComponent(sessionId) + "/timeline", { headers: headers() });
+    response = await fetch(url, { headers: headers() });
     body = await response.json().catch(() => ({}));
   } catch (e) {
-    panel.replaceChildren(heading, el("div", "error", "the timeline could not be fetched: " + e.message));
-    return;
+    if (load === timelineLoads) panel.replaceChildren(el("h2", null, "Timeline"), el("div", "error", "the timeline could not be fetched: " + e.message));
+    return null;
   }
+  if (load !== timelineLoads) return null;
   if (response.status === 401) askToken();
   if (!response.ok) {
     const error = body.error || {};
-    panel.replaceChildren(heading, el("div", "error", (error.code || "HTTP " + response.status) + (error.message ? ": " + error.message : "")));
-    return;
+    panel.replaceChildren(el("h2", null, "Timeline"), el("div", "error", (error.code || "HTTP " + response.status) + (error.message ? ": " + error.message : "")));
+    return null;
   }
-  panel.replaceChildren(heading);
-  if (!(body.turns || []).length) panel.appendChild(el("div", "tl-none", "no turn has started yet"));
-  for (const turn of body.turns || []) {
-    const row = el("div", "tl-turn");
-    row.dataset.messageId = turn.messageId;
-    const ending = turn.stopReason ? (STOP_LABELS[turn.stopReason] || turn.stopReason) : "open";
-    const head = el("div", "tl-head", (turn.input === null ? "(" + turn.messageId + ")" : turn.input) + " — " + ending
-      + (turn.error && turn.error.code ? " · " + turn.error.code : ""));
-    head.dataset.stop = turn.stopReason || "";
-    row.appendChild(head);
-    for (const part of turn.deliveries) {
-      const p = el("div", "tl-part", "worker epoch " + part.epoch + ": " + part.how + " (lines " + part.startCursor + "–" + part.endCursor + ")");
-      p.dataset.how = part.how;
-      p.dataset.epoch = String(part.epoch);
-      row.appendChild(p);
+  return body;
+}
+
+// Shows the turns after `after` (0: from the first): the rows of that page and any after it
+// are replaced by what the API answers now.
+async function loadTimeline(after) {
+  after = after || 0;
+  const load = ++timelineLoads;
+  const body = await fetchTimelinePage(after, load);
+  if (!body) return;
+  const panel = $("timeline");
+  if (after === 0 || !panel.querySelector("h2")) {
+    panel.replaceChildren(el("h2", null, "Timeline"));
+  } else {
+    for (const row of panel.querySelectorAll(".tl-turn, .tl-more, .tl-none")) {
+      if (!row.classList.contains("tl-turn") || Number(row.dataset.page) >= after) row.remove();
     }
-    for (const call of turn.tools) {
-      const again = call.epochs.length > 1 ? " (epochs " + call.epochs.join(", ") + ")" : "";
-      const t = el("div", "tl-tool", "tool " + call.name + ": " + call.outcome + (call.isError ? ", error" : "") + again);
-      t.dataset.outcome = call.outcome;
-      t.dataset.toolId = call.id;
-      row.appendChild(t);
-    }
-    panel.appendChild(row);
   }
+  timelineLast = after;
+  const turnsShown = body.turns || [];
+  if (!turnsShown.length && !panel.querySelector(".tl-turn")) panel.appendChild(el("div", "tl-none", "no turn has started yet"));
+  for (const turn of turnsShown) panel.appendChild(timelineTurn(turn, after));
+  if (body.next !== null && body.next !== undefined) {
+    const more = el("button", "tl-more", "later turns");
+    more.type = "button";
+    more.addEventListener("click", () => loadTimeline(body.next));
+    panel.appendChild(more);
+  }
+}
+
+function timelineTurn(turn, page) {
+  const row = el("div", "tl-turn");
+  row.dataset.messageId = turn.messageId;
+  row.dataset.page = String(page);
+  const ending = turn.stopReason ? (STOP_LABELS[turn.stopReason] || turn.stopReason) : "open";
+  const head = el("div", "tl-head", (turn.input === null ? "(" + turn.messageId + ")" : turn.input) + " — " + ending
+    + (turn.error && turn.error.code ? " · " + turn.error.code : ""));
+  head.dataset.stop = turn.stopReason || "";
+  row.appendChild(head);
+  for (const part of turn.deliveries) {
+    const p = el("div", "tl-part", "worker epoch " + part.epoch + ": " + part.how + " (lines " + part.startCursor + "–" + part.endCursor + ")");
+    p.dataset.how = part.how;
+    p.dataset.epoch = String(part.epoch);
+    row.appendChild(p);
+  }
+  for (const call of turn.tools) {
+    const again = call.epochs.length > 1 ? " (epochs " + call.epochs.join(", ") + ")" : "";
+    const t = el("div", "tl-tool", "tool " + call.name + ": " + call.outcome + (call.isError ? ", error" : "") + again);
+    t.dataset.outcome = call.outcome;
+    t.dataset.toolId = call.id;
+    row.appendChild(t);
+  }
+  return row;
 }
 
 function openSession(id) {
