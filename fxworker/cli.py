@@ -278,6 +278,8 @@ def _api_call(fn: Any, *, session: Any = None) -> Any:
         hint = ""
         if exc.status == 401:
             hint = " (set FX_API_TOKEN to the server's token)"
+        elif exc.code == Code.SESSION_INCOMPLETE:
+            hint = " (the lines shown are all that reads back whole; see docs/operations.md, Running Redis)"
         _fail(f"{exc.code}: {exc.message}{hint}", EXIT_UNREACHABLE if exc.code == Code.CONNECT else EXIT_REFUSED)
     except KeyboardInterrupt:
         followed = session() if session is not None else None

@@ -17,8 +17,9 @@
 --       checkpoint <data> (a store mark, with release: when the session goes, the
 --       checkpoint through the call's last record; it covers the whole log) |
 --       pack <first>:<last>:<sha1 hex>:<adler32>:<z> (store marks, with release: when the
---       session goes, lines first..last become one entry `<last>-0` with fields f <first>
---       and z, if they are plain lines whose NDJSON has that SHA-1;
+--       session goes, lines first..last become one entry `<last>-0` with fields f <first>,
+--       z and the checksum checked here (s <sha1 hex>, or a <adler32> where the Lua has no
+--       SHA-1), if they are plain lines whose NDJSON has it;
 --       fxworker/store/_packed.py).
 --       A line whose JSON text begins `{"type":"turn_start"` in the call that starts a
 --       turn is that turn's start line: its cursor becomes the meta's `turn_cursor`.
@@ -229,7 +230,7 @@ local function pack_lines()
   for _, v in ipairs(packs) do
     local a, b, sha, adler, at = string.match(v, '^(%d+):(%d+):(%x+):(%d+):()')
     if not a then return 0 end
-    chunks[#chunks + 1] = {tonumber(a), tonumber(b), sha, string.sub(v, at), tonumber(adler)}
+    chunks[#chunks + 1] = {tonumber(a), tonumber(b), sha, string.sub(v, at), tonumber(adler), adler}
   end
   local from = chunks[1][1]
   local entries = redis.call('XRANGE', ui, from .. '-0', '+')
@@ -254,7 +255,14 @@ local function pack_lines()
   local kept = redis.call('XRANGE', ui, '-', (from - 1) .. '-0')
   redis.call('DEL', ui)
   for _, e in ipairs(kept) do redis.call('XADD', ui, e[1], unpack(e[2])) end
-  for _, c in ipairs(chunks) do redis.call('XADD', ui, c[2] .. '-0', 'f', c[1], 'z', c[4]) end
+  -- The checksum checked above goes with the chunk: a reader checks what it inflates.
+  for _, c in ipairs(chunks) do
+    if redis.sha1hex then
+      redis.call('XADD', ui, c[2] .. '-0', 'f', c[1], 'z', c[4], 's', c[3])
+    else
+      redis.call('XADD', ui, c[2] .. '-0', 'f', c[1], 'z', c[4], 'a', c[6])
+    end
+  end
   return #entries
 end
 

@@ -39,6 +39,11 @@ def _read_raw_lines(
     contiguous, so a reader resuming from any cursor sees each line once, whether they are
     stored one per entry or packed at rest (`_packed.expand`). A cursor
     past the stream's id space (2^64 - 1) is `FxInvalidCursorError`.
+
+    Lines are checked as they are read: a damaged chunk, or a line missing between the
+    cursor and the last one the session counted before the read, is
+    `FxSessionIncompleteError` (never other lines); a chunk of a newer format is
+    `FxJournalVersionError`.
     """
     if isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 0:
         raise FxInvalidCursorError(f"a stream cursor must be a non-negative integer, got {cursor!r}")
@@ -47,14 +52,22 @@ def _read_raw_lines(
     count = READ_PAGE_LINES if count is None else count
     keys = core.keys(session_id)
     # Under FX_ACK=replica (or aof) the read waits for the ack level to hold its lines.
-    steps: list[Step] = [core.xread(keys.ui, cursor, block_ms=block_ms, count=count),
+    # The session's last line cursor, read before the lines (scripts write both at once):
+    # every line through it is in the stream when the XREAD runs, so a tail cut off the
+    # stream (a last chunk or entry gone) is seen too, not only a gap.
+    steps: list[Step] = [Command(("HGET", keys.meta, "ui"), key=keys.meta),
+                         core.xread(keys.ui, cursor, block_ms=block_ms, count=count),
                          *core.read_ack_steps(keys, cursor)]
 
     def parse(replies: list[Any]) -> list[tuple[int, bytes]]:
         # A chunk of lines packed at rest comes whole: the lines after the cursor are kept.
-        lines = _packed.expand(session_id, r.parse_stream(replies[0]), cursor, count)
-        if lines and len(replies) > 2:
-            core.check_ack(replies[2:], f"the lines of session {session_id} after cursor {cursor}",
+        lines = _packed.expand(session_id, r.parse_stream(replies[1]), cursor, count)
+        counted = min(int(replies[0] or 0), cursor + count)
+        if (lines[-1][0] if lines else cursor) < counted:
+            got = lines[-1][0] if lines else cursor
+            raise _packed.damaged(session_id, f"its lines {got + 1}..{counted} are missing")
+        if lines and len(replies) > 3:
+            core.check_ack(replies[3:], f"the lines of session {session_id} after cursor {cursor}",
                            then=f"read again from cursor {cursor}")
         return lines
 
@@ -152,7 +165,8 @@ def _load(core: StoreCore, session_id: str) -> Op[Loaded]:
             raise FxUnknownSessionError(f"no session {session_id}")
         _agent, data, through, entries, rest = replies[0]
         covered = int(through) if through is not None else 0
-        checkpoint = (StoredCheckpoint(_packed.unpack_checkpoint(bytes(data or b"")), str(covered))
+        checkpoint = (StoredCheckpoint(_packed.unpack_checkpoint(bytes(data or b""), session_id=session_id),
+                                        str(covered))
                       if through is not None else None)
         stored = r.parse_rest(bytes(rest)) if rest is not None else []
         for entry_id, fields in entries or ():

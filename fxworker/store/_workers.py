@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fxengine.codes import Code
-from fxengine.errors import FxFencedError, FxLimitError
+from fxengine.errors import FxFencedError, FxJournalError, FxLimitError
 from fxengine.persistence import JournalRecord, StoredCheckpoint
 
 from .. import scripts
@@ -93,7 +93,15 @@ def _claimed(reply: list[Any], *, session_id: str, holder: str) -> Claim | Idle 
     records = [
         JournalRecord(r.text(flat_records[i]), bytes(flat_records[i + 1])) for i in range(0, len(flat_records), 2)
     ]
-    checkpoint = StoredCheckpoint(_packed.unpack_checkpoint(bytes(ckpt_data)), str(through)) if has_ckpt else None
+    # The lease is taken by now: a checkpoint that does not decode rides in the claim, for
+    # the runner to end what heads the session with it, instead of failing every claim.
+    checkpoint, unreadable = None, None
+    if has_ckpt:
+        try:
+            checkpoint = StoredCheckpoint(_packed.unpack_checkpoint(bytes(ckpt_data), session_id=session_id),
+                                          str(through))
+        except FxJournalError as exc:
+            unreadable = exc
     open_id = r.text(turn)
     open_turn = None
     if open_id:
@@ -122,6 +130,7 @@ def _claimed(reply: list[Any], *, session_id: str, holder: str) -> Claim | Idle 
         turn_cursor=int(turn_cursor),
         give_up=bool(give_up),
         futile=int(futile),
+        unreadable=unreadable,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fxengine.errors import FxError
 from fxengine.persistence import JournalRecord, Loaded, StoredCheckpoint
 from fxengine.persistence import Mark as Mark  # the store's marks are the engine's, plus `drop`
 
@@ -109,6 +110,9 @@ class Claim:
     give_up: bool = False
     # Claims (this one included) since an input or a step last moved on (§6: bounded).
     futile: int = 0
+    # The stored checkpoint does not decode (FX_JOURNAL_INVALID); `checkpoint` is None. The
+    # lease is held all the same: what heads the session ends with this error.
+    unreadable: FxError | None = None
 
     def __repr__(self) -> str:
         return (
@@ -117,7 +121,10 @@ class Claim:
         )
 
     def loaded(self) -> Loaded:
-        """The engine's view of this claim (`Persistence.load()`)."""
+        """The engine's view of this claim (`Persistence.load()`); raises `unreadable`,
+        so no engine ever starts from a checkpoint it lacks."""
+        if self.unreadable is not None:
+            raise self.unreadable
         return Loaded(checkpoint=self.checkpoint, journal=list(self.records), head=self.head)
 
 

@@ -113,14 +113,26 @@ class ApiClient:
         return found
 
     def stream(self, session_id: str, *, cursor: int = 0, follow: bool = True) -> Iterator[dict[str, Any]]:
-        """The session's lines after `cursor`, as dicts."""
+        """The session's lines after `cursor`, as dicts.
+
+        Raises `ApiError` with the server's code when the server ends the stream with an
+        error of its own (a `session_error` line with no cursor: a turn's has one), e.g.
+        `FX_SESSION_INCOMPLETE` for stored lines that are damaged or missing."""
         params = {"cursor": cursor, "follow": 1 if follow else 0}
         try:
             with self.http.stream("GET", f"/v1/sessions/{session_id}/stream", params=params) as response:
                 self._check(response)
                 for raw in response.iter_lines():
-                    if raw.strip():
-                        yield json.loads(raw)
+                    if not raw.strip():
+                        continue
+                    line = json.loads(raw)
+                    if line.get("type") == "session_error" and "cursor" not in line:
+                        raise ApiError(
+                            f"the stream of {session_id} stopped after cursor {cursor}: {line.get('message')}",
+                            code=str(line.get("code") or Code.API_ERROR),
+                        )
+                    cursor = max(cursor, int(line.get("cursor") or 0))
+                    yield line
         except httpx.HTTPError as exc:
             raise ApiError(f"stream of {session_id} broke: {exc}", code=Code.CONNECT) from exc
 

@@ -23,8 +23,11 @@ def stored_records(client: Any, keys: SessionKeys) -> list[tuple[int, dict[bytes
 def stored_lines(client: Any, keys: SessionKeys, session_id: str, *, newest: bool = False) -> list[bytes]:
     """The session's lines as stored (JSON bytes), in cursor order; with `newest`, only the
     newest entry's (the last of them is the newest line)."""
-    entries = client.xrevrange(keys.ui, count=1) if newest else client.xrange(keys.ui)
-    return [text for _, text in expand(session_id, [(int(i.split(b"-", 1)[0]), f) for i, f in entries], 0)]
+    stored = client.xrevrange(keys.ui, count=1) if newest else client.xrange(keys.ui)
+    entries = [(int(i.split(b"-", 1)[0]), f) for i, f in stored]
+    # The newest entry alone: its lines are read from its first on.
+    after = int(entries[0][1].get(b"f", entries[0][0])) - 1 if newest and entries else 0
+    return [text for _, text in expand(session_id, entries, after)]
 
 
 def unpacked(key: bytes, field: bytes, value: bytes) -> bytes:
