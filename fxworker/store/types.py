@@ -224,7 +224,7 @@ class WorkerMark:
     worker_id: str
     agents: tuple[str, ...]
     expires_ms: int
-    idle_since_ms: int | None = None
+    free_since_ms: int | None = None
     took_sent_ms: int = 0
     host: str = ""
     pid: int = 0
