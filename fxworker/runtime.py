@@ -172,6 +172,8 @@ class LoopThread:
             log.debug("closing the shared HTTP client failed", exc_info=True)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self.loop.close()  # its selector and self-pipe: a process that starts and stops loops keeps no descriptors
 
     def kill(self) -> None:
         """Stops the loop abruptly, as a crash would: nothing more runs, no finally blocks.
