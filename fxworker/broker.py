@@ -27,6 +27,14 @@ place a message is received (`Channel._brpop_read`):
   unacked bookkeeping after it: raised as a connection error, which Celery answers by
   reconnecting with its backoff, for ever, instead of exiting. A message popped whose
   bookkeeping failed is lost to the broker only: its session keeps its ready mark.
+
+A replica in the primary's place (a failover without Sentinel, or a URL on a replica)
+answers PING, so a reconnect "succeeds" at once and the next bookkeeping write fails
+again: the worker would reconnect a few hundred times a second, each with its log lines,
+until Celery's restart limit (5 a second). So a channel opens only on a primary
+(`INFO replication`): on a replica its opening fails with `ReadOnlyError`, a connection
+error Celery retries with its growing interval (2 s up to 30 s), and the worker says so
+once, and once more when the primary is back.
 """
 
 from __future__ import annotations
@@ -124,6 +132,13 @@ class Channel(kombu_redis.Channel):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._fx_conninfo = self.connection.client
+        try:
+            _refuse_a_replica(self.client)
+        except Exception:
+            # As kombu does when its PING fails, and out of the poller it joined after it.
+            self.connection.cycle.discard(self)
+            self._disconnect_pools()
+            raise
 
     def _brpop_read(self, **options: Any) -> bool:
         """kombu's receive, surviving error replies and bytes that are not a message."""
@@ -192,6 +207,29 @@ class Transport(kombu_redis.Transport):
 
     Channel = Channel
     connection_errors = (*kombu_redis.Transport.connection_errors, OutOfMemoryError, ReadOnlyError)
+
+
+_on_replica = False  # whether the last channel this process opened found a replica (logged once)
+
+
+def _refuse_a_replica(client: Any) -> None:
+    """Raises `ReadOnlyError` (a connection error here) when `client`'s Redis is a replica."""
+    global _on_replica
+    try:
+        info = client.info("replication")
+    except ResponseError:
+        return  # INFO refused (a restricted command): the first write will tell
+    if str(info.get("role", "master")) not in ("slave", "replica"):
+        if _on_replica:
+            _on_replica = False
+            log.warning("the broker is a primary again: consuming")
+        return
+    if not _on_replica:
+        _on_replica = True
+        log.warning("the broker is a read-only replica (of %s:%s): waiting for a primary, retrying with backoff; "
+                    "point the broker URL at the primary, or use Sentinel, which follows a failover",
+                    info.get("master_host", "?"), info.get("master_port", "?"))
+    raise ReadOnlyError("the broker is a read-only replica, not a primary")
 
 
 def _reconnect(exc: ResponseError, what: str) -> RedisConnectionError:

@@ -8,11 +8,16 @@ serve.
   gone is refused `FX_SESSION_INCOMPLETE`, one gone whole is lost), unless
   `FX_ALLOW_EVICTION=1`, which starts with one warning;
 - `FX_ACK=aof` on a Redis without `WAITAOF` (older than 7.2) or with `appendonly no`;
-- `FX_ACK=replica` with no replica connected.
+- `FX_ACK=replica` with no replica connected;
+- a store or broker URL that names a read-only replica (every write would be refused: point
+  the URL at the primary, or name it through Sentinel, which follows failovers);
+- a Redis Cluster whose `cluster_state` is not `ok` on some node (slots no node serves).
 
-Read with one `INFO` per primary (which managed Redis allows where `CONFIG` is disabled). A
-store that does not answer is not refused here: the processes start and wait for it as at
-any outage.
+Read with one `INFO` per primary (which managed Redis allows where `CONFIG` is disabled) and
+one `CLUSTER INFO` per primary of a cluster. A store that does not answer is not refused
+here: the processes start and wait for it as at any outage; nor is a Sentinel-named primary
+caught mid-failover, which the client follows. `write_refusal` and `cluster_refusal` read
+the same answers for `/healthz` (web/health.py).
 """
 
 from __future__ import annotations
@@ -29,6 +34,47 @@ from ._boundary import client_factories, is_cluster
 from ..urls import StoreAddress, masked, parse_store_url
 
 log = logging.getLogger("fxworker.store")
+
+REPLICA_ROLES = frozenset({"slave", "replica"})  # `role` in INFO replication of a read-only replica
+
+
+def write_refusal(info: Mapping[str, Any], *, min_replicas_to_write: int | None = None) -> str | None:
+    """Why the Redis whose `INFO replication` is `info` refuses every write now, or None;
+    names no address (it reaches HTTP clients).
+
+    A replica answers READONLY. A primary under `min-replicas-to-write` answers NOREPLICAS
+    while fewer replicas are in reach: INFO shows `min_slaves_good_slaves` only when that
+    setting is on, so none good is a refusal whatever `min_replicas_to_write` (CONFIG GET,
+    None where CONFIG is disabled) says; more than none is one only under a known setting.
+    A full Redis (OOM) is not a refusal here: reads serve, and writes answer `FX_STORE_FULL`.
+    """
+    if str(info.get("role", "master")) in REPLICA_ROLES:
+        return "the store is a read-only replica: writes are refused (READONLY)"
+    good = info.get("min_slaves_good_slaves")
+    if good is None:
+        return None
+    needed = max(1, min_replicas_to_write or 0)
+    if int(good) < needed:
+        return (f"the store refuses writes (NOREPLICAS): {int(good)} replica(s) in reach, "
+                f"min-replicas-to-write is {min_replicas_to_write or 'at least 1'}")
+    return None
+
+
+def cluster_refusal(info: Mapping[str, Any]) -> str | None:
+    """Why a Redis Cluster node whose `CLUSTER INFO` is `info` refuses commands (CLUSTERDOWN),
+    or None: its `cluster_state` is not `ok` (some slots have no node serving them)."""
+    state = str(info.get("cluster_state", "ok"))
+    if state == "ok":
+        return None
+    return (f"the Redis Cluster is down (cluster_state:{state}, {info.get('cluster_slots_ok', '?')} of 16384 "
+            "slots served)")
+
+
+def _replica_problem(where: str, info: Mapping[str, Any], url_name: str) -> str:
+    primary = f"{info.get('master_host', '?')}:{info.get('master_port', '?')}"
+    return (f"{where} is a read-only replica (of {primary}, link {info.get('master_link_status', '?')}): it refuses "
+            f"every write. Point {url_name} at the primary, or use Sentinel (redis+sentinel://host:26379,"
+            "host:26379/<master>/0), which follows the primary through a failover")
 
 
 def server_problems(info: Mapping[str, Any], settings: Settings) -> list[str]:
@@ -58,8 +104,9 @@ def server_problems(info: Mapping[str, Any], settings: Settings) -> list[str]:
 def check_server(settings: Settings) -> list[str]:
     """What keeps the store and the broker `settings` name from serving: `server_problems`
     of the store's server (each primary of a cluster), a store URL the server contradicts
-    (`redis+cluster://` on a server not in cluster mode), a broker URL fxworker cannot run
-    on or that does not answer. A store that does not answer is not refused: the processes
+    (`redis+cluster://` on a server not in cluster mode), a plain URL on a read-only replica,
+    a cluster whose `cluster_state` is not ok, a broker URL fxworker cannot run on, on a
+    replica, or that does not answer. A store that does not answer is not refused: the processes
     start and wait for it as at any outage. Logs the one warning `FX_ALLOW_EVICTION=1`
     starts with."""
     problems: list[str] = []
@@ -69,6 +116,12 @@ def check_server(settings: Settings) -> list[str]:
         except FxConfigError as exc:
             return [f"FX_STORE_URL: {exc}"]
         infos = _store_infos(address, problems)
+        if address.kind == "redis" and infos and str(infos[0][1].get("role", "master")) in REPLICA_ROLES:
+            # A primary Sentinel names may be caught mid-failover (the client follows it);
+            # a plain URL on a replica stays one.
+            problems.append(_replica_problem(f"the store at {masked(address.url)}", infos[0][1],
+                                             "REDIS_URL (or FX_STORE_URL)"))
+            infos = []  # what else it says is moot
         for where, info in infos:
             found = server_problems(info, settings)
             problems += [f"{where}: {p}" if where else p for p in found]
@@ -100,6 +153,11 @@ def _store_infos(address: StoreAddress, problems: list[str]) -> list[tuple[str, 
                 return [("", client.info())]
             from redis.cluster import RedisCluster
 
+            down = _cluster_down(client)
+            if down:
+                problems.append(f"the store at {masked(address.url)}: {down}: bring back or replace the failed "
+                                "primaries (or add replicas that take over) until CLUSTER INFO says cluster_state:ok")
+                return []
             replies = client.info(target_nodes=RedisCluster.PRIMARIES)
             if not isinstance(replies, dict) or "redis_version" in replies:
                 return [("", replies)]
@@ -111,9 +169,24 @@ def _store_infos(address: StoreAddress, problems: list[str]) -> list[tuple[str, 
         return []
 
 
+def _cluster_down(client: Any) -> str | None:
+    """`cluster_refusal` of the first primary that says the cluster is down, with its address;
+    a primary that does not answer is skipped (the others say whether its slots are lost)."""
+    for node in client.get_primaries():
+        try:
+            info = node.redis_connection.execute_command("CLUSTER INFO")
+        except RedisError:
+            continue
+        down = cluster_refusal(info)
+        if down:
+            return f"{down} on node {node.name}"
+    return None
+
+
 def broker_problems(settings: Settings) -> list[str]:
     """What keeps the broker `FX_BROKER_URL` (default `REDIS_URL`) names from carrying wakes:
-    a URL fxworker cannot run on, a Redis Cluster (kombu runs on one Redis), no answer."""
+    a URL fxworker cannot run on, a Redis Cluster (kombu runs on one Redis), a read-only
+    replica (said once when the store's URL is the same), no answer."""
     if not settings.broker_url:
         return []
     from ..broker import broker_config
@@ -127,6 +200,12 @@ def broker_problems(settings: Settings) -> list[str]:
                 "FX_BROKER_URL to a standalone (or Sentinel-managed) Redis or to RabbitMQ (amqp://)"]
     if broker.kind == "memory":
         return []
+    if broker.kind == "redis":
+        info = _replication_or_none(broker.url)
+        if info is not None and str(info.get("role", "master")) in REPLICA_ROLES:
+            if settings.broker_url == settings.store_url:
+                return []  # the store's check says it
+            return [_replica_problem(f"the broker at {masked(broker.url)}", info, "FX_BROKER_URL (default REDIS_URL)")]
     from kombu.connection import Connection
 
     conn = Connection(broker.url, transport=broker.transport, transport_options=broker.options,
@@ -139,3 +218,16 @@ def broker_problems(settings: Settings) -> list[str]:
     finally:
         conn.release()
     return []
+
+
+def _replication_or_none(url: str) -> Mapping[str, Any] | None:
+    """`INFO replication` of the Redis at `url`, or None when it does not answer (said later)."""
+    import redis as redis_py
+
+    client = redis_py.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
+    try:
+        return dict(client.info("replication"))
+    except RedisError:
+        return None
+    finally:
+        client.close()

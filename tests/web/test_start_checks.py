@@ -123,3 +123,72 @@ def test_a_redis_cluster_is_no_broker_but_a_store() -> None:
             broker.close()
     finally:
         cluster.close()
+
+
+@pytest.fixture(scope="module")
+def replica(plain: RedisServer) -> Iterator[RedisServer]:
+    """A read-only replica of `plain`, made one with `REPLICAOF`."""
+    import redis
+
+    server = RedisServer()
+    client = redis.Redis(port=server.port)
+    client.replicaof("127.0.0.1", str(plain.port))
+    client.close()
+    yield server
+    server.close()
+
+
+CELERY = ["-m", "celery", "-A", "fxworker.celery_app", "worker", "-P", "threads", "-c", "1",
+          "--without-gossip", "--without-mingle"]
+
+
+@pytest.mark.parametrize("command", [WEB, WORKER, CELERY], ids=["fx-web", "fx-worker", "celery"])
+def test_a_replica_as_the_store_stops_the_processes(replica: RedisServer, plain: RedisServer,
+                                                    command: list[str]) -> None:
+    done = _run(command, replica.url)
+    said = done.stdout + done.stderr
+    assert done.returncode == 2, said[-3000:]
+    assert f"127.0.0.1:{replica.port}" in said and "read-only replica" in said, said[-3000:]
+    assert f"127.0.0.1:{plain.port}" in said and "at the primary" in said and "Sentinel" in said, said[-3000:]
+
+
+def test_a_replica_as_the_broker_stops_the_worker(replica: RedisServer, plain: RedisServer) -> None:
+    done = _run(WORKER, plain.url, FX_BROKER_URL=replica.url)
+    assert done.returncode == 2, done.stderr
+    assert f"the broker at redis://127.0.0.1:{replica.port}/0 is a read-only replica" in done.stderr, done.stderr
+    assert "FX_BROKER_URL" in done.stderr
+
+
+@pytest.mark.cluster
+def test_a_cluster_that_is_down_stops_the_processes() -> None:
+    """A primary killed (no replica to take over): its slots have no node, the others say
+    `cluster_state:fail`, and every write to those slots would be CLUSTERDOWN."""
+    from tests.support.redis_topology import RedisClusterProcesses
+    from tests.support.workers import wait_until
+
+    cluster = RedisClusterProcesses(primaries=3, node_timeout_ms=500)
+    broker = RedisServer()
+    try:
+        cluster.nodes[1].stop(kill=True)
+
+        def says_fail() -> bool:
+            import redis
+
+            client = redis.Redis(port=cluster.nodes[0].port)
+            try:
+                return bool(client.cluster("info")["cluster_state"] == "fail")
+            finally:
+                client.close()
+
+        wait_until(says_fail, 20, what="cluster_state:fail")
+        for command in (WEB, WORKER):
+            done = _run(command, broker.url, FX_STORE_URL=cluster.url)
+            assert done.returncode == 2, done.stderr
+            assert "cluster_state:fail" in done.stderr and "bring back or replace" in done.stderr, done.stderr
+        cluster.nodes[1].start()
+        cluster.wait_ok(30)
+        done = _run(WORKER, broker.url, FX_STORE_URL=cluster.url)
+        assert done.returncode == 0, done.stderr
+    finally:
+        broker.close()
+        cluster.close()
