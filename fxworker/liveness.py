@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from .ids import now_ms
 from .store import RedisStore
-from .store.types import WorkerMark
+from .store.types import LAYOUT_LEVEL, WorkerMark
 
 log = logging.getLogger("fxworker.liveness")
 
@@ -91,6 +91,14 @@ class Service:
             return True  # a later wake of its queue started: this one is not coming
         idle = self.free_since_ms
         return idle is not None and now - max(idle, woken_ms) >= FREE_PROOF_MS
+
+
+def layout_all_read(marks: Iterable[WorkerMark], *, own: int = LAYOUT_LEVEL) -> int:
+    """The newest stored layout level every live process reads (`own` at most): the gate a
+    writer of a new layout consults, so that no live process of an older release meets
+    what it cannot read (docs/operations.md, "Upgrading"). A process of a release before
+    the marks announced `reads` counts as level 1."""
+    return min([own, *(mark.reads for mark in marks)])
 
 
 def served_by(marks: Iterable[WorkerMark]) -> dict[str, Service]:

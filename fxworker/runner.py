@@ -45,7 +45,7 @@ from opentelemetry import trace
 
 from fxengine.codes import Code
 from fxengine.engine import Engine, create_engine
-from fxengine.errors import FxError, FxInputError
+from fxengine.errors import FxError, FxInputError, FxJournalVersionError
 from fxengine.limits import prompt_text
 from fxengine.providers.credentials import mask_secret
 from fxengine.turn import Turn, TurnResult
@@ -59,7 +59,7 @@ from .protocol import Outcome, RunResult, WorkerAgent
 from .runtime import StopSignal
 from .store import RedisStore
 from .store.persistence import LineWriter, StorePersistence, retry_unavailable
-from .store.types import Claim, Idle, Input, Released, Serving, Unserved
+from .store.types import LAYOUT_LEVEL, Claim, Idle, Input, Newer, Released, Serving, Unserved
 from .watch import InboxWatcher
 
 log = logging.getLogger("fxworker.runner")
@@ -80,6 +80,7 @@ class Stopped(enum.Flag):
     CUT_OFF = enum.auto()  # the delivery's hard deadline cut the turn off
     STORE_LOST = enum.auto()  # the store stayed away past the lease: the next delivery resumes
     REQUEUE = enum.auto()  # the rest goes to a new delivery (not a deadline yield)
+    NEWER = enum.auto()  # a stored layout this process cannot read: let go for a newer one
 
 
 class Unsettled(Exception):
@@ -174,6 +175,10 @@ class Runner:
         outcome = await self._run_claimed(claim)
         if outcome == Outcome.FENCED:
             return outcome
+        if Stopped.NEWER in self.stopped:
+            # Nothing of it ends here: only a process that reads the newer layout claims it next.
+            self.released = await self._release(cutoff=False, newer=LAYOUT_LEVEL + 1)
+            return Outcome.NOOP
         if outcome == Outcome.UNSETTLED:
             # Not released: the lease expires unrenewed, the sweeper's next claim counts a
             # death, and the third one ends the turn or input (claim.lua).
@@ -213,6 +218,12 @@ class Runner:
             # Owned by an agent no agent of this store here is: nothing was taken (§7).
             self.owner, self.unserved = claim.agent, claim
             return Outcome.MISROUTED
+        if isinstance(claim, Newer):
+            # A holder before met a stored layout this process cannot read either: nothing
+            # was taken, and a process of a newer release takes the session.
+            log.warning("%s needs a process that reads stored layout %s (this one reads %s): left to it",
+                        self.session_id, claim.level, LAYOUT_LEVEL)
+            return Outcome.NOOP
         if isinstance(claim, Idle):
             # A second wake of work done already (the release's own wake and the sender's
             # both fire): nothing to run, and the session is left exactly as it is.
@@ -292,9 +303,9 @@ class Runner:
         self.deadline.reserve_ms = int(owner.reserve_s * 1000)
         return True
 
-    async def _release(self, *, cutoff: bool) -> Any:
+    async def _release(self, *, cutoff: bool, newer: int | None = None) -> Any:
         try:
-            return await self.store.release(self.session_id, self.epoch, cutoff=cutoff)
+            return await self.store.release(self.session_id, self.epoch, cutoff=cutoff, newer=newer)
         except FxLeaseLostError:
             self.emit("session.fenced", epoch=self.epoch)
         except Exception as exc:  # noqa: BLE001 - the work is stored; the lease expires on its own
@@ -424,8 +435,25 @@ class Runner:
             return await step
         except _STOPS:
             raise
+        except FxJournalVersionError as exc:
+            return await self._let_go_for_newer(exc, entry)
         except Exception as exc:  # noqa: BLE001 - every failure ends in a defined state
             return await self._end_failed(exc, entry)
+
+    async def _let_go_for_newer(self, exc: FxJournalVersionError, entry: Input | None) -> Outcome:
+        """A stored layout written by a newer release (a downgrade, or a rolling deploy that
+        went back): nothing is ended or dropped; the session is let go so that only a process
+        that reads it claims it next (`_run`; claim.lua answers older ones `newer`)."""
+        log.error("%s holds a stored layout this process cannot read (%s): %s; it is left for a newer process",
+                  self.session_id, exc.code, exc)
+        self.emit("session.newer", epoch=self.epoch, reads=LAYOUT_LEVEL, error=self._error_of(exc))
+        if self.turn is not None:
+            self.turn.detach()
+            self.turn = None
+        if entry is not None:
+            self.pending.appendleft(entry)
+        self.stopped |= Stopped.NEWER
+        return Outcome.YIELDED
 
     async def _settled(self, ending: Awaitable[Outcome]) -> Outcome:
         """Awaits the write that ends a turn or input; `Unsettled` when it cannot be stored."""

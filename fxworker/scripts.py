@@ -441,6 +441,7 @@ def clear_ready(index: IndexKeys, *, session_id: str, older_than_ms: int, forget
 def claim(
     keys: SessionKeys, *, holder: str, lease_ms: int, now_ms: int, only_work: bool = False,
     agents: Sequence[str] = (), give_up_ms: int = 0, retry_max_ms: int = 0, outage_ms: int = 0,
+    reads: int | None = None,
 ) -> Call:
     """claim.lua: take the lease when no live one stands; bumps the epoch; reads the session.
 
@@ -448,10 +449,11 @@ def claim(
     left as it is (reply `idle`). With `agents`, a session another agent owns is not
     claimed (reply `unserved`) until it waited `give_up_ms` (then `give_up` is set).
     `outage_ms`: when the caller last met a store outage; a takeover from a holder silent
-    since before it counts no death.
+    since before it counts no death. `reads`: the newest layout level the caller reads; a
+    session a holder let go for a newer one is not claimed below it (reply `newer`).
     """
     args: list[Arg] = [holder, lease_ms, now_ms, "1" if only_work else "0",
-                       ",".join(agents), give_up_ms, retry_max_ms, outage_ms]
+                       ",".join(agents), give_up_ms, retry_max_ms, outage_ms, "" if reads is None else reads]
     return Call(SCRIPTS["claim"], keys.names, args)
 
 
@@ -494,7 +496,7 @@ def renew(keys: SessionKeys, *, epoch: int, lease_ms: int, now_ms: int) -> Call:
 
 def release(
     keys: SessionKeys, *, epoch: int, cutoff: bool, now_ms: int, ttl_ms: int,
-    ready: IndexKeys | None = None, session_id: str = "",
+    ready: IndexKeys | None = None, session_id: str = "", newer: int | None = None,
 ) -> Call:
     """release.lua: let the session go, counting a deadline cut-off when `cutoff`.
 
@@ -502,7 +504,8 @@ def release(
     `session_id` out of the ready set.
     """
     names = keys.names if ready is None else [*keys.names, ready.names[0]]
-    return Call(SCRIPTS["release"], names, [epoch, "1" if cutoff else "0", now_ms, ttl_ms, session_id])
+    return Call(SCRIPTS["release"], names, [epoch, "1" if cutoff else "0", now_ms, ttl_ms, session_id,
+                                            "" if newer is None else newer])
 
 
 def save_checkpoint(

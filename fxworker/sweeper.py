@@ -28,6 +28,7 @@ from .liveness import PROCESS_COUNTER, Liveness, Service
 from .runtime import LoopThread
 from .settings import Settings
 from .store import RedisStore, default_store, store_clients
+from .store.types import LAYOUT_LEVEL
 from .wakers import Waker
 
 log = logging.getLogger("fxworker.sweeper")
@@ -112,6 +113,8 @@ class Sweeper:
         for r in ready:
             if r.reason == "held" or r.marked_ms > now - self.in_flight_ms:
                 continue
+            if r.newer is not None and r.newer > LAYOUT_LEVEL:
+                continue  # let go for a newer release: its own sweeper wakes it
             if served is not None and r.agent not in served:
                 # Nobody runs its agent: a wake would wait in a queue nobody reads. Its
                 # claim here records `noWorker`, and past the give-up ends its inputs.
@@ -155,7 +158,7 @@ class Sweeper:
                 self._held[sid] = (state.agent, state.lease_expires_ms)  # renewed
                 continue
             del self._held[sid]
-            if state is None or state.status != "waiting":
+            if state is None or state.status != "waiting" or (state.newer or 0) > LAYOUT_LEVEL:
                 continue
             if served is not None and state.agent not in served:
                 continue  # the next sweep settles it

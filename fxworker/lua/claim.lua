@@ -7,7 +7,11 @@
 --       6 give-up ms (with 5: how long a session may wait for an agent nobody runs)
 --       7 the longest wait between two wakes of such a session (ms)
 --       8 when the caller last met a store outage (ms; "0": never)
--- Returns {"held", holder, epoch, expires_ms} when a live lease stands, {"unknown"} for
+--       9 the newest stored layout level the caller reads ("" or absent: any)
+-- Returns {"newer", level} when a holder met a stored layout it could not read (meta
+-- `newer`, release.lua) and the caller reads below `level`: nothing is taken (epoch,
+-- counts and lease stay), the wake is spent, a newer process takes the session;
+-- {"held", holder, epoch, expires_ms} when a live lease stands, {"unknown"} for
 -- no such session, {"incomplete", key} for one with a key gone (_whole.lua),
 -- {"idle", epoch, agent} when ARGV[4] is "1", no lease is held, no turn is open
 -- and no input waits (a second wake of work a delivery already ran: nothing changes),
@@ -84,7 +88,7 @@ if l[4] == 'held' then
 end
 local m = redis.call('HMGET', meta, 'agent', 'head', 'ui', 'inbox', 'turn', 'turn_seq', 'yielded', 'cutoffs', 'deaths', 'cancel',
                        'turn_cursor', 'epoch', 'unserved_ms', 'unserved_n', 'expiring', 'unserved_next_ms', 'spared',
-                       'rest', 'through', 'woken', 'futile')
+                       'rest', 'through', 'woken', 'futile', 'newer')
 if not m[1] then
   if orphan_key() == 'meta' then return {'incomplete', 'meta'} end
   return {'unknown'}
@@ -98,6 +102,11 @@ if lost then
 end
 local turn = m[5] or ''
 local give_up = 0
+local reads = tonumber(ARGV[9] or '')
+if again == 0 and m[22] and reads and tonumber(m[22]) > reads then
+  if m[20] then redis.call('HDEL', meta, 'woken') end
+  return {'newer', tonumber(m[22])}
+end
 -- After the script's first write that memory may refuse, so a full Redis still refuses
 -- the claim whole (a write made first would let every later one through).
 local function took_wake() if m[20] then redis.call('HDEL', meta, 'woken') end end
@@ -132,6 +141,7 @@ end
 local expires = now_ms + lease_ms
 redis.call('HSET', lease, 'holder', holder, 'epoch', epoch, 'expires_ms', string.format('%d', expires), 'state', 'held')
 took_wake()
+if m[22] then redis.call('HDEL', meta, 'newer') end  -- a process that reads it took it
 -- Claims since the session last made progress (append.lua restarts the count): a bound on
 -- any path that claims again and again without moving an input or a step on (§6).
 local futile = tonumber(m[21] or 0)

@@ -5,6 +5,9 @@
 --       11 ready (ZSET)             -- optional: standalone Redis only ({~index} slot)
 -- ARGV  1 epoch   2 cutoff ("1" the deadline cut off the open step)   3 now_ms
 --       4 ttl_ms ("0" keeps finished sessions)   5 session id (the ready set's member)
+--       6 newer: "" or a layout level; the holder met a stored layout it cannot read, so
+--         only a process reading that level may claim the session next (meta `newer`,
+--         claim.lua); nothing of it is ended
 -- Returns {"ok", released_now(0|1), cutoffs, pending} | {"fenced", lease_epoch, lease_state, lease_expires_ms}
 --   pending: inputs still waiting at the release (one accepted while the lease was held
 --   found it held, so its wake did nothing: the releaser wakes the session again).
@@ -33,6 +36,7 @@ local cutoffs = tonumber(m[2] or 0)
 local waiting = redis.call('ZCARD', pending)
 if l[2] ~= 'held' then return {'ok', 0, cutoffs, waiting} end
 redis.call('HSET', lease, 'state', 'released', 'expires_ms', 0)
+if (ARGV[6] or '') ~= '' then redis.call('HSET', meta, 'newer', ARGV[6]) end
 local turn = m[1] or ''
 if ARGV[2] == '1' and turn ~= '' then cutoffs = redis.call('HINCRBY', meta, 'cutoffs', 1) end
 if turn == '' and waiting == 0 then at_rest(ttl_ms, KEYS[11], ARGV[5]) end

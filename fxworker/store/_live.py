@@ -51,6 +51,7 @@ def _heartbeat(core: StoreCore, mark: WorkerMark) -> Op[None]:
     body = json.dumps({
         "v": MARK_VERSION, "agents": list(mark.agents), "expiresMs": mark.expires_ms,
         "freeSinceMs": mark.free_since_ms, "tookSentMs": mark.took_sent_ms, "host": mark.host, "pid": mark.pid,
+        "reads": mark.reads,
     }, separators=(",", ":"))
     steps: list[Step] = [Command(("HSET", key, mark.worker_id, body), key=key),
                          Command(("PEXPIRE", key, mark.expires_ms - core.now(None) + LIVE_KEY_TTL_MS), key=key)]
@@ -99,8 +100,11 @@ def parse_mark(worker_id: str, value: bytes | str) -> WorkerMark | None:
                 and isinstance(body["expiresMs"], int) and (idle is None or isinstance(idle, int))
                 and isinstance(body["tookSentMs"], int)):
             raise ValueError("a field has the wrong type")
+        reads = body.get("reads", 1)
+        if not isinstance(reads, int):
+            raise ValueError("reads is not a layout level")
         return WorkerMark(worker_id, tuple(agents), body["expiresMs"], idle, body["tookSentMs"],
-                          str(body.get("host", "")), int(body.get("pid", 0)))
+                          str(body.get("host", "")), int(body.get("pid", 0)), reads)
     except (ValueError, KeyError, TypeError) as exc:
         _skip(f"malformed: {exc}", worker_id, "malformed")
         return None

@@ -122,7 +122,7 @@ def _session_state(
             return None
         raise r.incomplete(session_id, reply[1])
     (_, agent, created_ms, ui, turns, turn, last_turn, pending, cancel, holder, epoch, expires, lease_state, head,
-     _yielded, unserved_ms, unserved_next_ms, woken_ms) = reply
+     _yielded, unserved_ms, unserved_next_ms, woken_ms, newer) = reply
     live = lease_state == b"held" and int(expires) > now_ms
     open_turn = r.text(turn) or None
     if not (open_turn or int(pending)):
@@ -149,6 +149,7 @@ def _session_state(
         unserved_since_ms=int(unserved_ms) or None,
         unserved_next_ms=int(unserved_next_ms) or None,
         woken_ms=int(woken_ms) or None,
+        newer=int(newer) or None,
     )
 
 
@@ -255,7 +256,8 @@ def _ready_from(
         if state.status == "waiting":
             reason = "open_turn" if state.open_turn else "pending"
             ready.append(ReadySession(sid, state.agent, reason, marked_ms,  # type: ignore[arg-type]
-                                      unserved_next_ms=state.unserved_next_ms, woken_ms=state.woken_ms))
+                                      unserved_next_ms=state.unserved_next_ms, woken_ms=state.woken_ms,
+                                      newer=state.newer))
         elif include_held:
             ready.append(ReadySession(sid, state.agent, "held", marked_ms, state.lease_expires_ms))
     return ready

@@ -24,9 +24,11 @@ from .types import (
     CHECKPOINT_MAX_BYTES,
     Appended,
     Claim,
+    LAYOUT_LEVEL,
     Idle,
     Input,
     Mark,
+    Newer,
     OpenTurn,
     Released,
     Serving,
@@ -41,8 +43,8 @@ INBOX_PAGE_ENTRIES = 256
 
 def _claim(
     core: StoreCore, session_id: str, *, holder: str, lease_ms: int, now_ms: int | None = None,
-    only_work: bool = False, serving: Serving | None = None,
-) -> Op[Claim | Idle | Unserved | None]:
+    only_work: bool = False, serving: Serving | None = None, reads: int | None = LAYOUT_LEVEL,
+) -> Op[Claim | Idle | Unserved | Newer | None]:
     """Takes the lease when none is live (none held, or expired by `now_ms`).
 
     Returns None when another holder's lease stands. The epoch goes up by one; the
@@ -59,11 +61,11 @@ def _claim(
     call = scripts.claim(
         core.keys(session_id), holder=holder, lease_ms=int(lease_ms), now_ms=core.now(now_ms), only_work=only_work,
         agents=serving.agents if serving else (), give_up_ms=serving.give_up_ms if serving else 0,
-        retry_max_ms=serving.retry_max_ms if serving else 0, outage_ms=core.outage_ms,
+        retry_max_ms=serving.retry_max_ms if serving else 0, outage_ms=core.outage_ms, reads=reads,
     )
     steps: list[Step] = [call, *core.ack_steps()]
 
-    def parse(replies: list[Any]) -> Claim | Idle | Unserved | None:
+    def parse(replies: list[Any]) -> Claim | Idle | Unserved | Newer | None:
         claimed = _claimed(replies[0], session_id=session_id, holder=holder)
         if isinstance(claimed, Claim) and len(replies) > 1:
             # A claim only one node has can be lost in a failover, and the next claim on
@@ -75,10 +77,12 @@ def _claim(
     return Op(steps, parse)
 
 
-def _claimed(reply: list[Any], *, session_id: str, holder: str) -> Claim | Idle | Unserved | None:
+def _claimed(reply: list[Any], *, session_id: str, holder: str) -> Claim | Idle | Unserved | Newer | None:
     word = reply[0]
     if word == b"held":
         return None
+    if word == b"newer":
+        return Newer(int(reply[1]))
     if word == b"idle":
         return Idle(int(reply[1]), r.text(reply[2]))
     if word == b"unserved":
@@ -246,12 +250,15 @@ def _renew(core: StoreCore, session_id: str, epoch: int, *, lease_ms: int, now_m
 
 
 def _release(
-    core: StoreCore, session_id: str, epoch: int, *, cutoff: bool = False, now_ms: int | None = None
+    core: StoreCore, session_id: str, epoch: int, *, cutoff: bool = False, now_ms: int | None = None,
+    newer: int | None = None,
 ) -> Op[Released]:
-    """Lets the session go. `cutoff=True` counts one more deadline cut-off of the open step (§6)."""
+    """Lets the session go. `cutoff=True` counts one more deadline cut-off of the open step (§6);
+    `newer`: the holder met a stored layout it cannot read, so only a process reading that
+    level claims the session next (nothing of it is ended)."""
     call = scripts.release(
         core.keys(session_id), epoch=int(epoch), cutoff=cutoff, now_ms=core.now(now_ms), ttl_ms=core.ttl_ms,
-        ready=None if core.cluster else core.index, session_id=session_id,
+        ready=None if core.cluster else core.index, session_id=session_id, newer=newer,
     )
 
     def parse(replies: list[Any]) -> Released:

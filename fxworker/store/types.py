@@ -14,6 +14,12 @@ InboxKind = Literal["prompt", "steer", "cancel"]
 MessageStatus = Literal["waiting", "running", "done"]
 SessionStatus = Literal["idle", "waiting", "running"]
 
+# The newest stored layout level this release reads (and the one it writes): journal
+# records `FXJ` of fxengine's FORMAT_VERSION, checkpoints `FXZ\x01` (with their CRC),
+# line chunks of format 1 (with their checksum), live marks v1. A release that writes a
+# layout the previous one cannot read raises it (docs/operations.md, "Upgrading").
+LAYOUT_LEVEL = 1
+
 # The limits of docs/design.md §5 and §6, enforced inside the scripts.
 CHECKPOINT_MAX_BYTES = 4 * 1024 * 1024
 STEER_MAX_BYTES = 64 * 1024
@@ -153,6 +159,14 @@ class Unserved:
 
 
 @dataclass(frozen=True, slots=True)
+class Newer:
+    """`claim(reads=...)` found the session let go by a holder that met a stored layout it
+    could not read: only a process reading `level` or newer claims it. Nothing was taken."""
+
+    level: int
+
+
+@dataclass(frozen=True, slots=True)
 class Idle:
     """`claim(only_work=True)` found nothing to run (no turn open, no input waiting, no
     lease held) and took no lease: the epoch is unchanged. `agent` owns the session."""
@@ -209,6 +223,8 @@ class SessionState:
     unserved_next_ms: int | None = None
     # When the wake queued for it was sent, while no delivery has taken that wake (§7).
     woken_ms: int | None = None
+    # The layout level a claim must read (a holder let it go for a newer one), else None.
+    newer: int | None = None
 
     @property
     def has_work(self) -> bool:
@@ -228,6 +244,8 @@ class WorkerMark:
     took_sent_ms: int = 0
     host: str = ""
     pid: int = 0
+    # The newest stored layout level it reads (`LAYOUT_LEVEL` of its release).
+    reads: int = LAYOUT_LEVEL
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +264,8 @@ class ReadySession:
     unserved_next_ms: int | None = None
     # When its outstanding wake was queued (None: no wake waits for a delivery).
     woken_ms: int | None = None
+    # The layout level a claim must read (see `SessionState.newer`).
+    newer: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
