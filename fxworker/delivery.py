@@ -13,7 +13,8 @@ elsewhere — a duplicate or early wake —, nothing was left to run, or this wo
 fenced).
 
 A wake for a session whose owning agent this process does not run is passed on to that
-agent's queue when a live worker runs it (`liveness`: the workers' own marks), once, and
+agent's queue when a live worker runs it (`liveness`: the workers' own marks), once (a
+passed-on wake, reason `forward`, that misses again is not passed on again), and
 is otherwise dropped: the sweeper keeps such a session's `noWorker` state and, past
 `FX_NO_AGENT_GIVE_UP_S`, ends its inputs (§7). Nothing retries it through the broker.
 
@@ -118,7 +119,8 @@ async def _handle_wake(
             owner = registry.get_agent(result.owner) if result.owner else None
             if owner is None:
                 metrics.NO_AGENT_REFUSALS.inc()
-                if result.owner and await _forwarded(runner, session_id, result.owner):
+                # One hop: a passed-on wake that misses again is dropped, not passed on again.
+                if result.owner and reason != "forward" and await _forwarded(runner, session_id, result.owner):
                     return Outcome.NOOP
                 unserved = result.unserved
                 raise FxNoAgentError(
