@@ -28,6 +28,12 @@ place a message is received (`Channel._brpop_read`):
   reconnecting with its backoff, for ever, instead of exiting. A message popped whose
   bookkeeping failed is lost to the broker only: its session keeps its ready mark.
 
+Every reply to the receive (a message, or the empty reply of a BRPOP that timed out)
+ticks `POLLS`: since when this process has heard from its broker without a gap. A worker's
+live mark says it has a free slot only while it does (fxworker/liveness.py): a worker
+whose broker connection is down, or not back yet after a restart, takes nothing from its
+queues, so its free slots prove no wake lost.
+
 A replica in the primary's place (a failover without Sentinel, or a URL on a replica)
 answers PING, so a reconnect "succeeds" at once and the next bookkeeping write fails
 again: the worker would reconnect a few hundred times a second, each with its log lines,
@@ -58,6 +64,36 @@ from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 from .errors import FxConfigError
 from .keys import DEAD_LETTER_LIST
 from .urls import parse_store_url
+
+# Longest silence of the receive loop (BRPOP times out each second) that still counts as
+# consuming; a longer one starts `PollClock.since_ms` again.
+POLL_GAP_MS = 3000
+
+
+class PollClock:
+    """When this process's consumer last had a reply from the broker, and since when it has
+    had them with no gap longer than `POLL_GAP_MS`."""
+
+    def __init__(self) -> None:
+        self.last_ms = 0
+        self.since_ms = 0
+
+    def __repr__(self) -> str:
+        return f"<PollClock since_ms={self.since_ms} last_ms={self.last_ms}>"
+
+    def polled(self) -> None:
+        now = int(time.time() * 1000)
+        if now - self.last_ms > POLL_GAP_MS:
+            self.since_ms = now
+        self.last_ms = now
+
+    def consuming_since(self, now_ms: int) -> int | None:
+        """Since when the consumer has heard from the broker without a gap; None when it
+        has not in the last `POLL_GAP_MS` (or ever)."""
+        return self.since_ms if self.last_ms and now_ms - self.last_ms <= POLL_GAP_MS else None
+
+
+POLLS = PollClock()
 
 NAME = "fxworker.broker:Transport"
 SENTINEL_NAME = "fxworker.broker:SentinelTransport"
@@ -151,6 +187,7 @@ class Channel(kombu_redis.Channel):
             except ResponseError as exc:
                 self.client.connection.disconnect()
                 raise _reconnect(exc, "receiving") from exc
+            POLLS.polled()
             if not dest__item:
                 raise Empty()
             dest, item = dest__item

@@ -49,9 +49,12 @@ class DeliveryCounter:
     (thread-safe: Celery's task threads and the embedded loops count into one). A delivery
     that never finishes (its loop was killed) holds one slot, not the whole process."""
 
-    def __init__(self, capacity: int = 1 << 30) -> None:
+    def __init__(self, capacity: int = 1 << 30, consuming: Callable[[int], int | None] | None = None) -> None:
         self._lock = threading.Lock()
         self.capacity = capacity
+        # Since when its consumer has heard from the broker (None: not now); None for the
+        # embedded workers, whose wakes reach them with no broker.
+        self.consuming = consuming
         self.running = 0
         self.free_since_ms: int | None = now_ms()
         self.took_sent_ms = 0
@@ -73,6 +76,15 @@ class DeliveryCounter:
             self.running -= 1
             if self.free_since_ms is None and self.running < self.capacity:
                 self.free_since_ms = now_ms()
+
+    def free_since(self, now: int) -> int | None:
+        """Since when it has had a free slot and taken from its queues: None while full, or
+        while its consumer has not heard from the broker (down, or not back after a restart)."""
+        free = self.free_since_ms
+        if free is None or self.consuming is None:
+            return free
+        consuming = self.consuming(now)
+        return None if consuming is None else max(free, consuming)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +157,7 @@ class Liveness:
             return
         self._next_beat_ms = now + HEARTBEAT_MS
         counter = self.counter
-        await self.store.heartbeat(WorkerMark(self.worker_id, agents, now + MARK_TTL_MS, counter.free_since_ms,
+        await self.store.heartbeat(WorkerMark(self.worker_id, agents, now + MARK_TTL_MS, counter.free_since(now),
                                               counter.took_sent_ms, self.host, os.getpid()))
 
     async def served(self, now: int) -> dict[str, Service]:
@@ -154,7 +166,7 @@ class Liveness:
         counter = self.counter
         for agent in self.agents():
             if agent not in served:
-                served[agent] = Service(counter.free_since_ms, counter.took_sent_ms)
+                served[agent] = Service(counter.free_since(now), counter.took_sent_ms)
         return served
 
     async def forget(self) -> None:

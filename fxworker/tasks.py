@@ -36,6 +36,7 @@ from celery import signals
 from celery.exceptions import CPendingDeprecationWarning
 
 from . import embedded, metrics, registry, tracing
+from . import broker
 from .celery_app import app, pool_can_cancel
 from .delivery import handle_wake_blocking, settle_unserved
 from .errors import FxNoAgentError, FxStoreUnavailableError, FxUnknownSessionError
@@ -154,6 +155,10 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
     # The pool's size: a worker with a free slot takes what its queues hold (its live mark).
     PROCESS_COUNTER.capacity = int(getattr(getattr(sender, "controller", None), "concurrency", None)
                                    or settings.worker_concurrency)
+    # A free slot proves a queued wake lost only while the consumer hears from the broker
+    # (known on the Redis transports, whose receive ticks POLLS).
+    if app.conf.broker_transport in (broker.NAME, broker.SENTINEL_NAME):
+        PROCESS_COUNTER.consuming = broker.POLLS.consuming_since
     loop = process_loop()
     loop.build_http_clients()  # off the first turns' path (each takes a few ms)
     if _sweeper is None:
