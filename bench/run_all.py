@@ -38,6 +38,7 @@ from bench._harness import Row, fmt  # noqa: E402
 BENCHES: dict[str, tuple[str, list[str], int]] = {
     "store": ("store.py", [], 150),
     "cost": ("cost.py", [], 200),
+    "history_cost": ("history_cost.py", [], 150),
     "engine_decode": ("engine_decode.py", [], 120),
     "turn_start": ("turn_start.py", ["--turns", "60"], 120),
     "scale": ("scale.py", [], 240),

@@ -212,10 +212,24 @@ for k, v in pairs(changed) do flat[#flat + 1] = k; flat[#flat + 1] = v end
 redis.call('HSET', meta, unpack(flat))
 
 -- The `pack` chunks, when they are exactly the lines from the first one's first on (all
--- plain entries, each chunk's NDJSON with its SHA-1): the stream is rebuilt with the
--- entries before them and then the chunks (an id below the stream's last one cannot be
--- added back, so it is a new stream). Returns the lines packed (0: nothing changed).
--- fakeredis's Lua (the embedded store) has no redis.sha1hex: there Adler-32 is checked.
+-- plain entries, each chunk's NDJSON with its SHA-1), replace those entries: the work, the
+-- AOF and what replicas receive are bounded by the claim and one stream node, whatever the
+-- session's length. The entries are the stream's tail: they are deleted, the stream's last
+-- id is lowered below them (XSETID: Redis 7 allows any id not below its top remaining
+-- entry) and the chunks are added at their ids. Redis keeps a deleted entry in its node
+-- until every entry of the node is gone, so the entries before them that share the first
+-- one's node are deleted too, newest first, until XINFO's node count drops (a node holds
+-- at most stream-node-max-entries, 100 by default; past MOVE_MAX, on a server set to
+-- larger nodes, the node keeps the copies of those moved), and added back before the
+-- chunks: no deleted entry stays stored. A reader blocked at the end waits on: every id
+-- added is at most the last one it saw. Returns the lines packed (0: nothing changed).
+-- fakeredis's Lua (the embedded store) has no XSETID (its `redis.pcall` errors) and no
+-- redis.sha1hex: there the stream is rebuilt (DEL, every earlier entry added again, then
+-- the chunks; embedded sessions are small) and Adler-32 is checked.
+local MOVE_MAX = 128
+local MOVE_BATCH = 16  -- entries read at a time to move (a node holds ~15 chunks of a short turn)
+local XDEL_BATCH = 512  -- ids per XDEL (Lua's unpack limit)
+
 local function adler32(s)
   local a, b = 1, 0
   for i = 1, #s do
@@ -223,6 +237,16 @@ local function adler32(s)
     b = (b + a) % 65521
   end
   return b * 65536 + a
+end
+
+-- The stream's node count (XINFO's radix-tree-keys), nil where XINFO does not say.
+local function stream_nodes()
+  local info = redis.pcall('XINFO', 'STREAM', ui)
+  if type(info) ~= 'table' or info.err then return nil end
+  for n = 1, #info - 1, 2 do
+    if info[n] == 'radix-tree-keys' then return info[n + 1] end
+  end
+  return nil
 end
 
 local function pack_lines()
@@ -252,9 +276,38 @@ local function pack_lines()
     end
   end
   if k ~= #entries + 1 then return 0 end
-  local kept = redis.call('XRANGE', ui, '-', (from - 1) .. '-0')
-  redis.call('DEL', ui)
-  for _, e in ipairs(kept) do redis.call('XADD', ui, e[1], unpack(e[2])) end
+  local ids = {}
+  for n = from + 1, ui_last do
+    ids[#ids + 1] = n .. '-0'
+    if #ids == XDEL_BATCH then redis.call('XDEL', ui, unpack(ids)); ids = {} end
+  end
+  if #ids > 0 then redis.call('XDEL', ui, unpack(ids)) end
+  local nodes = stream_nodes()
+  redis.call('XDEL', ui, from .. '-0')
+  local lowered = redis.pcall('XSETID', ui, (from - 1) .. '-0')
+  local moved = {}
+  if type(lowered) == 'table' and lowered.err then
+    local kept = redis.call('XRANGE', ui, '-', '+')
+    redis.call('DEL', ui)
+    for _, e in ipairs(kept) do redis.call('XADD', ui, e[1], unpack(e[2])) end
+  elseif nodes ~= nil then
+    -- The node of the first line went with it, or the entries before it in that node go too.
+    local now = stream_nodes()
+    while now == nodes and #moved < MOVE_MAX do
+      local newest = redis.call('XREVRANGE', ui, '+', '-', 'COUNT', MOVE_BATCH)
+      if #newest == 0 then break end
+      for _, e in ipairs(newest) do
+        moved[#moved + 1] = e
+        redis.call('XDEL', ui, e[1])
+        nodes, now = now, stream_nodes()
+        if now ~= nodes or #moved == MOVE_MAX then break end
+      end
+    end
+    if #moved > 0 then
+      redis.call('XSETID', ui, (tonumber(string.match(moved[#moved][1], '^(%d+)')) - 1) .. '-0')
+      for m = #moved, 1, -1 do redis.call('XADD', ui, moved[m][1], unpack(moved[m][2])) end
+    end
+  end
   -- The checksum checked above goes with the chunk: a reader checks what it inflates.
   for _, c in ipairs(chunks) do
     if redis.sha1hex then

@@ -20,7 +20,7 @@
 -- marks it in the same script that stores the input, so no mark of work still to come is
 -- lost, and the sweeper does not read finished sessions again. Such a release also drops
 -- the consumed inbox and the idempotency keys, moves the log into one value (_rest.lua)
--- and rewrites the lines to their size (_at_rest.lua).
+-- and rewrites the lines to their size while they are few (_at_rest.lua).
 
 -- include: _rest.lua
 -- include: _at_rest.lua
