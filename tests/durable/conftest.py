@@ -6,7 +6,8 @@ Everything module-scoped: worker processes are started once per test module and 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -65,6 +66,34 @@ def model() -> Iterator[ScriptedModel]:
     with ScriptedModel() as m:
         m.responder = responder
         yield m
+
+
+@contextmanager
+def embedded_agent(
+    model: ScriptedModel, *, start_workers: bool = True, agent_tools: Sequence[Any] | None = None, **options: Any
+) -> Iterator[Any]:
+    """An agent on an embedded store of its own (the same Lua on fakeredis) with one
+    in-process worker, started now (`start_workers`) or left to the test; `a.prefix` is
+    its key prefix. Stops the workers and closes the agent after."""
+    from fxworker import Agent, Settings, embedded
+    from fxworker.embedded import InProcessWaker
+    from fxworker.store import embedded_store
+
+    prefix = f"fxe{uuid.uuid4().hex[:8]}"
+    a = Agent(
+        "default", model="scripted", provider=provider(model.base_url), api_key="test-key",
+        tools=tools() if agent_tools is None else list(agent_tools), store=embedded_store(prefix=prefix),
+        waker=InProcessWaker(start_workers=False), settings=Settings(lease_s=2.0, reserve_s=4.0, sweep_s=0.5),
+        **options,
+    )
+    a.prefix = prefix  # type: ignore[attr-defined]
+    if start_workers:
+        embedded.start_embedded_workers(1)
+    try:
+        yield a
+    finally:
+        embedded.stop_embedded_workers()
+        a.close()
 
 
 @pytest.fixture(scope="module")

@@ -7,42 +7,23 @@ claims and writes again without progress is a bug even when nothing is lost."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from fxengine.testing import ScriptedModel
-from fxworker import Agent, Settings, embedded
-from fxworker.embedded import InProcessWaker
-from fxworker.store import embedded_store
-from tests.durable.conftest import responder
-from tests.durable.tooling import provider, tools
+from fxworker import Agent, embedded
+from tests.durable.conftest import embedded_agent
 
 IDLE_TIMEOUT_S = 10.0
-
-
-@pytest.fixture(scope="module")
-def model() -> Iterator[ScriptedModel]:
-    with ScriptedModel() as m:
-        m.responder = responder
-        yield m
 
 
 @pytest.fixture
 def agent(model: ScriptedModel) -> Iterator[Agent]:
     """An agent whose wakes wait until the test starts a worker (none runs at first)."""
-    a = Agent(
-        "default", model="scripted", provider=provider(model.base_url), tools=tools(), api_key="test-key",
-        store=embedded_store(prefix=f"fxo{uuid.uuid4().hex[:8]}"), waker=InProcessWaker(start_workers=False),
-        settings=Settings(lease_s=2.0, reserve_s=4.0, sweep_s=0.5),
-    )
-    try:
+    with embedded_agent(model, start_workers=False) as a:
         yield a
-    finally:
-        embedded.stop_embedded_workers()
-        a.close()
 
 
 async def _idle(agent: Agent, session_id: str) -> Any:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,41 +18,20 @@ import pytest
 from fxengine.codes import Code
 from fxengine.errors import FxJournalError
 from fxengine.testing import ScriptedModel
-from fxworker import Agent, Settings, embedded
-from fxworker.embedded import InProcessWaker
+from fxworker import Agent, Settings
 from fxworker.errors import FxSessionIncompleteError
 from fxworker.keys import session_keys
-from fxworker.store import embedded_store
 from fxworker.store._packed import CHECKPOINT_MAGIC
 from fxworker.store.embedded import shared_server
-from tests.durable.conftest import responder
-from tests.durable.tooling import provider, tools
+from tests.durable.conftest import embedded_agent
 
 END_TIMEOUT_S = 15.0
 
 
-@pytest.fixture(scope="module")
-def model() -> Iterator[ScriptedModel]:
-    with ScriptedModel() as m:
-        m.responder = responder
-        yield m
-
-
 @pytest.fixture
 def agent(model: ScriptedModel) -> Iterator[Agent]:
-    prefix = f"fxd{uuid.uuid4().hex[:8]}"
-    a = Agent(
-        "default", model="scripted", provider=provider(model.base_url), tools=tools(), api_key="test-key",
-        store=embedded_store(prefix=prefix), waker=InProcessWaker(),
-        settings=Settings(lease_s=2.0, reserve_s=4.0, sweep_s=0.5),
-    )
-    a.prefix = prefix  # type: ignore[attr-defined]
-    embedded.start_embedded_workers(1)
-    try:
+    with embedded_agent(model) as a:
         yield a
-    finally:
-        embedded.stop_embedded_workers()
-        a.close()
 
 
 async def _at_rest(agent: Agent, text: str) -> tuple[Any, Any]:

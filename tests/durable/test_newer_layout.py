@@ -6,7 +6,6 @@ of claims without progress, no loop); a process that reads it takes the session 
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,43 +14,22 @@ import pytest
 
 from fxengine.journal.records import FORMAT_VERSION, decode_record, encode_record
 from fxengine.testing import ScriptedModel
-from fxworker import Agent, Settings, embedded
-from fxworker.embedded import InProcessWaker
+from fxworker import Agent
 from fxworker.keys import session_keys
-from fxworker.store import embedded_store
 from fxworker.store._packed import pack_checkpoint, unpack_checkpoint
 from fxworker.store.embedded import shared_server
 from fxworker.store.types import LAYOUT_LEVEL, Claim, Newer
-from tests.durable.conftest import responder
-from tests.durable.tooling import provider, tools
+from tests.durable.conftest import embedded_agent
 
 END_TIMEOUT_S = 10.0
 
 
-@pytest.fixture(scope="module")
-def model() -> Iterator[ScriptedModel]:
-    with ScriptedModel() as m:
-        m.responder = responder
-        yield m
-
-
 @pytest.fixture
 def agent(model: ScriptedModel) -> Iterator[Agent]:
-    prefix = f"fxn{uuid.uuid4().hex[:8]}"
     events: list[dict[str, Any]] = []
-    a = Agent(
-        "default", model="scripted", provider=provider(model.base_url), tools=tools(), api_key="test-key",
-        store=embedded_store(prefix=prefix), waker=InProcessWaker(), on_event=events.append,
-        settings=Settings(lease_s=2.0, reserve_s=4.0, sweep_s=0.5),
-    )
-    a.prefix = prefix  # type: ignore[attr-defined]
-    a.events = events  # type: ignore[attr-defined]
-    embedded.start_embedded_workers(1)
-    try:
+    with embedded_agent(model, on_event=events.append) as a:
+        a.events = events  # type: ignore[attr-defined]
         yield a
-    finally:
-        embedded.stop_embedded_workers()
-        a.close()
 
 
 async def test_a_newer_checkpoint_is_left_for_a_newer_process_with_nothing_ended(agent: Agent) -> None:

@@ -17,11 +17,8 @@ import pytest
 
 from fxengine.testing import Reply, ScriptedModel, text, tool_call
 from fxengine.tools import Tool
-from fxworker import Agent, Settings, embedded
-from fxworker.embedded import InProcessWaker
-from fxworker.store import embedded_store
-from tests.durable.conftest import last_message_text
-from tests.durable.tooling import provider
+from fxworker import Agent
+from tests.durable.conftest import embedded_agent, last_message_text
 
 IDLE_TIMEOUT_S = 10.0
 
@@ -56,18 +53,9 @@ def model() -> Iterator[ScriptedModel]:
 def agent(model: ScriptedModel) -> Iterator[Agent]:
     tools = [Tool("wait", "Waits until the turn is cancelled.", {"type": "object", "properties": {}},
                   idempotent=True, execute=_wait)]
-    a = Agent(
-        "default", model="scripted", provider=provider(model.base_url), tools=tools, api_key="test-key",
-        store=embedded_store(prefix=f"fxs{uuid.uuid4().hex[:8]}"), waker=InProcessWaker(start_workers=False),
-        settings=Settings(lease_s=2.0, reserve_s=4.0, sweep_s=0.5),
-    )
     _started.clear()
-    embedded.start_embedded_workers(1)
-    try:
+    with embedded_agent(model, agent_tools=tools) as a:
         yield a
-    finally:
-        embedded.stop_embedded_workers()
-        a.close()
 
 
 async def _idle(agent: Agent, session_id: str) -> Any:
