@@ -437,9 +437,7 @@ class Session:
         state = await self.store.state(self.id)
         if state is None:
             raise FxUnknownSessionError(f"no session {self.id}")
-        fresh = state.woken_ms is not None and now_ms() - state.woken_ms < SENDER_TRUST_MS
-        if state.status == "waiting" and not fresh:
-            await self.store.mark_woken([self.id])
+        if state.status == "waiting" and (await self.store.mark_woken([self.id], trust_ms=SENDER_TRUST_MS))[0]:
             await self._wake(state.agent, "cancel")
         return target is not None
 

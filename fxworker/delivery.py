@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 from . import metrics, registry
 from .errors import FxNoAgentError, FxUnknownSessionError
 from .ids import now_ms
-from .liveness import PROCESS_COUNTER, served_by
+from .liveness import PROCESS_COUNTER, SENDER_TRUST_MS, served_by
 from .protocol import Outcome, WorkerAgent
 from .runner import Runner
 from .runtime import LoopThread
@@ -137,8 +137,8 @@ async def _handle_wake(
         raise
     if result.outcome is Outcome.YIELDED:
         try:
-            await runner.store.mark_woken([session_id])
-            await asyncio.to_thread(result.agent.wake, session_id, reason="yield")
+            if (await runner.store.mark_woken([session_id], trust_ms=SENDER_TRUST_MS))[0]:
+                await asyncio.to_thread(result.agent.wake, session_id, reason="yield")
         except Exception as exc:  # noqa: BLE001 - the broker is away too: the sweeper re-wakes it
             log.warning("requeueing %s failed (%s); the sweeper will wake it", session_id, exc)
         return Outcome.YIELDED
@@ -152,8 +152,8 @@ async def _handle_wake(
             else:
                 after = await runner.store.state(session_id)
                 more = after is not None and after.status == "waiting"
-            if more:
-                await runner.store.mark_woken([session_id])
+            # A sender's wake still queued runs it too (one outstanding wake per session).
+            if more and (await runner.store.mark_woken([session_id], trust_ms=SENDER_TRUST_MS))[0]:
                 await asyncio.to_thread(result.agent.wake, session_id, reason="pending")
         except Exception as exc:  # noqa: BLE001 - the store or broker is away: the sweeper wakes it
             log.warning("looking for more work in %s failed (%s); the sweeper will wake it", session_id, exc)
@@ -172,8 +172,8 @@ async def _forwarded(runner: Runner, session_id: str, owner: str) -> bool:
     if owner not in served:
         log.info("session %s waits for agent %r, which no live worker runs", session_id, owner)
         return False
-    await runner.store.mark_woken([session_id])
-    await asyncio.to_thread(runner.agent.wake, session_id, agent=owner, reason="forward")
+    if (await runner.store.mark_woken([session_id], trust_ms=SENDER_TRUST_MS))[0]:
+        await asyncio.to_thread(runner.agent.wake, session_id, agent=owner, reason="forward")
     log.info("wake of %s passed on to agent %r", session_id, owner)
     return True
 

@@ -521,9 +521,10 @@ def cancel(keys: SessionKeys, *, now_ms: int, message_id: str | None = None) -> 
     return Call(SCRIPTS["cancel"], keys.names, [now_ms, message_id or ""])
 
 
-def woken(keys: SessionKeys, *, now_ms: int) -> Call:
-    """woken.lua: note that a wake of the session was queued at `now_ms` (untaken till a claim)."""
-    return Call(SCRIPTS["woken"], (keys.meta,), [now_ms])
+def woken(keys: SessionKeys, *, now_ms: int, trust_ms: int = 0) -> Call:
+    """woken.lua: note a wake of the session queued at `now_ms` (untaken till a claim),
+    unless one noted less than `trust_ms` ago is outstanding (reply 0: send none)."""
+    return Call(SCRIPTS["woken"], (keys.meta,), [now_ms, trust_ms])
 
 
 def state(keys: SessionKeys) -> Call:

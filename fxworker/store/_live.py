@@ -37,11 +37,14 @@ LIVE_KEY_TTL_MS = 3_600_000
 _skipped_versions: set[Any] = set()
 
 
-def _mark_woken(core: StoreCore, session_ids: Sequence[str], *, now_ms: int | None = None) -> Op[list[bool]]:
-    """Notes that a wake of each session was queued at `now_ms` (woken.lua); False for a
-    session the store does not hold (nothing is created for it)."""
+def _mark_woken(
+    core: StoreCore, session_ids: Sequence[str], *, now_ms: int | None = None, trust_ms: int = 0
+) -> Op[list[bool]]:
+    """Notes that a wake of each session is queued at `now_ms` (woken.lua); per session,
+    whether to send it: False for a session the store does not hold (nothing is created
+    for it) or, with `trust_ms`, one whose outstanding wake was noted less than that ago."""
     now = core.now(now_ms)
-    steps: list[Step] = [scripts.woken(core.keys(sid), now_ms=now) for sid in session_ids]
+    steps: list[Step] = [scripts.woken(core.keys(sid), now_ms=now, trust_ms=trust_ms) for sid in session_ids]
     return Op(steps, lambda replies: [bool(x) for x in replies])
 
 
