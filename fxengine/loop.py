@@ -150,6 +150,19 @@ class TurnRunner:
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._main(), name=f"fx-turn-{self.turn_id}")
+        self._task.add_done_callback(self._never_ran)
+
+    def _never_ran(self, task: asyncio.Task[None]) -> None:
+        """Settles a turn whose task was cancelled before its first step (a loop that
+        closes cancels every task): `_main` never ran, nothing was journaled, and whoever
+        awaits the result (the engine's close) must not wait for ever."""
+        if self.result_future.done():
+            return
+        self._halt_with(Halt.DETACHED)
+        self._phase = Phase.ENDED
+        self._on_finish(self)
+        self.events.close()
+        self.result_future.set_result(TurnResult("unknown", {}, detached=True))
 
     def finish_now(self, result: TurnResult) -> None:
         """Ends a turn that runs nothing (a repeated turn id)."""

@@ -107,6 +107,7 @@ async def _handle_wake(
             reason=reason,
             http_client=loop_thread.http_client_for(session_id) if loop_thread is not None else None,
             stopping=loop_thread.stopping if loop_thread is not None else None,
+            closing=loop_thread.closing if loop_thread is not None else None,
         )
 
     # Claimed first, with no read before: the claim names the session's owning agent.

@@ -32,6 +32,7 @@ kills the process that loads it) is ended at the next death without loading the 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import enum
@@ -81,14 +82,19 @@ class Stopped(enum.Flag):
     STORE_LOST = enum.auto()  # the store stayed away past the lease: the next delivery resumes
     REQUEUE = enum.auto()  # the rest goes to a new delivery (not a deadline yield)
     NEWER = enum.auto()  # a stored layout this process cannot read: let go for a newer one
+    CLOSED = enum.auto()  # the worker's loop closes: write nothing more, leave the lease to expire
 
 
 class Unsettled(Exception):
     """Internal signal: a failure could not be recorded; leave the lease to expire."""
 
 
-# Not failures of the turn: the runner's own stops (fenced, store away) pass through.
-_STOPS = (FxLeaseLostError, FxStoreUnavailableError)
+class Closed(Exception):
+    """Internal signal: the worker's loop closes; write nothing more, leave the lease to expire."""
+
+
+# Not failures of the turn: the runner's own stops (fenced, store away, loop closing) pass through.
+_STOPS = (FxLeaseLostError, FxStoreUnavailableError, Closed)
 
 
 class Runner:
@@ -103,6 +109,7 @@ class Runner:
         reason: str = "wake",
         http_client: httpx.AsyncClient | None = None,
         stopping: StopSignal | None = None,
+        closing: StopSignal | None = None,
     ) -> None:
         self.agent = agent
         self.store: RedisStore = agent.store
@@ -110,6 +117,7 @@ class Runner:
         self.reason = reason
         self.http_client = http_client
         self.deadline = Deadline(deadline_ms, int(agent.reserve_s * 1000), stopping)  # stopping: set on warm shutdown
+        self.closing = closing  # set as the worker's loop closes (`LoopThread.close`)
         self.holder = new_holder_id()
         self.lease_ms = int(agent.lease_s * 1000)
         self.claim: Claim = None  # type: ignore[assignment]  # set by the claim, before any use
@@ -175,6 +183,8 @@ class Runner:
         outcome = await self._run_claimed(claim)
         if outcome == Outcome.FENCED:
             return outcome
+        if Stopped.CLOSED in self.stopped:
+            return Outcome.NOOP  # not released: the next claim, after the lease, takes it on
         if Stopped.NEWER in self.stopped:
             # Nothing of it ends here: only a process that reads the newer layout claims it next.
             self.released = await self._release(cutoff=False, newer=LAYOUT_LEVEL + 1)
@@ -253,13 +263,19 @@ class Runner:
         keeper.start()
         watcher.start()
         disarm = self.deadline.arm(on_hard_stop=self._hard_stop, on_shutdown=self._shut_down)
+        forget_closing = self.closing.on_set(self._close_down) if self.closing is not None else None
         outcome: Outcome = Outcome.DONE
         try:
             outcome = await self._work()
+        except asyncio.CancelledError:
+            self._close_down()  # cancelled from outside: whatever else is cancelled writes nothing
+            raise
         except FxLeaseLostError:
             outcome = Outcome.FENCED
         except Unsettled:
             outcome = Outcome.UNSETTLED
+        except Closed:
+            outcome = Outcome.NOOP
         except FxStoreUnavailableError as exc:
             # Redis stayed away past the lease: whatever is stored stands, the turn stays
             # open, and the next delivery (the requeued wake, or the sweeper's) continues.
@@ -270,6 +286,8 @@ class Runner:
             outcome = Outcome.YIELDED
         finally:
             disarm()
+            if forget_closing is not None:
+                forget_closing()
             await watcher.stop()
             await keeper.stop()
             if Stopped.FENCED in self.stopped or outcome == Outcome.FENCED:
@@ -325,6 +343,23 @@ class Runner:
         if self._let_go():
             return  # a renewal after this runner let the session go itself
         self.stopped |= Stopped.FENCED
+        if self.turn is not None:
+            self.turn.detach()
+
+    def _close_down(self) -> None:
+        """The worker's loop closes (`LoopThread.close`), and every task on it is cancelled
+        next: the turn is let go as it stands. It is detached and nothing more is written
+        under this epoch; the lease is left to expire, and the next claim resumes the turn
+        (or starts the input) as after a kill. A turn ended here would be ended by a worker
+        that is going away (`cancelled`), and the cancel cuts its calls short: lines whose
+        record was never stored (a start line, then an end, with the input still waiting)
+        would be written, and the input run and ended again."""
+        if self._let_go() or Stopped.CLOSED in self.stopped:
+            return
+        log.info("worker loop closing: %s is left to the next claim at epoch %s", self.session_id, self.epoch)
+        self.stopped |= Stopped.CLOSED
+        if self.writer is not None:
+            self.writer.closed = True  # queued and later lines are dropped
         if self.turn is not None:
             self.turn.detach()
 
@@ -405,6 +440,8 @@ class Runner:
         while True:
             if Stopped.FENCED in self.stopped:
                 raise self._fenced_stop()
+            if Stopped.CLOSED in self.stopped:
+                raise Closed(self.session_id)
             if self.released is not None:
                 # An input the watcher passed on after the release is not this runner's:
                 # its own wake finds the session free.
@@ -655,7 +692,7 @@ class Runner:
         kind = event.get("type")
         if kind == "user_message":
             self.handed.pop(str(event.get("id")), None)  # placed: its `accepted` record went before it
-        if self.stopped & (Stopped.CUT_OFF | Stopped.FENCED):
+        if self.stopped & (Stopped.CUT_OFF | Stopped.FENCED | Stopped.CLOSED):
             return
         if kind == "turn_end" or kind == "turn_yield":
             if event.get("turnId") != self.turn_id:
@@ -839,6 +876,8 @@ class Runner:
         finally:
             self.driving = False
             metrics.TURNS_RUNNING.dec()
+        if Stopped.CLOSED in self.stopped:
+            raise Closed(self.session_id)  # detached: the next claim resumes it
         self._take_back_steers()
         if self.released is None and self._let_go():
             self.released = Released(released=True, cutoffs=0, pending=0)

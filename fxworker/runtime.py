@@ -95,6 +95,7 @@ class LoopThread:
         self._clients: list[AioClient | None] = [None] * HTTP_CLIENTS
         self._tls: Any = None  # one TLS context for every client (building one is slow)
         self.stopping = StopSignal()  # warm shutdown: running turns yield and requeue
+        self.closing = StopSignal()  # `close()`: running turns let go as they stand, before the cancel
         self.killed = False
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
@@ -151,9 +152,18 @@ class LoopThread:
         return self.submit(coro).result(timeout_s)
 
     def close(self, *, timeout_s: float = 5.0) -> None:
-        """Closes the shared HTTP clients and stops the loop."""
+        """Lets the running turns go, cancels every task, closes the shared HTTP clients
+        and stops the loop.
+
+        `closing` is set first: its callbacks (each running delivery's) run on the loop
+        before any task is cancelled, so a turn is detached and writes nothing more. A
+        cancelled turn would end itself `cancelled` and flush its journal; with its first
+        record's call cut short by the same cancel, that stored its lines without the
+        record, and the input, still waiting in the store, ran again at the next claim.
+        """
         if not self.loop.is_running():
             return
+        self.closing.set()  # its callbacks are queued on the loop ahead of `_aclose`
 
         async def _aclose() -> None:
             me = asyncio.current_task()
