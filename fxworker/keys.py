@@ -184,7 +184,8 @@ def worker_ready_key(prefix: str, hostname: str) -> str:
 def live_workers_key(prefix: str) -> str:
     """The live worker processes and the agents each runs (`fxworker.liveness`)."""
     # HASH worker id -> JSON mark `{v: 1, agents, expiresMs, freeSinceMs, tookSentMs, host,
-    # pid, reads}` (fxworker/store/_live.py reads and checks it), written by each worker process
+    # pid, reads}` (fxworker/store/_live.py reads and checks it), written by each worker
+    # process (and each web process, with no agent: it announces the layout level it reads)
     # every second (HSET, and PEXPIRE of the whole key: a deployment gone leaves nothing);
     # marks expired for a minute are deleted by the sweeper's reads. Not a session key.
     return f"{prefix}:live"

@@ -21,6 +21,7 @@ The sweeper reads the marks (`Liveness.served`) and decides with them:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -136,10 +137,11 @@ class Liveness:
     """
 
     def __init__(self, store: RedisStore, *, agents: Callable[[], Iterable[str]], counter: DeliveryCounter,
-                 worker_id: str | None = None) -> None:
+                 worker_id: str | None = None, always: bool = False) -> None:
         self.store = store
         self.agents = agents
         self.counter = counter
+        self.always = always  # a mark even with no agent: a web process announcing what it reads
         self.host = socket.gethostname()
         self.worker_id = worker_id or f"{self.host}:{os.getpid()}:{id(self):x}"
         self._next_beat_ms = 0
@@ -153,7 +155,7 @@ class Liveness:
         if not force and now < self._next_beat_ms:
             return
         agents = tuple(sorted(self.agents()))
-        if not agents:
+        if not agents and not self.always:
             return
         self._next_beat_ms = now + HEARTBEAT_MS
         counter = self.counter
@@ -168,6 +170,19 @@ class Liveness:
             if agent not in served:
                 served[agent] = Service(counter.free_since(now), counter.took_sent_ms)
         return served
+
+    async def announce(self) -> None:
+        """Writes this process's mark every `HEARTBEAT_MS` until cancelled, then deletes it
+        (a web process: it runs no agent, and reads stored layouts)."""
+        try:
+            while True:
+                try:
+                    await self.beat()
+                except Exception:  # noqa: BLE001 - the store away: the next beat tries again
+                    log.debug("writing the live mark of %s failed", self.worker_id, exc_info=True)
+                await asyncio.sleep(HEARTBEAT_MS / 1000)
+        finally:
+            await self.forget()
 
     async def forget(self) -> None:
         """Deletes this process's mark (a worker stopping): its agents stop being served by it."""

@@ -11,6 +11,7 @@ redirect would build its `Location` from the request's `Host` header).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import logging
@@ -29,7 +30,8 @@ from fxworker.errors import FxConfigError
 from fxworker import tracing
 from fxworker.settings import Settings
 
-from fxworker.store import store_clients, store_kind
+from fxworker.liveness import DeliveryCounter, Liveness
+from fxworker.store import default_store, store_clients, store_kind
 
 from . import health, openapi, sessions, wake
 from .auth import Authorize, BearerAuth, SessionContext
@@ -127,9 +129,19 @@ def create_app(
             app.state.replay_guard = wake.RedisReplayGuard(client, prefix=settings.prefix)
             app.state.store_kind = store_kind(settings.store_url)
         app.state.redis = client
+        # The web process announces the stored layout level it reads (its live mark, with no
+        # agent): a writer of a new layout waits for every live reader (docs/operations.md).
+        announcing = None
+        if settings.store_url:
+            liveness = Liveness(default_store(settings), agents=tuple, counter=DeliveryCounter(capacity=0), always=True)
+            announcing = asyncio.get_running_loop().create_task(liveness.announce())
         try:
             yield
         finally:
+            if announcing is not None:
+                announcing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await announcing
             if client is not None:
                 await client.aclose()
 
