@@ -20,6 +20,7 @@ import redis
 from fxengine import FxInputError, create_engine
 from fxengine.limits import CONTEXT_MAX_BYTES, CONTEXT_MAX_DEPTH, check_context
 from fxworker import Agent, FxUnknownSessionError, Settings, get_agent
+from fxworker.keys import live_workers_key
 from fxworker.store import memory_store, redis_store
 from fxworker.web import create_app
 from tests.durable.tooling import provider, tools
@@ -254,7 +255,9 @@ def web(redis_url: str, key_prefix: str) -> Iterator[tuple[httpx.Client, Agent, 
 
 
 def stored_keys(raw: redis.Redis, prefix: str) -> list[bytes]:
-    return sorted(raw.scan_iter(match=f"{prefix}:*", count=1000))
+    """The keys under `prefix` but the web process's own live mark (what it reads; no request's)."""
+    live = live_workers_key(prefix).encode()
+    return sorted(key for key in raw.scan_iter(match=f"{prefix}:*", count=1000) if key != live)
 
 
 @pytest.mark.redis
