@@ -49,9 +49,11 @@
 -- A session whose agent the caller cannot run is not claimed: its wakes back off in meta
 -- (unserved_ms: the first miss, unserved_n, unserved_next_ms: 250 ms doubling to ARGV[7]);
 -- a claim of a caller that can run it forgets them.
--- Every claim that finds the session (held, idle, unserved or claimed) is a delivery of
--- its outstanding wake: meta `woken` (set by accept.lua, cancel.lua, woken.lua) goes, so
--- the sweeper may queue the next one (§7: one outstanding wake per session).
+-- Every claim that finds the session held, idle or claims it is a delivery of its
+-- outstanding wake: meta `woken` (set by accept.lua and woken.lua) goes, so the next one
+-- may be queued (§7: one outstanding wake per session). An `unserved` answer keeps it: a
+-- wake that reached a process without the agent is not the one queued for a worker that
+-- has it, and a wake passed on from here is sent only when none is outstanding.
 
 -- include: _whole.lua
 -- include: _rest.lua
@@ -121,15 +123,11 @@ if again == 0 then
     if now_ms - since < tonumber(ARGV[6]) then
       -- Another wake is due later: this one is spare (one wake at a time backs off).
       local due = tonumber(m[16] or 0)
-      if due > now_ms + 50 then
-        took_wake()
-        return {'unserved', m[1], since, due, 1}
-      end
+      if due > now_ms + 50 then return {'unserved', m[1], since, due, 1} end
       local next_ms = now_ms + math.min(tonumber(ARGV[7]), 250 * 2 ^ math.min(n - 1, 32))
       if not m[13] then waiting_line(m[1], since, turn, math.max(epoch, tonumber(m[12] or 0))) end
       redis.call('HSET', meta, 'unserved_ms', string.format('%d', since), 'unserved_n', n,
         'unserved_next_ms', string.format('%d', next_ms))
-      took_wake()
       return {'unserved', m[1], since, next_ms, 0}
     end
     give_up = 1
