@@ -47,7 +47,7 @@ log = logging.getLogger("fxworker.delivery")
 STATE_RETRY_MS = 2000  # how long routing a wake retries a store that does not answer
 
 
-def _agent_for(hint: Any) -> Any:
+def _agent_for(hint: object) -> WorkerAgent | None:
     """The agent a wake is claimed with: the one it names, else this process's first."""
     agent = registry.get_agent(hint) if isinstance(hint, str) else None
     if agent is None:
@@ -99,7 +99,7 @@ async def _handle_wake(
     if deadline_ms is None:
         deadline_ms = now_ms() + int(agent.settings.delivery_timeout_s * 1000)
 
-    def runner_for(chosen: Any) -> Runner:
+    def runner_for(chosen: WorkerAgent) -> Runner:
         return Runner(
             chosen,
             session_id,

@@ -5,25 +5,28 @@ process's agent of the session's name; two agents with one name in one process a
 error, agents of one name in different processes are copies of each other.
 
 The registry sits below `fxworker.agent` (which registers into it), so it holds its
-agents as `Any`: each is an `fxworker.Agent`.
+agents as what a worker reads of them (`protocol.WorkerAgent`): each is an `fxworker.Agent`.
 """
 
 from __future__ import annotations
 
 import importlib
 import threading
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .errors import FxAgentExistsError, FxConfigError
+
+if TYPE_CHECKING:
+    from .protocol import WorkerAgent
 
 DEFAULT_AGENT_NAME = "default"
 
 _lock = threading.Lock()
-_agents: dict[str, Any] = {}
+_agents: dict[str, WorkerAgent] = {}
 _imported: set[str] = set()
 
 
-def register(agent: Any) -> None:
+def register(agent: WorkerAgent) -> None:
     """Adds `agent` under its name; raises `FxAgentExistsError` when the name is taken."""
     with _lock:
         if agent.name in _agents:
@@ -34,19 +37,19 @@ def register(agent: Any) -> None:
         _agents[agent.name] = agent
 
 
-def unregister(name: str) -> Any:
+def unregister(name: str) -> WorkerAgent | None:
     """Removes and returns the agent of `name` (tests and `Agent.close()`)."""
     with _lock:
         return _agents.pop(name, None)
 
 
-def get_agent(name: str) -> Any:
+def get_agent(name: str) -> WorkerAgent | None:
     """This process's agent named `name`, or None."""
     with _lock:
         return _agents.get(name)
 
 
-def agents() -> dict[str, Any]:
+def agents() -> dict[str, WorkerAgent]:
     """A copy of the registry: name → agent."""
     with _lock:
         return dict(_agents)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import ssl
 import threading
 import zlib
 from collections.abc import Callable, Coroutine
@@ -93,7 +94,7 @@ class LoopThread:
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._clients: list[AioClient | None] = [None] * HTTP_CLIENTS
-        self._tls: Any = None  # one TLS context for every client (building one is slow)
+        self._tls: ssl.SSLContext | None = None  # one TLS context for every client (building one is slow)
         self.stopping = StopSignal()  # warm shutdown: running turns yield and requeue
         self.closing = StopSignal()  # `close()`: running turns let go as they stand, before the cancel
         self.killed = False

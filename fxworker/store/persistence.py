@@ -41,7 +41,8 @@ run.
 engine reports a turn's end to its event sink just before it commits the end (or yield)
 record, the runner hands the `turn_end` (or `turn_yield`) line over, and it goes last in
 the call of the next record carrying an `end` or `yield` mark, so both are stored or
-neither. `end_stored` is the last such line stored.
+neither. The `EndRide` it returns says what that call did: whether the line was stored,
+and whether the call let the session go (the runner asks for that in the same call).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fxengine.persistence import Loaded, Mark
@@ -242,6 +244,50 @@ class LineWriter:
             return self._stored_first, self._stored
         return (self.next_line, []) if self.next_line is not None else None
 
+    async def begin_round(self) -> tuple[str, list[dict[str, Any]]] | None:
+        """The flusher's round (`LineFlusher`): the key and lines this writer sends in it,
+        with `lock` held and the writer still marked (what it is handed meanwhile waits)
+        until `end_round`; None when it has nothing to send there (its lines ride with a
+        record on its way, or go through its own `flush()`: a batch to resend first, or a
+        write in flight)."""
+        if self.closed or not self._queue:
+            self._marked = False
+            return None
+        if self.record_due:
+            # The record's call takes these lines (the turn's first line rides with its
+            # first record: one round trip, not two); whatever is left goes next round.
+            self.record_due = self._marked = False
+            self.push_pending()
+            return None
+        if self._held is not None or self.lock.locked() or self._flushing is not None:
+            self._marked = False
+            self.flush_in_background()
+            return None
+        await self.lock.acquire()  # free: no wait (lines pushed meanwhile wait for the next round)
+        return self.next_key(), self.take()
+
+    def end_round(self, key: str, lines: list[dict[str, Any]], result: Appended | BaseException | None) -> None:
+        """What the round's call of `begin_round`'s batch came to: stored (`Appended`),
+        refused for the epoch (fenced), failed (held: it may have run, so it is resent first,
+        alone, under its key), or None when the round was cancelled (held as well)."""
+        self._marked = False
+        fenced = isinstance(result, FxLeaseLostError)
+        failed = not fenced and not isinstance(result, Appended)
+        if fenced:
+            self.fenced()
+        elif failed:
+            self.hold(key, lines)
+        elif isinstance(result, Appended):
+            self.stored(result)
+        self.lock.release()
+        if result is None:
+            return
+        if failed:
+            log.debug("writing lines of %s failed (%s); its writer retries", self.session_id, result)
+            self.flush_in_background()
+        elif self._queue and not self.closed:
+            self.push_pending()
+
     def fenced(self) -> None:
         """A write was refused: this writer writes nothing more."""
         self.closed = True
@@ -317,49 +363,21 @@ class LineFlusher:
     async def _round(self, writers: list[LineWriter]) -> None:
         sending: list[tuple[LineWriter, str, list[dict[str, Any]]]] = []
         for writer in writers:
-            if writer.closed or not writer._queue:
-                writer._marked = False
-                continue
-            if writer.record_due:
-                # The record's call takes these lines (the turn's first line rides with its
-                # first record: one round trip, not two); whatever is left goes next round.
-                writer.record_due = writer._marked = False
-                writer.push_pending()
-                continue
-            if writer._held is not None or writer.lock.locked() or writer._flushing is not None:
-                writer._marked = False
-                writer.flush_in_background()  # a batch to resend first, or a write in flight
-                continue
-            await writer.lock.acquire()  # free: no wait (lines pushed meanwhile wait for the next round)
-            sending.append((writer, writer.next_key(), writer.take()))
+            batch = await writer.begin_round()
+            if batch is not None:
+                sending.append((writer, *batch))
         if not sending:
             return
         try:
             results = await self._send(sending)
         except asyncio.CancelledError:  # the loop stops: every batch is held for a resend
             for writer, key, lines in sending:
-                writer._marked = False
-                writer.hold(key, lines)
-                writer.lock.release()
+                writer.end_round(key, lines, None)
             raise
         except Exception as exc:  # the connection failed: every batch is held
             results = [exc] * len(sending)
         for (writer, key, lines), result in zip(sending, results):
-            writer._marked = False
-            fenced = isinstance(result, FxLeaseLostError)
-            failed = isinstance(result, BaseException) and not fenced
-            if fenced:
-                writer.fenced()
-            elif failed:
-                writer.hold(key, lines)  # it may have run: resent first, alone, under its key
-            else:
-                writer.stored(result)
-            writer.lock.release()
-            if failed:
-                log.debug("writing lines of %s failed (%s); its writer retries", writer.session_id, result)
-                writer.flush_in_background()
-            elif writer._queue and not writer.closed:
-                writer.push_pending()
+            writer.end_round(key, lines, result)
 
     async def _send(self, sending: list[tuple[LineWriter, str, list[dict[str, Any]]]]) -> list[Any]:
         ops: list[Any] = []
@@ -374,6 +392,27 @@ class LineFlusher:
         return [op if isinstance(op, Exception) else next(answers) for op in ops]
 
 
+@dataclass(slots=True)
+class EndRide:
+    """A turn's end (or yield) line handed to `StorePersistence.ride_with_end`, with what
+    the call of the record that ends the turn may also do, and what it did.
+
+    `release`, asked just before that call (the runner's state as the call leaves), says
+    whether it may also let the session go (`append(release=True)`, only for an `end`
+    mark): one round trip less, and an input accepted after it finds the session free.
+    That call also packs the lines the writer stored and carries the checkpoint
+    `checkpoint()` gives (the conversation exactly through that record, or None), so the
+    session rests without a log (§5 "Packed at rest"); without a checkpoint it lets go only
+    when no compaction is due after the record (`save_checkpoint` writes under the lease).
+    """
+
+    line: dict[str, Any]
+    release: Callable[[], bool] | None = None
+    checkpoint: Callable[[], bytes | None] | None = None
+    stored: bool = False  # the line went in its record's call
+    released: bool = False  # and that call let the session go: nothing more under this epoch
+
+
 class StorePersistence:
     """The engine's `Persistence` for one claim: fenced appends that carry the queued lines.
 
@@ -382,17 +421,10 @@ class StorePersistence:
     idempotency key returns the stored cursor (the store's own dedup). Writes go under
     the session and epoch of `writer` (by default a new `LineWriter` of the claim).
 
-    `ride_with_end(line)` puts a line in the call of the next record that ends or yields
-    a turn (an `end` or `yield` mark); `end_stored` is the last line stored that way.
-
-    `release_with_end`, when set, is asked as a record ends a turn (an `end` mark) whether
-    its call may also let the session go (`append(release=True)`). That call also packs the
-    lines this writer stored, and carries the checkpoint `checkpoint_now()` gives (the
-    conversation exactly through that record, or None), so the session rests without a
-    log (§5 "Packed at rest"). Without a checkpoint it asks only when no compaction is
-    due after the record (`save_checkpoint` writes under the lease). When the store let
-    go, `released` is True and the writer is closed: nothing more is written under this
-    epoch.
+    `ride_with_end(line, release=, checkpoint=)` puts a line in the call of the next record
+    that ends or yields a turn (an `end` or `yield` mark), and that call lets the session
+    go when `release()` says it may (`EndRide`). When the store let go, the writer is
+    closed: nothing more is written under this epoch.
     """
 
     def __init__(
@@ -409,11 +441,8 @@ class StorePersistence:
         self.epoch = self.writer.epoch
         self.head = claim.head
         self.uncompacted = len(claim.records)  # records after the stored checkpoint
-        self._end_line: dict[str, Any] | None = None
-        self.end_stored: dict[str, Any] | None = None
-        self.release_with_end: Callable[[], bool] | None = None
-        self.checkpoint_now: Callable[[], bytes | None] | None = None
-        self.released = False
+        self._ride: EndRide | None = None
+        self._released = False
         if self.writer.next_line is None:
             self.writer.next_line = claim.ui_cursor + 1
 
@@ -435,15 +464,23 @@ class StorePersistence:
         """The journal has a record on its way: the lines queued meanwhile go in its call."""
         self.writer.record_due = True
 
-    def ride_with_end(self, line: Mapping[str, Any]) -> None:
-        """Stores `line` last in the call of the next record that ends or yields a turn."""
-        self._end_line = {**line, "epoch": self.epoch}
+    def ride_with_end(
+        self,
+        line: Mapping[str, Any],
+        *,
+        release: Callable[[], bool] | None = None,
+        checkpoint: Callable[[], bytes | None] | None = None,
+    ) -> EndRide:
+        """Stores `line` last in the call of the next record that ends or yields a turn;
+        that call may also let the session go (`EndRide`)."""
+        ride = self._ride = EndRide({**line, "epoch": self.epoch}, release, checkpoint)
+        return ride
 
-    def _take_end_line(self, marks: list[Mark]) -> dict[str, Any] | None:
-        if self._end_line is None or not any("end" in m or "yield" in m for m in marks):
+    def _take_ride(self, marks: list[Mark]) -> EndRide | None:
+        if self._ride is None or not any("end" in m or "yield" in m for m in marks):
             return None
-        line, self._end_line = self._end_line, None
-        return line
+        ride, self._ride = self._ride, None
+        return ride
 
     async def append(
         self,
@@ -455,22 +492,22 @@ class StorePersistence:
         marks: list[Mark],
     ) -> str:
         record = StoreRecord(idempotency_key, bytes(data), list(marks))
-        end_line = self._take_end_line(marks)
+        ride = self._take_ride(marks)
         async with self.writer.lock:
             await self.writer.send_held()  # an earlier batch that may have run goes first
             # Asked last, just before the call: the runner's state as the call leaves.
             release = (
-                self.release_with_end is not None
+                ride is not None and ride.release is not None
                 and any("end" in m for m in marks)
-                and self.release_with_end()
+                and ride.release()
             )
-            checkpoint = self._settled_checkpoint() if release else None
+            checkpoint = self._settled_checkpoint(ride) if release and ride is not None else None
             if checkpoint is None and self.uncompacted + 1 >= COMPACT_AFTER_RECORDS:
                 release = False  # a compaction is due after the record, under the lease
             pack_after = self.writer.pack_after() if release else None
             lines = self.writer.take()
             self.writer.record_due = False
-            sent = lines + [end_line] if end_line is not None else lines
+            sent = lines + [ride.line] if ride is not None else lines
             try:
                 # A retry sends the same idempotency key: a call that ran but lost its
                 # reply is answered from the store and stores nothing again.
@@ -500,11 +537,13 @@ class StorePersistence:
         self.head = str(appended.records[0])
         self.uncompacted += 1
         self.writer.stored(appended)
-        if end_line is not None:
-            self.end_stored = end_line
+        if ride is not None:
+            ride.stored = True
         if appended.released:
-            self.released = True
+            self._released = True
             self.writer.closed = True
+            if ride is not None:
+                ride.released = True
             if checkpoint is not None:
                 self.uncompacted = 0  # the log went with the release: the checkpoint covers it
         return self.head
@@ -513,15 +552,15 @@ class StorePersistence:
         """Whether `save_checkpoint` would store one: `COMPACT_AFTER_RECORDS` records follow
         the last checkpoint (before that, a claim reads them at little cost), and the session
         was not let go (the engine asks before it builds the bytes)."""
-        return self.uncompacted >= COMPACT_AFTER_RECORDS and not self.released
+        return self.uncompacted >= COMPACT_AFTER_RECORDS and not self._released
 
-    def _settled_checkpoint(self) -> bytes | None:
-        """`checkpoint_now()`, or None when there is none or it fails (the record goes
-        without it: the log keeps the conversation, as before)."""
-        if self.checkpoint_now is None:
+    def _settled_checkpoint(self, ride: EndRide) -> bytes | None:
+        """The ride's `checkpoint()`, or None when there is none or it fails (the record
+        goes without it: the log keeps the conversation, as before)."""
+        if ride.checkpoint is None:
             return None
         try:
-            return self.checkpoint_now()
+            return ride.checkpoint()
         except Exception:  # noqa: BLE001 - the journal still holds everything
             log.warning("building the checkpoint of %s failed", self.session_id, exc_info=True)
             return None

@@ -142,7 +142,7 @@ async def test_compaction_drops_a_line_call_key_once_a_later_record_is_covered(s
 
 
 async def test_an_end_record_releases_only_when_no_compaction_follows_it(store: RedisStore, sid: str) -> None:
-    """The adapter lets the end record's call release the session (its `release_with_end`
+    """The adapter lets the end record's call release the session (the ride's `release`
     says it may), except when a compaction is due after that record: `save_checkpoint`
     writes under the lease, so that turn is released by a call of its own."""
     async def turn(message_id: str, records_before_end: int) -> tuple[Persistence, bool]:
@@ -150,17 +150,17 @@ async def test_an_end_record_releases_only_when_no_compaction_follows_it(store: 
         claim = await store.claim(sid, holder="w", lease_ms=60_000)
         assert claim is not None
         p = store.persistence(sid, claim.epoch, claim)
-        p.release_with_end = lambda: True  # type: ignore[attr-defined]
         head = await p.append(expected=(await p.load()).head, idempotency_key=f"{message_id}:0", data=b"s",
                               barrier=True, marks=[{"start": message_id}])
         for n in range(1, records_before_end):
             head = await p.append(expected=head, idempotency_key=f"{message_id}:{n}", data=b"r", barrier=False,
                                   marks=[])
-        p.ride_with_end({"type": "turn_end", "messageId": message_id})  # type: ignore[attr-defined]
+        ride = p.ride_with_end({"type": "turn_end", "messageId": message_id},  # type: ignore[attr-defined]
+                               release=lambda: True)
         head = await p.append(expected=head, idempotency_key=f"{message_id}:end", data=b"e", barrier=False,
                               marks=[{"end": True}])
         await p.save_checkpoint(through=head, data=b"ck-" + message_id.encode())
-        return p, p.released  # type: ignore[attr-defined]
+        return p, ride.released
 
     short, released = await turn("m1", 2)
     assert released and (await store.state(sid)).lease_holder is None
@@ -175,7 +175,7 @@ async def test_an_end_record_releases_only_when_no_compaction_follows_it(store: 
 
 async def test_an_end_record_that_lets_go_carries_the_checkpoint_and_the_claims_lines(store: RedisStore,
                                                                                      sid: str) -> None:
-    """With `checkpoint_now` set, the end record's call lets the session go even when a
+    """With a `checkpoint` on the ride, the end record's call lets the session go even when a
     compaction would be due: the checkpoint it carries replaces the log (§5 "Packed at
     rest"), and the lines the claim stored are packed. A checkpoint that fails to build is
     left out: the call lets go all the same, and the log keeps the conversation."""
@@ -184,8 +184,6 @@ async def test_an_end_record_that_lets_go_carries_the_checkpoint_and_the_claims_
         claim = await store.claim(sid, holder="w", lease_ms=60_000)
         assert claim is not None
         p = store.persistence(sid, claim.epoch, claim)
-        p.release_with_end = lambda: True  # type: ignore[attr-defined]
-        p.checkpoint_now = checkpoint  # type: ignore[attr-defined]
         p.queue_lines([{"type": "turn_start", "messageId": message_id}])  # type: ignore[attr-defined]
         head = await p.append(expected=(await p.load()).head, idempotency_key=f"{message_id}:0", data=b"s",
                               barrier=True, marks=[{"start": message_id}])
@@ -193,10 +191,11 @@ async def test_an_end_record_that_lets_go_carries_the_checkpoint_and_the_claims_
             p.queue_lines([{"type": "text_delta", "delta": f"{n}", "messageId": message_id}])  # type: ignore[attr-defined]
             head = await p.append(expected=head, idempotency_key=f"{message_id}:{n}", data=b"r", barrier=False,
                                   marks=[])
-        p.ride_with_end({"type": "turn_end", "messageId": message_id})  # type: ignore[attr-defined]
+        ride = p.ride_with_end({"type": "turn_end", "messageId": message_id},  # type: ignore[attr-defined]
+                               release=lambda: True, checkpoint=checkpoint)
         await p.append(expected=head, idempotency_key=f"{message_id}:end", data=b"e", barrier=False,
                        marks=[{"end": True}])
-        assert p.released  # type: ignore[attr-defined]
+        assert ride.released
         return p
 
     await turn("m1", COMPACT_AFTER_RECORDS + 2, lambda: b"FXJ\x01through m1")

@@ -1,0 +1,500 @@
+"""One turn of a delivery, one object: `TurnRun` owns the turn's id, its lines and its end.
+
+The runner (fxworker/runner.py) holds the session for one delivery; for each input it
+starts, the open turn it resumes, or the input it ends without a turn, it makes a `TurnRun`
+from the claim's engine and the delivery's `LineWriter`. The turn's lines carry its id;
+every way a turn ends (the engine ended it, a rule of the claim ends it, a failure hit it,
+it was cancelled before it started, no worker runs its agent) goes through `TurnRun.end`,
+which builds the `turn_end` line and the store marks once (§5).
+
+`rule(claim)` is the one policy for what the claim's counts say of what heads the
+session: a turn (or input) whose workers died `MAX_DEATHS` times with no progress between
+is ended as poison, a step cut off `MAX_CUTOFFS` times in a row is not run again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from opentelemetry import trace
+
+from fxengine.codes import Code
+from fxengine.engine import Engine
+from fxengine.errors import FxError, FxInputError
+from fxengine.limits import prompt_text
+from fxengine.providers.credentials import mask_secret
+from fxengine.turn import Turn
+
+from . import metrics, protocol, tracing
+from .deadline import Deadline
+from .errors import FxLeaseLostError, FxStoreUnavailableError
+from .protocol import ErrorBody, Outcome, WorkerAgent
+from .store import RedisStore
+from .store.persistence import EndRide, LineWriter, StorePersistence
+from .store.types import Claim, Input, Mark, Released
+from .waiting import Waiting
+
+log = logging.getLogger("fxworker.runner")
+
+MAX_CUTOFFS = 3
+MAX_DEATHS = 3
+
+
+class Stopped(enum.Flag):
+    """Why a delivery stops short of its work (several may hold at once)."""
+
+    FENCED = enum.auto()  # another epoch heads the session: write nothing more
+    CUT_OFF = enum.auto()  # the delivery's hard deadline cut the turn off
+    STORE_LOST = enum.auto()  # the store stayed away past the lease: the next delivery resumes
+    REQUEUE = enum.auto()  # the rest goes to a new delivery (not a deadline yield)
+    NEWER = enum.auto()  # a stored layout this process cannot read: let go for a newer one
+    CLOSED = enum.auto()  # the worker's loop closes: write nothing more, leave the lease to expire
+
+
+class Unsettled(Exception):
+    """Internal signal: a failure could not be recorded; leave the lease to expire."""
+
+
+class Closed(Exception):
+    """Internal signal: the worker's loop closes; write nothing more, leave the lease to expire."""
+
+
+# Not failures of the turn: the runner's own stops (fenced, store away, loop closing) pass through.
+STOPS = (FxLeaseLostError, FxStoreUnavailableError, Closed)
+
+
+# -- the claim's rule ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ruling:
+    """What the claim's counts say of what heads the session: run it (`stop_reason` None,
+    perhaps with `no_rerun`), or end it with `stop_reason` and `error` (without loading its
+    journal when `load` is False)."""
+
+    stop_reason: str | None = None
+    error: ErrorBody | None = None
+    load: bool = True
+    no_rerun: bool = False  # the step in flight is not run again (a tool call is answered as possibly run)
+
+
+RUN = Ruling()
+
+
+def rule(claim: Claim, *, first_input: bool | None = None, in_flight: Mapping[str, Any] | None = None,
+         loaded: bool = False) -> Ruling:
+    """The poison and cut-off rules for what heads `claim`'s session: an input of the
+    delivery (`first_input` says whether it is the first one), or the claim's open turn,
+    before its journal is `loaded` and after it, with what the turn had `in_flight`."""
+    deaths = claim.deaths
+    if first_input is not None:
+        if first_input and claim.open_turn is None and deaths >= MAX_DEATHS:
+            # Its workers died (or failed past recording it) before its turn opened.
+            return Ruling("error", _error(Code.POISON_TURN, f"the worker taking this prompt died {deaths} times "
+                                          "before its turn started; the prompt was dropped so the session can go on"))
+        return RUN
+    if deaths > MAX_DEATHS:
+        # The delivery that was to end it as poison died too, loading or resuming its
+        # journal: end it in the store, without an engine.
+        return Ruling("cancelled", _error(Code.POISON_TURN, f"the worker running this turn died {deaths} times with "
+                                          "no progress between, the last one while loading it; the turn was "
+                                          "cancelled so the session can go on"), load=False)
+    if not loaded:
+        return RUN
+    if deaths >= MAX_DEATHS:
+        return Ruling("cancelled", _error(Code.POISON_TURN, f"the worker running this turn died {deaths} times with "
+                                          f"no progress between (the last one {_poison_cause(in_flight)}); the turn "
+                                          "was cancelled so the session can go on"))
+    if claim.cutoffs >= MAX_CUTOFFS:
+        if in_flight is None or in_flight.get("kind") == "model":
+            return Ruling("cancelled", _error(Code.DEADLINE_CUTOFFS, "the model request was cut off by the delivery "
+                                              f"deadline {claim.cutoffs} times in a row"))
+        return Ruling(no_rerun=True)
+    return RUN
+
+
+def _error(code: str, message: str) -> ErrorBody:
+    return {"code": code, "message": message}
+
+
+def _poison_cause(in_flight: Mapping[str, Any] | None) -> str:
+    """Where a poison turn's workers died, for its error message."""
+    if in_flight is None:
+        return "between steps"
+    if in_flight.get("kind") == "tool":
+        names = sorted({str(c.get("name")) for c in in_flight.get("calls") or []})
+        return f"while running {', '.join(names) or 'its tool calls'} (step {in_flight.get('step')})"
+    return f"during model request {in_flight.get('step')}"
+
+
+def error_of(exc: BaseException, api_key: str | None) -> ErrorBody:
+    """`{code, message}` of a failure, with the agent's credentials masked."""
+    if isinstance(exc, FxError):
+        code, message = exc.code, str(exc)
+    else:
+        code, message = Code.TURN_FAILED, f"{type(exc).__name__}: {exc}"
+    return {"code": code, "message": mask_secret(message, api_key)}
+
+
+def check_readable(entry: Input) -> None:
+    """Raises `FxInputError` (`FX_INVALID_INPUT`) for an input the store could not decode."""
+    if entry.unreadable:
+        raise FxInputError(f"input {entry.message_id} cannot run: {entry.unreadable}")
+
+
+def _text(entry: Input) -> str | None:
+    """The text of an input for its `turn_start` line."""
+    if isinstance(entry.input, str):
+        return entry.input
+    return prompt_text(entry.input) if isinstance(entry.input, list) else None
+
+
+# -- one turn -----------------------------------------------------------------------------
+
+
+class Delivery(Protocol):
+    """What a turn reads of the delivery running it (`Runner`)."""
+
+    session_id: str
+    epoch: int
+    holder: str
+    agent: WorkerAgent
+    store: RedisStore
+    claim: Claim
+    deadline: Deadline
+    stopped: Stopped
+    released: Released | None
+    waiting: Waiting
+
+    def emit(self, type_: str, **fields: Any) -> None: ...
+
+
+class TurnRun:
+    """One turn (or one input ended without a turn) of a delivery: its id, its engine turn,
+    its lines and its one end.
+
+    `opened`: the store may hold the turn open (it is the claim's open turn, or its start
+    was under way), so an end without an engine closes it (`end` mark). `entry`: the input
+    it was made from in this delivery; an end other than the engine's own consumes it
+    (`drop` mark), as its start record may never have been stored.
+    """
+
+    def __init__(
+        self,
+        delivery: Delivery,
+        writer: LineWriter,
+        turn_id: str,
+        *,
+        entry: Input | None = None,
+        opened: bool = True,
+        engine: Engine | None = None,
+        persistence: StorePersistence | None = None,
+    ) -> None:
+        self.delivery = delivery
+        self.writer = writer
+        self.turn_id = turn_id
+        self.entry = entry
+        self.opened = opened
+        self.engine = engine
+        self.persistence = persistence  # the engine's, over the claim
+        self.turn: Turn | None = None  # the engine's running turn
+        self.ride: EndRide | None = None  # its end line, handed over to ride with its end record
+        self.driving = False  # awaiting the running turn's end in `drive`
+        self.engine_broken = False  # the engine could not end the turn: its state is suspect
+
+    def __repr__(self) -> str:
+        return f"<TurnRun {self.turn_id} opened={self.opened} running={self.turn is not None}>"
+
+    @property
+    def let_go(self) -> bool:
+        """Whether the turn's end record let the session go (nothing more under this epoch)."""
+        return self.ride is not None and self.ride.released
+
+    def detach(self) -> None:
+        """Whatever the engine's turn still does is not stored."""
+        if self.turn is not None:
+            self.turn.detach()
+
+    # ------------------------------------------------------------------ start and resume
+
+    async def start(self, entry: Input) -> Outcome:
+        """Starts the turn of `entry` on the engine and drives it to its end or yield."""
+        assert self.engine is not None
+        # The line rides with the engine's first record (the turn's start barrier).
+        self.writer.push(dict(protocol.turn_start(self.turn_id, self.delivery.session_id, _text(entry))))
+        span = self._trace(entry.traceparent, resumed=False)
+        with _current(span):  # the engine's turn task starts under it: its spans are the turn's
+            self.turn = self.engine.prompt(entry.input, yield_at=self.delivery.deadline.yield_at(),
+                                           turn_id=self.turn_id)
+        return await self._traced(span, self._run())
+
+    async def resume(self) -> Outcome:
+        """Resumes the claim's open turn: `turn_resume {interrupted, retract}`, then the
+        claim's rule with what it had in flight, then its end or yield."""
+        engine, claim = self.engine, self.delivery.claim
+        assert engine is not None and claim.open_turn is not None
+        in_flight = engine.in_flight
+        steps_seen = await self._steps_seen()
+        recorded = engine.recorded_steps(self.turn_id)
+        retract = sorted(s for s in steps_seen if s not in recorded)
+        next_step = max([*steps_seen, *recorded, 0]) + 1
+        self.writer.push(dict(protocol.turn_resume(self.turn_id, self.delivery.session_id,
+                                                   interrupted=not claim.open_turn.yielded, retract=retract)))
+        await self.writer.flush()
+        ruling = rule(claim, in_flight=in_flight, loaded=True)
+        if ruling.stop_reason is not None:
+            return await self.end(ruling.stop_reason, ruling.error)
+        turn_input = claim.open_turn.input
+        span = self._trace(turn_input.traceparent if turn_input is not None else None, resumed=True)
+        with _current(span):
+            self.turn = engine.resume(yield_at=self.delivery.deadline.yield_at(), no_rerun=ruling.no_rerun,
+                                      next_step=next_step)
+        if self.turn is None:
+            return await self._traced(span, self.end("unknown"))
+        return await self._traced(span, self._run(cancel=claim.cancel_requested))
+
+    async def _run(self, *, cancel: bool = False) -> Outcome:
+        self.yield_if_stopping()
+        self.join_waiting_steers()
+        if cancel:
+            assert self.turn is not None
+            self.turn.cancel()
+        return await self.drive()
+
+    def yield_if_stopping(self) -> None:
+        """During a warm shutdown, the running turn sends no further model request (a
+        request or tool call already running finishes first)."""
+        if self.turn is not None and self.delivery.deadline.shutting_down:
+            self.turn.yield_now()
+
+    def join_waiting_steers(self) -> None:
+        """Steers accepted while this turn waited to start (or to resume) join it (§6)."""
+        assert self.turn is not None
+        waiting = self.delivery.waiting
+        for later in waiting.steers():
+            try:
+                self.turn.steer(later.input, id=later.message_id)
+            except FxInputError:
+                return
+            waiting.remove(later)
+            waiting.hand(later)
+
+    def steer(self, entry: Input) -> bool:
+        """Hands a steer from the inbox to the running turn; False when it is ending (the
+        steer becomes the next turn)."""
+        if self.turn is None:
+            return False
+        try:
+            self.turn.steer(entry.input, id=entry.message_id)
+        except FxInputError:
+            return False
+        self.delivery.waiting.hand(entry)
+        return True
+
+    # ------------------------------------------------------------------ lines
+
+    def sink(self, event: dict[str, Any]) -> None:
+        """The engine's `event_sink` for this turn: every event becomes a UI line of it; the
+        turn's end (or yield) rides in the call of the record that ends (or yields) it."""
+        delivery = self.delivery
+        kind = event.get("type")
+        if kind == "user_message":
+            delivery.waiting.placed(str(event.get("id")))  # its `accepted` record went before it
+        if delivery.stopped & (Stopped.CUT_OFF | Stopped.FENCED | Stopped.CLOSED):
+            return
+        if kind == "turn_end" or kind == "turn_yield":
+            if event.get("turnId") != self.turn_id:
+                return  # an older turn the engine closed before starting this one: not ours
+            persistence = self.persistence
+            assert persistence is not None and self.engine is not None
+            if kind == "turn_yield":
+                self.ride = persistence.ride_with_end(dict(protocol.turn_yield(self.turn_id)))
+                return
+            self.ride = persistence.ride_with_end(self._end_line(event["stopReason"], event.get("usage"),
+                                                                 event.get("error")),
+                                                  release=self._may_release,
+                                                  checkpoint=self.engine.settled_checkpoint)
+            return
+        self.writer.push({**event, "messageId": self.turn_id})
+
+    def _may_release(self) -> bool:
+        """Asked as the end record is sent: may that call let the session go? Only for a
+        turn ending in `drive` with no stop and no input waiting here, as then nothing
+        follows it; the store lets go only if no input waits there either."""
+        delivery = self.delivery
+        return (self.driving and not delivery.stopped and delivery.released is None
+                and not delivery.waiting.any())
+
+    def _rode(self, type_: str) -> bool:
+        """Whether this turn's `type_` line was stored with the engine's record."""
+        return self.ride is not None and self.ride.stored and self.ride.line.get("type") == type_
+
+    def report(self, error: Mapping[str, Any]) -> None:
+        """`session.error` and a `session_error` line for this turn (or input)."""
+        delivery = self.delivery
+        delivery.emit("session.error", epoch=delivery.epoch, turn=self.turn_id, error=error)
+        self.writer.push(dict(protocol.session_error(self.turn_id, error, self.turn_id)))
+
+    # ------------------------------------------------------------------ the end
+
+    async def drive(self) -> Outcome:
+        """Waits for the running turn; writes its end, or its yield."""
+        assert self.turn is not None
+        delivery = self.delivery
+        metrics.TURNS_RUNNING.inc()
+        self.driving = True
+        try:
+            result = await self.turn.result()
+        finally:
+            self.driving = False
+            metrics.TURNS_RUNNING.dec()
+        if Stopped.CLOSED in delivery.stopped:
+            raise Closed(delivery.session_id)  # detached: the next claim resumes it
+        delivery.waiting.take_back_steers()
+        if delivery.released is None and self.let_go:
+            delivery.released = Released(released=True, cutoffs=0, pending=0)
+        if Stopped.FENCED in delivery.stopped:
+            raise self.fenced_stop()
+        error = result.error
+        if error and error.get("code") == Code.JOURNAL_APPEND_FAILED:
+            cause = error.get("cause")
+            if isinstance(cause, dict) and cause.get("code") == Code.FENCED:
+                raise self.fenced_stop()
+            if isinstance(cause, dict) and cause.get("code") in (Code.STORE_UNAVAILABLE, Code.STORE_FULL):
+                # Redis went away (or is full) mid-turn: the turn stays open in the journal and the
+                # next delivery resumes it; nothing to write here.
+                log.warning("store lost mid-turn in %s; the turn resumes on the next delivery", delivery.session_id)
+                self.turn = None
+                delivery.stopped |= Stopped.STORE_LOST
+                return Outcome.YIELDED
+        if not self._rode("turn_end") and (Stopped.CUT_OFF in delivery.stopped or result.stop_reason == "yielded"):
+            # The turn stays open in the journal; the next delivery continues it.
+            if not self._rode("turn_yield"):
+                self.writer.push(dict(protocol.turn_yield(self.turn_id)))
+            await self.writer.flush()
+            self.turn = None
+            return Outcome.YIELDED
+        return await self.end(result.stop_reason, error, usage=result.usage, by_engine=True)
+
+    async def end(
+        self,
+        stop_reason: str,
+        error: Mapping[str, Any] | None = None,
+        *,
+        usage: Mapping[str, int] | None = None,
+        by_engine: bool = False,
+    ) -> Outcome:
+        """Ends the turn (or input) with `stop_reason`: the one place its `turn_end` line
+        and store marks are built.
+
+        `by_engine`: the engine ended it itself (its end record stored it; the line rode
+        with that record unless a stop kept it off). Otherwise `error` goes out first as a
+        `session_error` line; an engine holding the turn open ends it (its end record), else
+        the store's open turn is closed (`end` mark); an input of this delivery is consumed
+        (`drop`). The line and the marks are stored in one fenced call."""
+        marks: list[Mark] = []
+        if not by_engine:
+            if error:
+                self.report(error)
+            ended = await self._end_in_engine(stop_reason, error)
+            if ended is not None:
+                usage = ended
+            elif self.opened:
+                marks.append({"end": True})
+            if self.entry is not None:
+                marks.append(protocol.drop(self.entry.message_id))
+        if not self._rode("turn_end"):
+            self.writer.push(self._end_line(stop_reason, usage, error))
+        await self.writer.flush(marks=marks)
+        self.turn = None
+        return Outcome.ENDED
+
+    def _end_line(self, stop_reason: str, usage: Mapping[str, int] | None,
+                  error: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The turn's `turn_end` line: built here only, for the end record's call and for `end`."""
+        return dict(protocol.turn_end(self.turn_id, protocol.end_body(stop_reason, usage, error)))
+
+    async def _end_in_engine(self, stop_reason: str, error: Mapping[str, Any] | None) -> dict[str, int] | None:
+        """Ends the turn the engine holds open (its end record); its usage, or None when no
+        engine holds it or the engine could not end it (the store ends it then)."""
+        engine = self.engine
+        if engine is None or engine.open_turn is None:
+            return None
+        try:
+            result = await engine.end_open_turn(stop_reason, error=dict(error) if error else None)
+        except STOPS:
+            raise
+        except Exception:  # noqa: BLE001 - a broken or detached engine: end it in the store
+            log.warning("the engine of %s could not end turn %s", self.delivery.session_id, self.turn_id, exc_info=True)
+            self.engine_broken = True
+            return None
+        return dict(result.usage or {}) if result is not None else {}
+
+    async def end_cancelled(self, entry: Input) -> Outcome:
+        """Ends an input cancelled before its turn started (a cancel sent before any worker
+        ran, or while the turn before it ran): its `turn_start` and a `turn_end`
+        `cancelled`, and the input consumed, in one call. The model never sees it, and the
+        steers waiting behind it run as the next turn (§6)."""
+        self.writer.push(dict(protocol.turn_start(self.turn_id, self.delivery.session_id, _text(entry))))
+        return await self.end("cancelled")
+
+    def fenced_stop(self) -> FxLeaseLostError:
+        """The stop of a delivery whose epoch no longer heads the session: stop writing."""
+        delivery = self.delivery
+        return FxLeaseLostError(f"epoch {delivery.epoch} of {delivery.session_id} no longer heads the session")
+
+    # ------------------------------------------------------------------ reading and tracing
+
+    async def _steps_seen(self) -> set[int]:
+        """The model steps of this turn that have lines in the UI stream."""
+        delivery = self.delivery
+        steps: set[int] = set()
+        cursor = delivery.claim.turn_cursor  # the turn's start line: no scan of earlier turns
+        while True:
+            lines = await delivery.store.read_lines(delivery.session_id, cursor, count=1000)
+            if not lines:
+                return steps
+            for line in lines:
+                cursor = int(line["cursor"])
+                if line.get("messageId") == self.turn_id and isinstance(line.get("step"), int):
+                    steps.add(line["step"])
+
+    def _trace(self, traceparent: str | None, *, resumed: bool) -> trace.Span | None:
+        """This delivery's part of the turn, in the trace of the request that sent its
+        input (`fxworker.tracing`); None when tracing is off."""
+        if not tracing.enabled():
+            return None
+        delivery = self.delivery
+        claim = delivery.claim
+        attributes = {"fx.session.id": delivery.session_id, "fx.turn.id": self.turn_id, "fx.epoch": delivery.epoch,
+                      "fx.worker": delivery.holder, "fx.agent": delivery.agent.name, "fx.turn.resumed": resumed}
+        takeover = ({"fx.deaths": claim.deaths, "fx.epoch": delivery.epoch}
+                    if resumed and claim.taken_over else None)
+        return tracing.start_delivery(traceparent, attributes, takeover=takeover)
+
+    @staticmethod
+    async def _traced(span: trace.Span | None, step: Awaitable[Outcome]) -> Outcome:
+        """Awaits the rest of a turn's part here; ends its span with how it went."""
+        if span is None:
+            return await step
+        try:
+            outcome = await step
+        except BaseException as exc:
+            span.record_exception(exc)
+            span.set_status(trace.StatusCode.ERROR, type(exc).__name__)
+            raise
+        else:
+            span.set_attribute("fx.outcome", str(outcome))
+            return outcome
+        finally:
+            span.end()
+
+
+def _current(span: trace.Span | None) -> contextlib.AbstractContextManager[Any]:
+    """`span` as the current span for the block (nothing when tracing is off)."""
+    return trace.use_span(span, end_on_exit=False) if span is not None else contextlib.nullcontext()
