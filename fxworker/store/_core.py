@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
-from typing import Any, Concatenate, Generic, NamedTuple, ParamSpec, Self, TypeVar, overload
+from typing import Any, Concatenate, Final, Generic, NamedTuple, ParamSpec, Self, TypeVar, overload
 
 from fxengine.persistence import Mark
 
@@ -41,12 +41,12 @@ READY_GRACE_MS = 30_000
 READY_SKEW_MS = 5_000
 
 
-class _Unchecked:
+class Unchecked:
     def __repr__(self) -> str:
         return "UNCHECKED"
 
 
-UNCHECKED: Any = _Unchecked()
+UNCHECKED: Final = Unchecked()
 """`append(expected=UNCHECKED)`: the call does not compare the log head (the default)."""
 
 RecordLike = StoreRecord | tuple[str, bytes, Sequence[Mark]]
