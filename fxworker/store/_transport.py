@@ -22,6 +22,14 @@ from collections.abc import Generator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from hiredis import pack_command as _pack_command
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio.client import Pipeline as AsyncPipeline
+from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.connection import ConnectionPool as AsyncConnectionPool
+from redis.client import Pipeline
+from redis.cluster import ClusterPipeline, RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -29,6 +37,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ..scripts import SCRIPTS, Arg, Call, Command, Step
 
 T = TypeVar("T")
+
+SyncClient = Redis | RedisCluster
+"""A blocking redis-py client of the store (fakeredis's `FakeRedis` is a `Redis`)."""
+AsyncClient = AsyncRedis | AsyncRedisCluster
+"""An asyncio redis-py client of the store (fakeredis's `FakeAsyncRedis` is a `Redis`)."""
 
 
 class _One(NamedTuple):
@@ -224,7 +237,9 @@ def _raise_errors(replies: list[object]) -> list[object]:
     return replies
 
 
-def _queue(pipe: Any, steps: Sequence[Step], node: object) -> None:
+def _queue(
+    pipe: Pipeline | ClusterPipeline | AsyncPipeline | AsyncClusterPipeline, steps: Sequence[Step], node: object
+) -> None:
     for step in steps:
         # A call goes where its keys live; a plain command of a group to the group's node.
         if node is None or isinstance(step, Call):
@@ -239,7 +254,7 @@ def _queue(pipe: Any, steps: Sequence[Step], node: object) -> None:
 class SyncTransport:
     """Runs steps on a blocking redis-py client (`redis.Redis` or `redis.cluster.RedisCluster`)."""
 
-    def __init__(self, client: Any, *, cluster: bool = False) -> None:
+    def __init__(self, client: SyncClient, *, cluster: bool = False) -> None:
         self.client = client
         self.cluster = cluster
 
@@ -268,6 +283,7 @@ class SyncTransport:
                 return client.execute_command(*_command(request.step), target_nodes=request.node)
             return client.execute_command(*_command(request.step))
         if isinstance(request, _NodeOf):
+            assert isinstance(client, RedisCluster)  # asked on a cluster only
             return client.get_node_from_key(request.key)
         if isinstance(request, _Load):
             for script in SCRIPTS.values():
@@ -292,14 +308,17 @@ class AsyncTransport:
     own and answered on its own.
     """
 
-    def __init__(self, client: Any, *, cluster: bool = False) -> None:
+    def __init__(self, client: AsyncClient, *, cluster: bool = False) -> None:
         self.client = client
         self.cluster = cluster
         self._batch: list[tuple[Call, asyncio.Future[object]]] = []
         # A redis-py client on its own connections (not a stand-in such as fakeredis):
         # a batch is packed and sent here, on one of its pooled connections.
-        connection_class = getattr(getattr(client, "connection_pool", None), "connection_class", None)
-        self._packs = not cluster and getattr(connection_class, "__module__", "").startswith("redis.asyncio")
+        pool = client.connection_pool if isinstance(client, AsyncRedis) and not cluster else None
+        self._pool: AsyncConnectionPool | None = (
+            pool if pool is not None and pool.connection_class.__module__.startswith("redis.asyncio") else None
+        )
+        self._packs = self._pool is not None
 
     async def run_all(self, steps: Sequence[Step]) -> list[object]:
         """The replies of `steps`, run in order (`_run_all`); a single call on one server
@@ -369,6 +388,7 @@ class AsyncTransport:
                 return await client.execute_command(*_command(request.step), target_nodes=request.node)
             return await client.execute_command(*_command(request.step))
         if isinstance(request, _NodeOf):
+            assert isinstance(client, AsyncRedisCluster)  # asked on a cluster only
             await client.initialize()  # the slot map: a new client has none yet
             return client.get_node_from_key(request.key)
         if isinstance(request, _Load):
@@ -387,7 +407,8 @@ class AsyncTransport:
         replies (an error reply as its exception): what a redis-py pipeline sends, without
         its per-argument encoding and per-command bookkeeping, the most of a busy worker's
         store CPU."""
-        pool = self.client.connection_pool
+        pool = self._pool
+        assert pool is not None  # packing is for a redis-py client's own pool
         connection = await pool.get_connection()
         try:
             await connection.send_packed_command(b"".join([_packed(call) for call in calls]))

@@ -19,7 +19,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from redis.exceptions import RedisError
 
@@ -32,7 +32,7 @@ from .api import SessionStore
 from ._live import LiveOperations
 from ._readers import ReaderOperations
 from ._senders import SenderOperations
-from ._transport import AsyncTransport
+from ._transport import AsyncClient, AsyncTransport, SyncClient
 from ._workers import WorkerOperations
 from .persistence import LineFlusher, LineWriter, StorePersistence
 from .sync import SyncRedisStore
@@ -54,8 +54,8 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, LiveOpera
         self,
         core: StoreCore,
         *,
-        make_async_client: Callable[[], Any],
-        make_sync_client: Callable[[], Any],
+        make_async_client: Callable[[], AsyncClient],
+        make_sync_client: Callable[[], SyncClient],
         kind: str = "redis",
         max_calls: int | None = None,
         wait_s: float = 5.0,
@@ -96,7 +96,7 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, LiveOpera
         return self._core
 
     @property
-    def client(self) -> Any:
+    def client(self) -> AsyncClient:
         """The asyncio redis-py client of the running loop."""
         return self._transport().client
 

@@ -7,14 +7,14 @@ prefork code; both run the same operation plans, declared once (`fxworker.store.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ._boundary import ServerCheck, map_redis_errors, policy_or_none, retry_read_sync
 from ._core import Op, StoreCore, SyncStore
 from ._live import LiveOperations
 from ._readers import ReaderOperations
 from ._senders import SenderOperations
-from ._transport import SyncTransport
+from ._transport import SyncClient, SyncTransport
 from ._workers import WorkerOperations
 
 T = TypeVar("T")
@@ -26,7 +26,7 @@ class SyncRedisStore(SenderOperations, WorkerOperations, ReaderOperations, LiveO
     Same methods, same arguments, same results; nothing here awaits.
     """
 
-    def __init__(self, core: StoreCore, make_client: Callable[[], Any], check: ServerCheck) -> None:
+    def __init__(self, core: StoreCore, make_client: Callable[[], SyncClient], check: ServerCheck) -> None:
         self._core = core
         self._make_client = make_client
         self._check = check
@@ -37,7 +37,7 @@ class SyncRedisStore(SenderOperations, WorkerOperations, ReaderOperations, LiveO
         return f"<SyncRedisStore prefix={self._core.prefix!r} ack={self._core.ack}>"
 
     @property
-    def client(self) -> Any:
+    def client(self) -> SyncClient:
         return self._transport().client
 
     def _transport(self) -> SyncTransport:
