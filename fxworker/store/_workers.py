@@ -327,11 +327,11 @@ def _watch_inboxes(core: StoreCore, after: Mapping[str, int]) -> Op[dict[str, li
     return Op(steps, parse, read=True)
 
 
-def _inputs(reply: Any) -> list[Input]:
+def _inputs(reply: object) -> list[Input]:
     """The inbox entries of one XREAD reply."""
     out = []
     for seq, fields in r.parse_stream(reply):
-        flat: list[Any] = [seq]
+        flat: list[object] = [seq]
         for name, value in fields.items():
             flat += [name, value]
         out.append(r.parse_input(flat))

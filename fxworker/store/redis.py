@@ -184,13 +184,14 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, LiveOpera
         each answered on its own: its result, or the fxworker error it met. A connection
         failure raises (`FxStoreUnavailableError`): it is every operation's."""
         transport, slots = self._loop_transport()
-        if slots is not None or any(len(op.steps) != 1 or not isinstance(op.steps[0], Call) for op in ops):
+        calls = [call for op in ops if len(op.steps) == 1 and isinstance(call := op.steps[0], Call)]
+        if slots is not None or len(calls) != len(ops):
             return list(await asyncio.gather(*[self._exec(op, name) for op in ops], return_exceptions=True))  # type: ignore[arg-type]
         started_s = time.perf_counter()
         with self._errors:
             if not self._check.done:
                 await self._check_server(transport)
-            replies = await transport.replies_of([op.steps[0] for op in ops])  # type: ignore[misc]
+            replies = await transport.replies_of(calls)
         results: list[T | Exception] = []
         for op, reply in zip(ops, replies):
             try:
