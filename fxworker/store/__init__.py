@@ -62,6 +62,7 @@ from .memory import memory_store
 from .persistence import StorePersistence
 from ._boundary import is_cluster
 from ._transport import AsyncClient, SyncClient
+from .api import SessionStore
 from .redis import RedisStore, SyncRedisStore, client_factories, map_redis_errors
 from ..urls import StoreAddress, masked, parse_store_url
 from .types import (
@@ -237,6 +238,8 @@ __all__ = [
     "store_clients",
     "store_kind",
     "StoreAddress",
+    # what the layers above hold
+    "SessionStore",
     # results
     "Accepted",
     "Appended",
