@@ -28,12 +28,12 @@ from ..errors import FxStoreUnavailableError
 from ..scripts import Call
 from ._boundary import ServerCheck, client_factories, map_redis_errors, retry_read
 from ._core import AsyncStore, Op, StoreCore
-from .api import SessionStore
 from ._live import LiveOperations
 from ._readers import ReaderOperations
 from ._senders import SenderOperations
 from ._transport import AsyncClient, AsyncTransport, SyncClient
 from ._workers import WorkerOperations
+from .api import SessionStore
 from .persistence import LineFlusher, LineWriter, StorePersistence
 from .sync import SyncRedisStore
 from .types import Claim
@@ -67,7 +67,7 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, LiveOpera
         # One transport (client) per event loop; id(loop) -> (loop, transport, call slots,
         # the loop's line flusher).
         self._transports: dict[int, tuple[asyncio.AbstractEventLoop, AsyncTransport, asyncio.Semaphore | None,
-                                       LineFlusher]] = {}
+                                          LineFlusher]] = {}
         self._transports_lock = threading.Lock()
         # The asyncio cluster client has no waiting pool: with `max_calls`, at most that many
         # calls per loop run at once, the others wait up to `wait_s` (then FX_STORE_UNAVAILABLE).
