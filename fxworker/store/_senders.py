@@ -74,7 +74,7 @@ def _accept(
     if not cluster and core.ack == "primary":
         return Op([accept], lambda replies: _accepted(replies[0], session_id, message_id, kind))
     # With an ack level each write is followed by its wait (on a cluster, on the node
-    # that took the write: `scripts.AsyncRunner`); the mark's is sent, not required.
+    # that took the write: `_transport._node_groups`); the mark's is sent, not required.
     steps: list[Step] = []
     if cluster:
         steps += [scripts.mark_ready(core.index, session_id=session_id, now_ms=now), *core.ack_steps()]
