@@ -50,9 +50,10 @@ import binascii
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from queue import Empty
-from typing import Any
+from typing import Protocol
 from urllib.parse import parse_qs, quote
 
 from kombu.transport import redis as kombu_redis
@@ -103,15 +104,15 @@ EXCERPT_CHARS = 200  # of an undecodable message, in the log line
 log = logging.getLogger("fxworker.broker")
 
 
-def undecodable(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
+def undecodable(raw: bytes) -> tuple[dict[str, object] | None, str | None]:
     """(the kombu envelope, None), or (None, why it is not one)."""
     try:
         payload = json.loads(bytes_to_str(raw))
     except (ValueError, UnicodeDecodeError) as exc:
         return None, f"not JSON ({exc})"
-    if not isinstance(payload, dict) or not isinstance(payload.get("properties"), dict):
+    properties = payload.get("properties") if isinstance(payload, dict) else None
+    if not isinstance(properties, dict):
         return None, "JSON that is not a kombu envelope (no properties object)"
-    properties = payload["properties"]
     if "delivery_tag" not in properties:
         return None, "a kombu envelope without a delivery tag"
     body = payload.get("body")
@@ -129,14 +130,14 @@ class QoS(kombu_redis.QoS):
     after the visibility timeout (a duplicate wake, which the lease makes harmless), instead
     of ending the consumer."""
 
-    def ack(self, delivery_tag: Any) -> None:
+    def ack(self, delivery_tag: object) -> None:
         try:
             self._remove_from_indices(delivery_tag).execute()
         except ResponseError as exc:
             log.warning("acknowledging a message failed (%s): it will be delivered again", exc)
         virtual.QoS.ack(self, delivery_tag)
 
-    def reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+    def reject(self, delivery_tag: object, requeue: bool = False) -> None:
         try:
             if requeue:
                 self.restore_by_tag(delivery_tag, leftmost=True)
@@ -146,14 +147,14 @@ class QoS(kombu_redis.QoS):
             log.warning("rejecting a message failed (%s): it will be delivered again", exc)
         virtual.QoS.ack(self, delivery_tag)
 
-    def restore_unacked(self, client: Any = None) -> None:
+    def restore_unacked(self, client: object = None) -> None:
         try:
             super().restore_unacked(client)
         except ResponseError as exc:
             log.warning("restoring unacknowledged messages failed (%s): they return after the visibility timeout", exc)
             self._delivered.clear()
 
-    def restore_visible(self, *args: Any, **kwargs: Any) -> None:
+    def restore_visible(self, *args: object, **kwargs: object) -> None:
         try:
             super().restore_visible(*args, **kwargs)
         except ResponseError as exc:
@@ -165,7 +166,7 @@ class Channel(kombu_redis.Channel):
 
     QoS = QoS
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         self._fx_conninfo = self.connection.client
         try:
@@ -176,7 +177,7 @@ class Channel(kombu_redis.Channel):
             self._disconnect_pools()
             raise
 
-    def _brpop_read(self, **options: Any) -> bool:
+    def _brpop_read(self, **options: object) -> bool:
         """kombu's receive, surviving error replies and bytes that are not a message."""
         try:
             try:
@@ -221,7 +222,7 @@ class Channel(kombu_redis.Channel):
         except ResponseError as exc:  # Redis full: the message is dropped, and said so above
             log.warning("the dead-letter list refused it (%s)", exc)
 
-    def _connparams(self, asynchronous: bool = False) -> Any:
+    def _connparams(self, asynchronous: bool = False) -> dict[str, object]:
         if self.connection is None:
             # Closed by another thread's reconnect while this one held it (a producer shared
             # under a burst of connection errors): a connection error, so kombu's retry
@@ -230,7 +231,8 @@ class Channel(kombu_redis.Channel):
         if self.connection.client is None and self._fx_conninfo is not None:
             # Collected after a connection loss: reconnect with the parameters it had.
             self.connection.client = self._fx_conninfo
-        return super()._connparams(asynchronous=asynchronous)
+        params: dict[str, object] = super()._connparams(asynchronous=asynchronous)
+        return params
 
 
 class Transport(kombu_redis.Transport):
@@ -249,7 +251,13 @@ class Transport(kombu_redis.Transport):
 _on_replica = False  # whether the last channel this process opened found a replica (logged once)
 
 
-def _refuse_a_replica(client: Any) -> None:
+class _Replication(Protocol):
+    """What `_refuse_a_replica` asks of a channel's redis-py client."""
+
+    def info(self, section: str, /) -> Mapping[str, object]: ...
+
+
+def _refuse_a_replica(client: _Replication) -> None:
     """Raises `ReadOnlyError` (a connection error here) when `client`'s Redis is a replica."""
     global _on_replica
     try:
@@ -294,8 +302,8 @@ class BrokerConfig:
     kind: str  # "redis", "sentinel", "amqp" or "memory"
     url: str
     transport: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-    conf: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, object] = field(default_factory=dict)
+    conf: dict[str, object] = field(default_factory=dict)
 
 
 def broker_config(url: str | None) -> BrokerConfig:
@@ -318,7 +326,7 @@ def broker_config(url: str | None) -> BrokerConfig:
         address = parse_store_url(url)
         auth = f":{quote(address.password, safe='')}@" if address.password else ""
         kombu_url = ";".join(f"sentinel://{auth}{host}:{port}/{address.db}" for host, port in address.nodes)
-        options: dict[str, Any] = {"master_name": address.master}
+        options: dict[str, object] = {"master_name": address.master}
         if address.sentinel_password:
             options["sentinel_kwargs"] = {"password": address.sentinel_password}
         return BrokerConfig("sentinel", kombu_url, SENTINEL_NAME, options)

@@ -10,11 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
-
 from .background import SessionLoop
 from .errors import FxLeaseLostError, FxStoreUnavailableError
 from .ids import now_ms
+from .store.api import SessionStore
 
 log = logging.getLogger("fxworker.leases")
 
@@ -28,7 +27,7 @@ class LeaseKeeper(SessionLoop):
 
     def __init__(
         self,
-        store: Any,
+        store: SessionStore,
         session_id: str,
         epoch: int,
         *,

@@ -21,7 +21,7 @@ import inspect
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Protocol, TypeVar
 
 from fxengine.codes import Code
 from fxengine.errors import FxProviderError
@@ -32,15 +32,30 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-RefreshLock = Callable[[Mapping[str, Any], Callable[[], Awaitable[Any]]], Awaitable[Any]]
+T = TypeVar("T")
 
 
-async def _call(result: Any) -> Any:
+class RefreshLock(Protocol):
+    """`refresh_lock(ctx, fn)`: awaits `fn()` while holding the lock on `ctx`'s account."""
+
+    def __call__(self, ctx: Mapping[str, object], fn: Callable[[], Awaitable[T]], /) -> Awaitable[T]: ...
+
+
+class LockClient(Protocol):
+    """The two calls the lock makes, on a `redis.asyncio.Redis` (awaitable answers) or a
+    blocking `redis.Redis`."""
+
+    def set(self, name: str, value: str, *, nx: bool, px: int) -> object: ...
+
+    def eval(self, script: str, numkeys: int, *keys_and_args: str) -> object: ...
+
+
+async def _call(result: object) -> object:
     """The value of a Redis call from an asyncio client (awaited) or a blocking one."""
     return await result if inspect.isawaitable(result) else result
 
 
-def lock_key(ctx: Mapping[str, Any], prefix: str = DEFAULT_PREFIX) -> str:
+def lock_key(ctx: Mapping[str, object], prefix: str = DEFAULT_PREFIX) -> str:
     """The Redis key of the lock on `ctx`'s account."""
     subject = ctx.get("account_id") or f"session:{ctx.get('session_id')}"
     digest = hashlib.sha256(f"{ctx.get('provider')}\0{subject}".encode()).hexdigest()[:32]
@@ -48,7 +63,7 @@ def lock_key(ctx: Mapping[str, Any], prefix: str = DEFAULT_PREFIX) -> str:
 
 
 def redis_refresh_lock(
-    client: Any,
+    client: LockClient,
     *,
     prefix: str = DEFAULT_PREFIX,
     ttl_s: float = 30.0,
@@ -69,7 +84,7 @@ def redis_refresh_lock(
         FxProviderError: `FX_PROVIDER_REFRESH_LOCK` when the lock stays taken `wait_s`.
     """
 
-    async def refresh_lock(ctx: Mapping[str, Any], fn: Callable[[], Awaitable[Any]]) -> Any:
+    async def refresh_lock(ctx: Mapping[str, object], fn: Callable[[], Awaitable[T]]) -> T:
         key = lock_key(ctx, prefix)
         token = secrets.token_hex(16)
         deadline = time.monotonic() + wait_s

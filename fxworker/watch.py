@@ -19,9 +19,9 @@ import asyncio
 import logging
 import weakref
 from collections.abc import Callable
-from typing import Any
-
 from .errors import FxStoreUnavailableError
+from .store.api import SessionStore
+from .store.types import Input
 
 log = logging.getLogger("fxworker.watch")
 
@@ -35,7 +35,9 @@ class InboxWatcher:
     is handed over after it returns).
     """
 
-    def __init__(self, store: Any, session_id: str, *, after_seq: int, on_input: Callable[[Any], None]) -> None:
+    def __init__(
+        self, store: SessionStore, session_id: str, *, after_seq: int, on_input: Callable[[Input], None]
+    ) -> None:
         self.store = store
         self.session_id = session_id
         self.after_seq = after_seq
@@ -55,7 +57,7 @@ class InboxWatcher:
         if hub is not None:
             hub.remove(self)
 
-    def deliver(self, entries: list[Any]) -> None:
+    def deliver(self, entries: list[Input]) -> None:
         for entry in entries:
             self.after_seq = max(self.after_seq, int(entry.seq))
             try:
@@ -71,7 +73,7 @@ _hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, InboxHub]]
 class InboxHub:
     """Reads the inboxes of every watched session of one loop and store, in one call a turn."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: SessionStore) -> None:
         self.store = store
         self.watchers: dict[str, InboxWatcher] = {}
         self.reads = 0
@@ -81,7 +83,7 @@ class InboxHub:
         return f"<InboxHub watching={len(self.watchers)} reads={self.reads}>"
 
     @classmethod
-    def of(cls, store: Any) -> InboxHub:
+    def of(cls, store: SessionStore) -> InboxHub:
         """The running loop's hub for `store` (its underlying store, past any wrapper)."""
         base = getattr(store, "wrapped", store)
         hubs = _hubs.setdefault(asyncio.get_running_loop(), {})

@@ -46,6 +46,7 @@ LAYERS: list[list[str]] = [
      "fxworker.refresh_lock", "fxworker.info", "fxworker.tracing"],
     ["fxworker.runtime"],
     ["fxworker.scripts", "fxworker.broker"],
+    ["fxworker.store._transport"],
     ["fxworker.store"],
     ["fxworker.protocol", "fxworker.leases", "fxworker.background", "fxworker.watch", "fxworker.registry", "fxworker.celery_app",
      "fxworker.liveness",

@@ -46,6 +46,10 @@
 -- Packing (§5 "Packed at rest") changes how lines are stored, never which: the chunks
 -- replace the entries of the same lines, checked against their SHA-1, in this call, so a
 -- reader sees one or the other; any mismatch leaves every entry as it was.
+--
+-- Reads top-down: `append()` is the call, one line per job (the fence, a repeated call, the
+-- records with their marks, the store marks, the lines, the keys and meta, letting the
+-- session go or expire); each job is a local function below it, in that order.
 
 -- include: _rest.lua
 -- include: _at_rest.lua
@@ -53,23 +57,63 @@
 local meta, lease, log, ui, msgs, pending, keys = KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local epoch, now_ms, ttl_ms = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local nrec, nlines, nmarks = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local RECORDS_AT = 9  -- the ARGV index of the first record
 
-local l = redis.call('HMGET', lease, 'epoch', 'state', 'expires_ms')
-if tonumber(l[1] or 0) ~= epoch or l[2] ~= 'held' or tonumber(l[3] or 0) <= now_ms then
-  return {'fenced', tonumber(l[1] or 0), l[2] or '', tonumber(l[3] or 0)}
+-- The session as the call finds and changes it: the meta fields read before anything is
+-- written (`read_meta`), those to write at the end (`changed`), and what the marks ask for.
+local head, ui_last, turn, step, cancel, spared
+local changed = {}
+local ended = false
+local release = nil  -- the session id of a `release` mark
+local checkpoint = nil  -- the data of a `checkpoint` mark
+local packs = {}  -- the values of `pack` marks
+local starting = false  -- a turn started in this call; its turn_start line may be in it
+
+local fenced, read_meta, repeated, store_records, apply_store_marks, store_lines, remember_keys, write_meta,
+  let_go_or_expire, consume, apply, pack_lines
+
+local function append()
+  local refused = fenced()
+  if refused then return refused end
+  read_meta()
+  local call_key = ''
+  if nrec == 0 then call_key = ARGV[8] end
+  local again = repeated(call_key)
+  if again then return again end
+  if ARGV[4] ~= '' and tonumber(ARGV[4]) ~= head then return {'conflict', head} end
+  local cursors, i = store_records(RECORDS_AT)
+  i = apply_store_marks(i)
+  local first = ui_last + 1
+  store_lines(i)
+  remember_keys(cursors, first, call_key)
+  write_meta()
+  local released, packed = let_go_or_expire()
+  return {'ok', head, cursors, first, ui_last, 0, released, packed}
 end
 
-local m = redis.call('HMGET', meta, 'head', 'ui', 'turn', 'step', 'cancel', 'spared')
-local head, ui_last, turn, step, cancel = tonumber(m[1] or 0), tonumber(m[2] or 0), m[3] or '', m[4] or '', m[5] or ''
+-- The refusal of a call whose epoch does not hold a live lease, or nil.
+function fenced()
+  local l = redis.call('HMGET', lease, 'epoch', 'state', 'expires_ms')
+  if tonumber(l[1] or 0) ~= epoch or l[2] ~= 'held' or tonumber(l[3] or 0) <= now_ms then
+    return {'fenced', tonumber(l[1] or 0), l[2] or '', tonumber(l[3] or 0)}
+  end
+  return nil
+end
 
-local call_key = ''
-if nrec == 0 then call_key = ARGV[8] end
-local again = nil
-if nrec > 0 then again = redis.call('HGET', keys, ARGV[9])
-elseif call_key ~= '' then again = redis.call('HGET', keys, call_key) end
-if again then
-  -- A retry of a call that already ran (its reply was lost): report, store nothing.
-  local cursors, i = {}, 9
+function read_meta()
+  local m = redis.call('HMGET', meta, 'head', 'ui', 'turn', 'step', 'cancel', 'spared')
+  head, ui_last, turn, step, cancel = tonumber(m[1] or 0), tonumber(m[2] or 0), m[3] or '', m[4] or '', m[5] or ''
+  spared = m[6]
+end
+
+-- The reply of a retry of a call that already ran (its reply was lost), or nil: it reports
+-- what the first call stored and stores nothing.
+function repeated(call_key)
+  local again = nil
+  if nrec > 0 then again = redis.call('HGET', keys, ARGV[RECORDS_AT])
+  elseif call_key ~= '' then again = redis.call('HGET', keys, call_key) end
+  if not again then return nil end
+  local cursors, i = {}, RECORDS_AT
   for _ = 1, nrec do
     local v = redis.call('HGET', keys, ARGV[i]) or again
     cursors[#cursors + 1] = string.match(v, '^(%d+)')
@@ -78,16 +122,121 @@ if again then
   local _, first, last = string.match(again, '^(%d+):(%d+):(%d+)')
   return {'ok', head, cursors, tonumber(first), tonumber(last), 1, 0, 0}
 end
-if ARGV[4] ~= '' and tonumber(ARGV[4]) ~= head then return {'conflict', head} end
 
-local changed = {}
-local ended = false
-local release = nil  -- the session id of a `release` mark
-local checkpoint = nil  -- the data of a `checkpoint` mark
-local packs = {}  -- the values of `pack` marks
-local starting = false  -- a turn started in this call; its turn_start line may be in it
+-- Appends the records to the log and applies their marks; returns their cursors and the
+-- ARGV index after them.
+function store_records(i)
+  local cursors = {}
+  for _ = 1, nrec do
+    local key, data, marks_json, n = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
+    head = head + 1
+    redis.call('XADD', log, head .. '-0', 'k', key, 'd', data, 'e', epoch, 'm', marks_json)
+    cursors[#cursors + 1] = tostring(head)
+    local named, done = nil, false
+    for j = 0, n - 1 do
+      local name, value = ARGV[i + 4 + 2 * j], ARGV[i + 5 + 2 * j]
+      apply(name, value)
+      if name == 'step' then named = value elseif name == 'done' then done = true end
+    end
+    -- Real progress (a new step, or something finished) restarts the death count; the
+    -- cut-off count restarts unless the record names the same step as before (§6: a step
+    -- cut off 3 times in a row is not run again).
+    if done or (named ~= nil and named ~= step) then changed.deaths, changed.futile = 0, 0 end
+    if named == nil or named ~= step then
+      changed.cutoffs = 0
+      if named ~= nil then step = named; changed.step = named end
+    end
+    i = i + 4 + 2 * n
+  end
+  return cursors, i
+end
 
-local function consume(id, state)
+-- Applies the marks sent without a record; returns the ARGV index after them.
+function apply_store_marks(i)
+  for _ = 1, nmarks do
+    apply(ARGV[i], ARGV[i + 1])
+    i = i + 2
+  end
+  return i
+end
+
+-- Appends the lines to `ui` with their epoch and cursor; a `turn_end` line's cursor is
+-- noted as its message's end cursor.
+function store_lines(i)
+  for _ = 1, nlines do
+    ui_last = ui_last + 1
+    local text = ARGV[i] .. ',"epoch":' .. epoch .. ',"cursor":' .. ui_last .. '}'
+    if starting and string.sub(ARGV[i], 1, 20) == '{"type":"turn_start"' then
+      changed.turn_cursor, starting = ui_last, false
+    end
+    redis.call('XADD', ui, ui_last .. '-0', 'l', text)
+    local ends = ARGV[i + 1]
+    if ends ~= '' then
+      local v = redis.call('HGET', msgs, ends)
+      if v then
+        local k, s, seq, _, size = string.match(v, '^(%a):(%a):(%d+):(%d+):(%d+)')
+        redis.call('HSET', msgs, ends, k .. ':' .. s .. ':' .. seq .. ':' .. ui_last .. ':' .. size)
+      end
+    end
+    i = i + 2
+  end
+end
+
+-- Each key remembers its cursor and the call's line range, for a retried call.
+function remember_keys(cursors, first, call_key)
+  local j = RECORDS_AT
+  for r = 1, nrec do
+    redis.call('HSET', keys, ARGV[j], cursors[r] .. ':' .. first .. ':' .. ui_last)
+    j = j + 4 + 2 * tonumber(ARGV[j + 3])
+  end
+  if call_key ~= '' then
+    -- Only the newest call key is kept (its cursor part: the log head it followed), so
+    -- line flushes do not grow the hash between compactions.
+    local previous = redis.call('HGET', meta, 'line_key')
+    if previous and previous ~= call_key then redis.call('HDEL', keys, previous) end
+    redis.call('HSET', keys, call_key, head .. ':' .. first .. ':' .. ui_last)
+    changed.line_key = call_key
+  end
+end
+
+function write_meta()
+  changed.head, changed.ui = head, ui_last
+  -- Takeovers spared after outages (claim.lua) restart with the deaths.
+  if spared and changed.deaths == 0 then redis.call('HDEL', meta, 'spared') end
+  local flat = {}
+  for k, v in pairs(changed) do flat[#flat + 1] = k; flat[#flat + 1] = v end
+  redis.call('HSET', meta, unpack(flat))
+end
+
+-- With a `release` mark and nothing left to run, lets the session go (its checkpoint
+-- replacing the log, its lines packed); else a turn that ended with nothing waiting
+-- starts the retention TTL. Returns released (0|1) and the lines packed.
+function let_go_or_expire()
+  local released, packed = 0, 0
+  if release and turn == '' and redis.call('ZCARD', pending) == 0 then
+    redis.call('HSET', lease, 'state', 'released', 'expires_ms', 0)
+    if checkpoint then
+      -- Through the call's last record: the whole log, which goes (at rest: no `rest`).
+      redis.call('HSET', KEYS[9], 'data', checkpoint, 'through', head)
+      redis.call('DEL', log, KEYS[10])
+      redis.call('HDEL', meta, 'rest')
+      redis.call('HSET', meta, 'through', head)
+    end
+    if #packs > 0 then packed = pack_lines() end
+    at_rest(ttl_ms, KEYS[11], release)  -- the retention TTL too
+    released = 1
+  elseif ended and ttl_ms > 0 and turn == '' and redis.call('ZCARD', pending) == 0 then
+    -- Retention: a session whose turn ended with nothing waiting expires after ttl_ms.
+    for k = 1, 10 do redis.call('PEXPIRE', KEYS[k], ttl_ms) end
+    redis.call('HSET', meta, 'expiring', 1)  -- accept.lua persists them again
+  end
+  return released, packed
+end
+
+-- -- the marks ------------------------------------------------------------------------
+
+-- Moves input `id` to `state` (r running, d done); returns its inbox seq (0: unknown id).
+function consume(id, state)
   local v = redis.call('HGET', msgs, id)
   if not v then return 0 end
   changed.futile = 0  -- an input moved on: progress (claim.lua counts claims without it)
@@ -104,7 +253,7 @@ local function consume(id, state)
   return tonumber(seq)
 end
 
-local function apply(name, value)
+function apply(name, value)
   if name == 'start' then
     if turn ~= value then
       if turn ~= '' then consume(turn, 'd') end
@@ -142,74 +291,7 @@ local function apply(name, value)
   end
 end
 
-local cursors = {}
-local i = 9
-for _ = 1, nrec do
-  local key, data, marks_json, n = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
-  head = head + 1
-  redis.call('XADD', log, head .. '-0', 'k', key, 'd', data, 'e', epoch, 'm', marks_json)
-  cursors[#cursors + 1] = tostring(head)
-  local named, done = nil, false
-  for j = 0, n - 1 do
-    local name, value = ARGV[i + 4 + 2 * j], ARGV[i + 5 + 2 * j]
-    apply(name, value)
-    if name == 'step' then named = value elseif name == 'done' then done = true end
-  end
-  -- Real progress (a new step, or something finished) restarts the death count; the
-  -- cut-off count restarts unless the record names the same step as before (§6: a step
-  -- cut off 3 times in a row is not run again).
-  if done or (named ~= nil and named ~= step) then changed.deaths, changed.futile = 0, 0 end
-  if named == nil or named ~= step then
-    changed.cutoffs = 0
-    if named ~= nil then step = named; changed.step = named end
-  end
-  i = i + 4 + 2 * n
-end
-for _ = 1, nmarks do
-  apply(ARGV[i], ARGV[i + 1])
-  i = i + 2
-end
-
-local first = ui_last + 1
-for _ = 1, nlines do
-  ui_last = ui_last + 1
-  local text = ARGV[i] .. ',"epoch":' .. epoch .. ',"cursor":' .. ui_last .. '}'
-  if starting and string.sub(ARGV[i], 1, 20) == '{"type":"turn_start"' then
-    changed.turn_cursor, starting = ui_last, false
-  end
-  redis.call('XADD', ui, ui_last .. '-0', 'l', text)
-  local ends = ARGV[i + 1]
-  if ends ~= '' then
-    local v = redis.call('HGET', msgs, ends)
-    if v then
-      local k, s, seq, _, size = string.match(v, '^(%a):(%a):(%d+):(%d+):(%d+)')
-      redis.call('HSET', msgs, ends, k .. ':' .. s .. ':' .. seq .. ':' .. ui_last .. ':' .. size)
-    end
-  end
-  i = i + 2
-end
-
--- Each key remembers its cursor and the call's line range, for a retried call.
-local j = 9
-for r = 1, nrec do
-  redis.call('HSET', keys, ARGV[j], cursors[r] .. ':' .. first .. ':' .. ui_last)
-  j = j + 4 + 2 * tonumber(ARGV[j + 3])
-end
-if call_key ~= '' then
-  -- Only the newest call key is kept (its cursor part: the log head it followed), so
-  -- line flushes do not grow the hash between compactions.
-  local previous = redis.call('HGET', meta, 'line_key')
-  if previous and previous ~= call_key then redis.call('HDEL', keys, previous) end
-  redis.call('HSET', keys, call_key, head .. ':' .. first .. ':' .. ui_last)
-  changed.line_key = call_key
-end
-
-changed.head, changed.ui = head, ui_last
--- Takeovers spared after outages (claim.lua) restart with the deaths.
-if m[6] and changed.deaths == 0 then redis.call('HDEL', meta, 'spared') end
-local flat = {}
-for k, v in pairs(changed) do flat[#flat + 1] = k; flat[#flat + 1] = v end
-redis.call('HSET', meta, unpack(flat))
+-- -- packing at rest ------------------------------------------------------------------
 
 -- The `pack` chunks, when they are exactly the lines from the first one's first on (all
 -- plain entries, each chunk's NDJSON with its SHA-1), replace those entries: the work, the
@@ -249,7 +331,7 @@ local function stream_nodes()
   return nil
 end
 
-local function pack_lines()
+function pack_lines()
   local chunks = {}
   for _, v in ipairs(packs) do
     local a, b, sha, adler, at = string.match(v, '^(%d+):(%d+):(%x+):(%d+):()')
@@ -319,23 +401,4 @@ local function pack_lines()
   return #entries
 end
 
-local released, packed = 0, 0
-if release and turn == '' and redis.call('ZCARD', pending) == 0 then
-  redis.call('HSET', lease, 'state', 'released', 'expires_ms', 0)
-  if checkpoint then
-    -- Through the call's last record: the whole log, which goes (at rest: no `rest`).
-    redis.call('HSET', KEYS[9], 'data', checkpoint, 'through', head)
-    redis.call('DEL', log, KEYS[10])
-    redis.call('HDEL', meta, 'rest')
-    redis.call('HSET', meta, 'through', head)
-  end
-  if #packs > 0 then packed = pack_lines() end
-  at_rest(ttl_ms, KEYS[11], release)  -- the retention TTL too
-  released = 1
-elseif ended and ttl_ms > 0 and turn == '' and redis.call('ZCARD', pending) == 0 then
-  -- Retention: a session whose turn ended with nothing waiting expires after ttl_ms.
-  for k = 1, 10 do redis.call('PEXPIRE', KEYS[k], ttl_ms) end
-  redis.call('HSET', meta, 'expiring', 1)  -- accept.lua persists them again
-end
-
-return {'ok', head, cursors, first, ui_last, 0, released, packed}
+return append()

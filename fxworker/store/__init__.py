@@ -52,7 +52,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import NoReturn
 
 from ..errors import FxConfigError
 from ..settings import Settings
@@ -61,6 +61,8 @@ from .embedded import embedded_store
 from .memory import memory_store
 from .persistence import StorePersistence
 from ._boundary import is_cluster
+from ._transport import AsyncClient, SyncClient
+from .api import SessionStore
 from .redis import RedisStore, SyncRedisStore, client_factories, map_redis_errors
 from ..urls import StoreAddress, masked, parse_store_url
 from .types import (
@@ -93,8 +95,8 @@ def redis_store(
     *,
     prefix: str | None = None,
     ack: str | None = None,
-    client: Any = None,
-    sync_client: Any = None,
+    client: AsyncClient | None = None,
+    sync_client: SyncClient | None = None,
     cluster: bool | None = None,
     session_ttl_s: float | None = None,
     clock: Callable[[], int] | None = None,
@@ -135,8 +137,8 @@ def redis_store(
         prefix=prefix, ack=ack, session_ttl_s=ttl, clock=clock, cluster=cluster,
         max_block_ms=max(1, int(socket_timeout_s * 1000) - 500),
     )
-    make_async: Callable[[], Any]
-    make_sync: Callable[[], Any]
+    make_async: Callable[[], AsyncClient]
+    make_sync: Callable[[], SyncClient]
     max_connections = max_connections or settings.redis_max_connections
     pool_timeout_s = socket_timeout_s if pool_timeout_s is None else pool_timeout_s
     if url is not None:
@@ -146,7 +148,7 @@ def redis_store(
             pool_timeout_s=pool_timeout_s,
         )
     else:
-        def missing() -> Any:
+        def missing() -> NoReturn:
             raise FxConfigError("this store was given only one client; pass both client= and sync_client=")
 
         make_async = make_sync = missing
@@ -175,7 +177,7 @@ def _detect_cluster(address: StoreAddress) -> bool:
 
 def store_clients(
     url: str, *, max_connections: int = 16, socket_timeout_s: float = 5.0
-) -> tuple[Callable[[], Any], Callable[[], Any]]:
+) -> tuple[Callable[[], AsyncClient], Callable[[], SyncClient]]:
     """(async factory, sync factory) of plain redis-py clients of the store at `url` — one
     Redis, a Redis Cluster or a Sentinel-managed primary, as `redis_store` reads it — for
     the few keys outside the sessions: the sweeper's guard, worker-ready marks, the web
@@ -193,7 +195,7 @@ def store_kind(url: str) -> str:
     return "cluster" if _detect_cluster(address) else address.kind
 
 
-def close_default_store(store: Any) -> bool:
+def close_default_store(store: RedisStore) -> bool:
     """Closes `store` and forgets it if it is one of this process's default stores (the next
     `default_store()` builds a new one); whether it was."""
     with _default_lock:
@@ -236,6 +238,8 @@ __all__ = [
     "store_clients",
     "store_kind",
     "StoreAddress",
+    # what the layers above hold
+    "SessionStore",
     # results
     "Accepted",
     "Appended",

@@ -18,16 +18,20 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypedDict, TypeVar
 
 import redis as redis_py
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError, RedisClusterException, RedisError
+from redis.retry import Retry
 
 from fxengine.errors import FxError
 
 from ..errors import FxStoreFullError, FxStoreUnavailableError
 from ..urls import StoreAddress
+from ._transport import AsyncClient, SyncClient
 
 T = TypeVar("T")
 
@@ -129,7 +133,7 @@ def retry_read_sync(call: Callable[[], T]) -> T:
     return call()
 
 
-def _no_maintenance_notifications() -> dict[str, Any]:
+def _no_maintenance_notifications() -> dict[str, object]:
     """Pool options that keep redis-py's check for closed connections at checkout.
 
     redis-py 8 turns RESP3 maintenance notifications on by default ("auto"), and while
@@ -150,26 +154,44 @@ class ServerCheck:
         self.done = False
 
 
-def policy_or_none(get: Callable[[], Any]) -> Any:
+def policy_or_none(get: Callable[[], T]) -> T | None:
     try:
         return get()
     except RedisError:
         return None  # CONFIG is often disabled on managed Redis
 
 
-def _no_retry(asyncio_client: bool) -> Any:
-    from redis.backoff import NoBackoff
-
-    if asyncio_client:
-        from redis.asyncio.retry import Retry as AsyncRetry
-
-        return AsyncRetry(NoBackoff(), 0)
-    from redis.retry import Retry
-
+def _no_retry() -> Retry:
     return Retry(NoBackoff(), 0)
 
 
-def _driver_info() -> dict[str, Any]:
+def _no_async_retry() -> AsyncRetry:
+    return AsyncRetry(NoBackoff(), 0)
+
+
+class _Timeouts(TypedDict):
+    """What every client of the store is built with."""
+
+    socket_timeout: float
+    socket_connect_timeout: float
+
+
+class _Auth(TypedDict):
+    """The credentials a cluster client given its nodes is built with."""
+
+    username: str | None
+    password: str | None
+    ssl: bool
+
+
+class _Primary(_Timeouts, _Auth):
+    """What the client of a Sentinel-managed primary is built with."""
+
+    db: int
+    max_connections: int
+
+
+def _driver_info() -> dict[str, object]:
     """One `DriverInfo` for every connection of a pool, where redis-py has it (7.1+).
 
     Without it each new connection builds its own, which looks the installed redis-py
@@ -186,7 +208,7 @@ def _driver_info() -> dict[str, Any]:
 
 def client_factories(
     address: StoreAddress, *, cluster: bool, socket_timeout_s: float, max_connections: int, pool_timeout_s: float
-) -> tuple[Callable[[], Any], Callable[[], Any]]:
+) -> tuple[Callable[[], AsyncClient], Callable[[], SyncClient]]:
     """(async factory, sync factory) of redis-py clients for `address`, retries off.
 
     Each client draws on a `BlockingConnectionPool` of at most `max_connections`: a call
@@ -201,7 +223,7 @@ def client_factories(
     """
     if max_connections < 1:
         raise ValueError(f"max_connections must be at least 1, got {max_connections}")
-    common: dict[str, Any] = {"socket_timeout": socket_timeout_s, "socket_connect_timeout": socket_timeout_s}
+    common: _Timeouts = {"socket_timeout": socket_timeout_s, "socket_connect_timeout": socket_timeout_s}
     if cluster:
         import redis.asyncio.cluster as async_cluster
         import redis.cluster as sync_cluster
@@ -214,7 +236,7 @@ def client_factories(
                     max_connections=max_connections, timeout=pool_timeout_s, **common,
                 ),
             )
-        auth: dict[str, Any] = {"username": address.username, "password": address.password, "ssl": address.tls}
+        auth: _Auth = {"username": address.username, "password": address.password, "ssl": address.tls}
         return (
             lambda: async_cluster.RedisCluster(
                 startup_nodes=[async_cluster.ClusterNode(h, p) for h, p in address.nodes], **auth, **common),
@@ -228,18 +250,17 @@ def client_factories(
         return _sentinel_factories(address, common, max_connections)
     import redis.asyncio as async_redis
 
-    common.update(_driver_info())
-    common.update(_no_maintenance_notifications())
+    pooled = {**common, **_driver_info(), **_no_maintenance_notifications()}
 
-    def make_async() -> Any:
+    def make_async() -> AsyncClient:
         pool = async_redis.BlockingConnectionPool.from_url(
-            address.url, max_connections=max_connections, timeout=pool_timeout_s, retry=_no_retry(True), **common
+            address.url, max_connections=max_connections, timeout=pool_timeout_s, retry=_no_async_retry(), **pooled
         )
         return async_redis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes it
 
-    def make_sync() -> Any:
+    def make_sync() -> SyncClient:
         pool = redis_py.BlockingConnectionPool.from_url(
-            address.url, max_connections=max_connections, timeout=pool_timeout_s, retry=_no_retry(False), **common
+            address.url, max_connections=max_connections, timeout=pool_timeout_s, retry=_no_retry(), **pooled
         )
         return redis_py.Redis.from_pool(pool)
 
@@ -247,25 +268,27 @@ def client_factories(
 
 
 def _sentinel_factories(
-    address: StoreAddress, common: dict[str, Any], max_connections: int
-) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    address: StoreAddress, common: _Timeouts, max_connections: int
+) -> tuple[Callable[[], AsyncClient], Callable[[], SyncClient]]:
     import redis.asyncio.sentinel as async_sentinel
     import redis.sentinel as sync_sentinel
 
     assert address.master is not None
     master = address.master
     sentinel_kwargs = {**common, "password": address.sentinel_password}
-    data = {**common, "username": address.username, "password": address.password, "db": address.db,
+    data: _Primary = {**common, "username": address.username, "password": address.password, "db": address.db,
             "ssl": address.tls, "max_connections": max_connections}
     nodes = list(address.nodes)
 
-    def make_async() -> Any:
+    def make_async() -> AsyncClient:
         sentinels = async_sentinel.Sentinel(nodes, sentinel_kwargs=sentinel_kwargs, **common)
-        return sentinels.master_for(master, retry=_no_retry(True), **data)
+        client: AsyncClient = sentinels.master_for(master, retry=_no_async_retry(), **data)
+        return client
 
-    def make_sync() -> Any:
+    def make_sync() -> SyncClient:
         sentinels = sync_sentinel.Sentinel(nodes, sentinel_kwargs=sentinel_kwargs, **common)
-        return sentinels.master_for(master, retry=_no_retry(False), **data)
+        client: SyncClient = sentinels.master_for(master, retry=_no_retry(), **data)
+        return client
 
     return make_async, make_sync
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
-from typing import Any, Concatenate, Generic, NamedTuple, ParamSpec, Self, TypeVar, overload
+from typing import Any, Concatenate, Final, Generic, NamedTuple, ParamSpec, Self, TypeVar, overload
 
 from fxengine.persistence import Mark
 
@@ -25,10 +25,12 @@ from ..errors import FxAckUnsupportedError, FxConfigError, FxStoreUnavailableErr
 from ..ids import now_ms, validate_session_id
 from ..keys import SessionKeys, check_prefix, index_keys, session_keys
 from .. import scripts
-from ..scripts import Command, Step
+from ..scripts import Arg, Command, Step
 from .types import StoreRecord
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+C = TypeVar("C", bound=Callable[..., object])
 log = logging.getLogger("fxworker.store")
 
 # A ready mark younger than this is never cleared: on a cluster it may belong to an accept
@@ -41,18 +43,18 @@ READY_GRACE_MS = 30_000
 READY_SKEW_MS = 5_000
 
 
-class _Unchecked:
+class Unchecked:
     def __repr__(self) -> str:
         return "UNCHECKED"
 
 
-UNCHECKED: Any = _Unchecked()
+UNCHECKED: Final = Unchecked()
 """`append(expected=UNCHECKED)`: the call does not compare the log head (the default)."""
 
 RecordLike = StoreRecord | tuple[str, bytes, Sequence[Mark]]
 
 
-class Op(NamedTuple, Generic[T]):
+class Op(NamedTuple, Generic[T_co]):
     """Steps to run in order (one round trip when pipelined) and the parser of their replies.
 
     `read`: the steps change nothing, so a call that met a connection Redis closed runs
@@ -61,12 +63,12 @@ class Op(NamedTuple, Generic[T]):
     """
 
     steps: list[Step]
-    parse: Callable[[list[Any]], T]
+    parse: Callable[[list[Any]], T_co]
     read: bool = False
     blocks: bool = False
 
 
-Plan = Generator["Op[Any]", Any, T]
+Plan = Generator["Op[object]", Any, T]
 """A plan of several calls: it yields each `Op`, gets its parsed result, returns the answer."""
 
 P = ParamSpec("P")
@@ -161,14 +163,14 @@ class StoreCore:
 
     def xread(self, key: str, after: int, *, block_ms: int | None, count: int | None) -> Command:
         """One XREAD of `key` after entry `after`-0 (a blocking one waits at most `max_block_ms`)."""
-        args: list[Any] = ["XREAD"]
+        args: list[Arg] = ["XREAD"]
         if count is not None:
             args += ["COUNT", int(count)]
         if block_ms is not None:
             args += ["BLOCK", max(1, min(int(block_ms), self.max_block_ms))]
         return Command((*args, "STREAMS", key, f"{after}-0"), key=key)
 
-    def check_server(self, info: Mapping[str, Any] | None, policy: Any) -> None:
+    def check_server(self, info: Mapping[str, object] | None, policy: object) -> None:
         """Start-up checks on the answers of INFO server and CONFIG GET maxmemory-policy."""
         if self.ack == "aof" and info is not None:
             version = tuple(int(p) for p in str(info.get("redis_version", "0")).split(".")[:2])
@@ -184,7 +186,7 @@ class StoreCore:
             )
 
 
-def _find_policy(policy: Any) -> str | None:
+def _find_policy(policy: object) -> str | None:
     if isinstance(policy, Mapping):
         for key, value in policy.items():
             k = key.decode() if isinstance(key, bytes) else key
@@ -208,21 +210,25 @@ class AsyncStore:
     async def _exec(self, op: Op[T], name: str | None = None) -> T:
         raise NotImplementedError
 
-    def _bind(self, declared: operation[Any, Any]) -> Callable[..., Any]:
-        plan, name, core, run = declared.plan, declared.name, self._core, self._exec
-        if declared.steps:
-            async def call(*args: Any, **kwargs: Any) -> Any:
-                steps = plan(core, *args, **kwargs)
+    def _bind(self, declared: operation[P, T]) -> Callable[P, Awaitable[T]]:
+        name, core, run, several = declared.name, self._core, self._exec, declared.several
+        if several is not None:
+            async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+                steps = several(core, *args, **kwargs)
                 try:
                     op = next(steps)
                     while True:
                         op = steps.send(await run(op, name))
                 except StopIteration as done:
-                    return done.value
-        else:
-            async def call(*args: Any, **kwargs: Any) -> Any:
-                return await run(plan(core, *args, **kwargs), name)
-        return declared.named(call)
+                    result: T = done.value
+                    return result
+            return declared.named(call)
+        one = declared.one
+        assert one is not None
+
+        async def call_one(*args: P.args, **kwargs: P.kwargs) -> T:
+            return await run(one(core, *args, **kwargs), name)
+        return declared.named(call_one)
 
 
 class SyncStore:
@@ -233,21 +239,25 @@ class SyncStore:
     def _exec(self, op: Op[T], name: str | None = None) -> T:
         raise NotImplementedError
 
-    def _bind(self, declared: operation[Any, Any]) -> Callable[..., Any]:
-        plan, name, core, run = declared.plan, declared.name, self._core, self._exec
-        if declared.steps:
-            def call(*args: Any, **kwargs: Any) -> Any:
-                steps = plan(core, *args, **kwargs)
+    def _bind(self, declared: operation[P, T]) -> Callable[P, T]:
+        name, core, run, several = declared.name, self._core, self._exec, declared.several
+        if several is not None:
+            def call(*args: P.args, **kwargs: P.kwargs) -> T:
+                steps = several(core, *args, **kwargs)
                 try:
                     op = next(steps)
                     while True:
                         op = steps.send(run(op, name))
                 except StopIteration as done:
-                    return done.value
-        else:
-            def call(*args: Any, **kwargs: Any) -> Any:
-                return run(plan(core, *args, **kwargs), name)
-        return declared.named(call)
+                    result: T = done.value
+                    return result
+            return declared.named(call)
+        one = declared.one
+        assert one is not None
+
+        def call_one(*args: P.args, **kwargs: P.kwargs) -> T:
+            return run(one(core, *args, **kwargs), name)
+        return declared.named(call_one)
 
 
 class operation(Generic[P, T]):
@@ -255,32 +265,40 @@ class operation(Generic[P, T]):
     and a plain one of `store.sync`, with the plan's signature (after its `core`) and
     docstring. Timed in `STORE_LATENCY` under its name.
 
-    The bound method is made on first use and kept on the instance: a call costs what a
-    hand-written method does.
+    The plan is `one` (it returns one `Op`) or `several` (it yields several). The bound
+    method is made on first use and kept on the instance: a call costs what a hand-written
+    method does.
     """
 
-    steps = False
-
-    def __init__(self, plan: Callable[..., Any]) -> None:
-        self.plan = plan
+    def __init__(
+        self,
+        one: Callable[Concatenate[StoreCore, P], Op[T]] | None = None,
+        *,
+        several: Callable[Concatenate[StoreCore, P], Plan[T]] | None = None,
+    ) -> None:
+        plan = one or several
+        assert plan is not None and (one is None or several is None), "one plan: one= or several="
+        self.one, self.several = one, several
         self.name = plan.__name__.lstrip("_")
         self.__doc__ = plan.__doc__
 
-    def __set_name__(self, owner: type[Any], name: str) -> None:
+    def __set_name__(self, owner: type[object], name: str) -> None:
         self.name = name
 
-    def named(self, call: Callable[..., Any]) -> Callable[..., Any]:
+    def named(self, call: C) -> C:
         call.__name__ = call.__qualname__ = self.name
-        call.__doc__ = self.plan.__doc__
+        call.__doc__ = self.__doc__
         return call
 
     @overload
-    def __get__(self, obj: None, owner: type[Any]) -> Self: ...
+    def __get__(self, obj: None, owner: type[object]) -> Self: ...
     @overload
-    def __get__(self, obj: AsyncStore, owner: type[Any]) -> Callable[P, Awaitable[T]]: ...
+    def __get__(self, obj: AsyncStore, owner: type[object]) -> Callable[P, Awaitable[T]]: ...
     @overload
-    def __get__(self, obj: SyncStore, owner: type[Any]) -> Callable[P, T]: ...
-    def __get__(self, obj: AsyncStore | SyncStore | None, owner: type[Any]) -> Any:
+    def __get__(self, obj: SyncStore, owner: type[object]) -> Callable[P, T]: ...
+    def __get__(
+        self, obj: AsyncStore | SyncStore | None, owner: type[object]
+    ) -> Self | Callable[P, Awaitable[T]] | Callable[P, T]:
         if obj is None:
             return self
         bound = obj._bind(self)
@@ -295,6 +313,4 @@ def one_call(plan: Callable[Concatenate[StoreCore, P], Op[T]]) -> operation[P, T
 
 def several_calls(plan: Callable[Concatenate[StoreCore, P], Plan[T]]) -> operation[P, T]:
     """`operation` of a plan that yields several `Op`s (a read, then a write that depends on it)."""
-    declared: operation[P, T] = operation(plan)
-    declared.steps = True
-    return declared
+    return operation(several=plan)

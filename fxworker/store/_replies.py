@@ -29,7 +29,7 @@ _MARK_NAMES = ("start", "end", "yield", "accepted", "step", "done", "drop")
 _std_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
-def dumps(value: Any) -> str:
+def dumps(value: object) -> str:
     """Compact JSON, non-ASCII kept: orjson's (a tenth of the standard library's time for a
     line), the standard library's for what orjson refuses (an integer past 64 bits, a key
     that is not a string, a lone surrogate)."""
@@ -46,7 +46,7 @@ def kind_code(kind: str) -> str:
         raise ValueError(f"kind must be 'prompt' or 'steer', got {kind!r}") from None
 
 
-def encode_line(line: Mapping[str, Any]) -> tuple[str, str]:
+def encode_line(line: Mapping[str, object]) -> tuple[str, str]:
     """A UI line as the script takes it: its JSON without the closing brace (the script
     adds `epoch` and `cursor`), and the message id it ends when it is a `turn_end`."""
     if not isinstance(line.get("type"), str):
@@ -113,7 +113,7 @@ def parse_input(fields: list[Any], *, cancel_target: str = "") -> Input:
     )
 
 
-def incomplete(session_id: str, key: Any) -> FxSessionIncompleteError:
+def incomplete(session_id: str, key: bytes | str) -> FxSessionIncompleteError:
     """The refusal of a session whose `key` is gone (`_whole.lua`)."""
     return FxSessionIncompleteError(
         f"session {session_id} is incomplete: its {text(key)} key is gone (evicted or deleted), so it is not "

@@ -30,8 +30,8 @@ from .types import (
 
 
 def _accept(
-    core: StoreCore, session_id: str, *, agent: str, kind: InputKind = "prompt", message_id: str, input: Any,
-    context: Any = None, settings: Any = None, now_ms: int | None = None, create: bool = True,
+    core: StoreCore, session_id: str, *, agent: str, kind: InputKind = "prompt", message_id: str, input: object,
+    context: object = None, settings: object = None, now_ms: int | None = None, create: bool = True,
     traceparent: str | None = None,
 ) -> Op[Accepted]:
     """Stores a prompt or steer; returns once Redis (and the `ack` level) has it.
@@ -74,7 +74,7 @@ def _accept(
     if not cluster and core.ack == "primary":
         return Op([accept], lambda replies: _accepted(replies[0], session_id, message_id, kind))
     # With an ack level each write is followed by its wait (on a cluster, on the node
-    # that took the write: `scripts.AsyncRunner`); the mark's is sent, not required.
+    # that took the write: `_transport._node_groups`); the mark's is sent, not required.
     steps: list[Step] = []
     if cluster:
         steps += [scripts.mark_ready(core.index, session_id=session_id, now_ms=now), *core.ack_steps()]
@@ -120,7 +120,7 @@ def _accepted(reply: list[Any], session_id: str, message_id: str, kind: InputKin
     raise FxStoreUnavailableError(f"unexpected accept reply {reply!r}")
 
 
-def _steer_text_bytes(input: Any, json_bytes: int) -> int:
+def _steer_text_bytes(input: object, json_bytes: int) -> int:
     """The bytes a steer counts against its limits: its text (a steer given as blocks
     counts its text blocks; its images have their own limits, checked before the store)."""
     if isinstance(input, str):

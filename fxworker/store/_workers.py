@@ -19,7 +19,7 @@ from ..errors import FxStoreUnavailableError, FxUnknownSessionError
 from ..scripts import Step
 from . import _packed
 from . import _replies as r
-from ._core import UNCHECKED, Op, RecordLike, StoreCore, _Unchecked, one_call
+from ._core import UNCHECKED, Op, RecordLike, StoreCore, Unchecked, one_call
 from .types import (
     CHECKPOINT_MAX_BYTES,
     Appended,
@@ -140,7 +140,8 @@ def _claimed(reply: list[Any], *, session_id: str, holder: str) -> Claim | Idle 
 
 def _append(
     core: StoreCore, session_id: str, epoch: int, *, records: Sequence[RecordLike] = (),
-    lines: Sequence[Mapping[str, Any]] = (), marks: Sequence[Mark] = (), expected: Any = UNCHECKED,
+    lines: Sequence[Mapping[str, object]] = (), marks: Sequence[Mark] = (),
+    expected: str | None | Unchecked = UNCHECKED,
     durable: bool = False, now_ms: int | None = None, idempotency_key: str | None = None,
     release: bool = False, checkpoint: bytes | None = None, pack_after: tuple[int, Sequence[str]] | None = None,
 ) -> Op[Appended]:
@@ -178,7 +179,7 @@ def _append(
         else:
             key, data, record_marks = record
         encoded.append((key, bytes(data), r.dumps(list(record_marks)), r.encode_marks(record_marks)))
-    check = not isinstance(expected, _Unchecked)
+    shown = None if isinstance(expected, Unchecked) else expected
     store_marks = r.encode_marks(marks)
     sent = [r.encode_line(line) for line in lines]
     texts = [text for text, _ in sent]
@@ -195,14 +196,13 @@ def _append(
         raise ValueError("checkpoint= and pack_after= go with release=True")
     call = scripts.append(
         keys, epoch=int(epoch), now_ms=core.now(now_ms), ttl_ms=core.ttl_ms,
-        expected=expected if check else None, check_expected=check,
+        expected=shown, check_expected=not isinstance(expected, Unchecked),
         records=encoded, marks=marks_out, lines=sent,
         call_key=idempotency_key or "", ready=core.index if release and not core.cluster else None,
     )
     steps: list[Step] = [call]
     if durable:
         steps += core.ack_steps()
-    shown = expected if check else None
 
     def parse(replies: list[Any]) -> Appended:
         appended = _appended(replies[0], session_id=session_id, epoch=int(epoch), expected=shown, texts=texts)
@@ -327,11 +327,11 @@ def _watch_inboxes(core: StoreCore, after: Mapping[str, int]) -> Op[dict[str, li
     return Op(steps, parse, read=True)
 
 
-def _inputs(reply: Any) -> list[Input]:
+def _inputs(reply: object) -> list[Input]:
     """The inbox entries of one XREAD reply."""
     out = []
     for seq, fields in r.parse_stream(reply):
-        flat: list[Any] = [seq]
+        flat: list[object] = [seq]
         for name, value in fields.items():
             flat += [name, value]
         out.append(r.parse_input(flat))

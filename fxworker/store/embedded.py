@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from types import ModuleType
 
 from ..errors import FxConfigError
 from ._core import StoreCore
 from .redis import RedisStore
 
-_shared: Any = None
+_shared: object | None = None  # a fakeredis.FakeServer
 _shared_lock = threading.Lock()
 
 
-def _fakeredis() -> Any:
+def _fakeredis() -> ModuleType:
     try:
         import fakeredis
         import lupa  # noqa: F401  (fakeredis runs Lua through it)
@@ -31,7 +31,7 @@ def _fakeredis() -> Any:
     return fakeredis
 
 
-def shared_server() -> Any:
+def shared_server() -> object:
     """The process-wide fake Redis server of the embedded store."""
     global _shared
     fakeredis = _fakeredis()
@@ -41,7 +41,7 @@ def shared_server() -> Any:
         return _shared
 
 
-def new_server() -> Any:
+def new_server() -> object:
     """A fresh, private fake Redis server."""
     return _fakeredis().FakeServer(version=(7, 2))
 
@@ -49,7 +49,7 @@ def new_server() -> Any:
 def embedded_store(
     *,
     prefix: str = "fx",
-    server: Any = None,
+    server: object | None = None,
     memory_ids: bool = False,
     session_ttl_s: float | None = None,
     clock: Callable[[], int] | None = None,

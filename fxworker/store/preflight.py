@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
-
+from redis.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from ..errors import FxConfigError
@@ -38,7 +37,7 @@ log = logging.getLogger("fxworker.store")
 REPLICA_ROLES = frozenset({"slave", "replica"})  # `role` in INFO replication of a read-only replica
 
 
-def write_refusal(info: Mapping[str, Any], *, min_replicas_to_write: int | None = None) -> str | None:
+def write_refusal(info: Mapping[str, object], *, min_replicas_to_write: int | None = None) -> str | None:
     """Why the Redis whose `INFO replication` is `info` refuses every write now, or None;
     names no address (it reaches HTTP clients).
 
@@ -54,13 +53,20 @@ def write_refusal(info: Mapping[str, Any], *, min_replicas_to_write: int | None 
     if good is None:
         return None
     needed = max(1, min_replicas_to_write or 0)
-    if int(good) < needed:
-        return (f"the store refuses writes (NOREPLICAS): {int(good)} replica(s) in reach, "
+    if _number(good) < needed:
+        return (f"the store refuses writes (NOREPLICAS): {_number(good)} replica(s) in reach, "
                 f"min-replicas-to-write is {min_replicas_to_write or 'at least 1'}")
     return None
 
 
-def cluster_refusal(info: Mapping[str, Any]) -> str | None:
+def _number(value: object) -> int:
+    """An INFO field that counts, as `int()` reads it (redis-py parses most to int already)."""
+    if isinstance(value, (int, float, str, bytes)):
+        return int(value)
+    raise TypeError(f"an INFO field that is not a number: {value!r}")
+
+
+def cluster_refusal(info: Mapping[str, object]) -> str | None:
     """Why a Redis Cluster node whose `CLUSTER INFO` is `info` refuses commands (CLUSTERDOWN),
     or None: its `cluster_state` is not `ok` (some slots have no node serving them)."""
     state = str(info.get("cluster_state", "ok"))
@@ -70,14 +76,14 @@ def cluster_refusal(info: Mapping[str, Any]) -> str | None:
             "slots served)")
 
 
-def _replica_problem(where: str, info: Mapping[str, Any], url_name: str) -> str:
+def _replica_problem(where: str, info: Mapping[str, object], url_name: str) -> str:
     primary = f"{info.get('master_host', '?')}:{info.get('master_port', '?')}"
     return (f"{where} is a read-only replica (of {primary}, link {info.get('master_link_status', '?')}): it refuses "
             f"every write. Point {url_name} at the primary, or use Sentinel (redis+sentinel://host:26379,"
             "host:26379/<master>/0), which follows the primary through a failover")
 
 
-def server_problems(info: Mapping[str, Any], settings: Settings) -> list[str]:
+def server_problems(info: Mapping[str, object], settings: Settings) -> list[str]:
     """What in `info` (Redis `INFO`) keeps `settings` from being honoured; each says what to change."""
     problems = []
     policy = str(info.get("maxmemory_policy", "noeviction"))
@@ -92,10 +98,10 @@ def server_problems(info: Mapping[str, Any], settings: Settings) -> list[str]:
         if tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) < (7, 2):
             problems.append(f"FX_ACK=aof needs WAITAOF (Redis 7.2 or newer, or Valkey); this server is {version}: "
                             "upgrade it or set FX_ACK=primary or replica")
-        elif not int(info.get("aof_enabled", 0) or 0):
+        elif not _number(info.get("aof_enabled", 0) or 0):
             problems.append("FX_ACK=aof needs appendonly yes on the server (CONFIG SET appendonly yes), "
                             "or set FX_ACK=primary or replica")
-    if settings.ack == "replica" and not int(info.get("connected_slaves", 0) or 0):
+    if settings.ack == "replica" and not _number(info.get("connected_slaves", 0) or 0):
         problems.append("FX_ACK=replica needs a replica connected to the server (none is): "
                         "add one, or set FX_ACK=primary or aof")
     return problems
@@ -133,7 +139,7 @@ def check_server(settings: Settings) -> list[str]:
     return problems
 
 
-def _store_infos(address: StoreAddress, problems: list[str]) -> list[tuple[str, Mapping[str, Any]]]:
+def _store_infos(address: StoreAddress, problems: list[str]) -> list[tuple[str, Mapping[str, object]]]:
     """(where, INFO) of each primary of the store, read with the store's own kind of client;
     adds to `problems` what contradicts the URL."""
     try:
@@ -151,8 +157,7 @@ def _store_infos(address: StoreAddress, problems: list[str]) -> list[tuple[str, 
         try:
             if not cluster:
                 return [("", client.info())]
-            from redis.cluster import RedisCluster
-
+            assert isinstance(client, RedisCluster)  # the factories' client of a cluster
             down = _cluster_down(client)
             if down:
                 problems.append(f"the store at {masked(address.url)}: {down}: bring back or replace the failed "
@@ -169,7 +174,7 @@ def _store_infos(address: StoreAddress, problems: list[str]) -> list[tuple[str, 
         return []
 
 
-def _cluster_down(client: Any) -> str | None:
+def _cluster_down(client: RedisCluster) -> str | None:
     """`cluster_refusal` of the first primary that says the cluster is down, with its address;
     a primary that does not answer is skipped (the others say whether its slots are lost)."""
     for node in client.get_primaries():
@@ -220,7 +225,7 @@ def broker_problems(settings: Settings) -> list[str]:
     return []
 
 
-def _replication_or_none(url: str) -> Mapping[str, Any] | None:
+def _replication_or_none(url: str) -> Mapping[str, object] | None:
     """`INFO replication` of the Redis at `url`, or None when it does not answer (said later)."""
     import redis as redis_py
 

@@ -19,19 +19,21 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from redis.exceptions import RedisError
 
 from .. import metrics
 from ..errors import FxStoreUnavailableError
-from ..scripts import AsyncRunner, Call
+from ..scripts import Call
 from ._boundary import ServerCheck, client_factories, map_redis_errors, retry_read
 from ._core import AsyncStore, Op, StoreCore
 from ._live import LiveOperations
 from ._readers import ReaderOperations
 from ._senders import SenderOperations
+from ._transport import AsyncClient, AsyncTransport, SyncClient
 from ._workers import WorkerOperations
+from .api import SessionStore
 from .persistence import LineFlusher, LineWriter, StorePersistence
 from .sync import SyncRedisStore
 from .types import Claim
@@ -52,8 +54,8 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, LiveOpera
         self,
         core: StoreCore,
         *,
-        make_async_client: Callable[[], Any],
-        make_sync_client: Callable[[], Any],
+        make_async_client: Callable[[], AsyncClient],
+        make_sync_client: Callable[[], SyncClient],
         kind: str = "redis",
         max_calls: int | None = None,
         wait_s: float = 5.0,
@@ -62,11 +64,11 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, LiveOpera
         self._make_async_client = make_async_client
         self._check = ServerCheck()
         self._errors = map_redis_errors(core.saw_outage)
-        # One runner (client) per event loop; id(loop) -> (loop, runner, call slots, the
-        # loop's line flusher).
-        self._runners: dict[int, tuple[asyncio.AbstractEventLoop, AsyncRunner, asyncio.Semaphore | None,
-                                       LineFlusher]] = {}
-        self._runners_lock = threading.Lock()
+        # One transport (client) per event loop; id(loop) -> (loop, transport, call slots,
+        # the loop's line flusher).
+        self._transports: dict[int, tuple[asyncio.AbstractEventLoop, AsyncTransport, asyncio.Semaphore | None,
+                                          LineFlusher]] = {}
+        self._transports_lock = threading.Lock()
         # The asyncio cluster client has no waiting pool: with `max_calls`, at most that many
         # calls per loop run at once, the others wait up to `wait_s` (then FX_STORE_UNAVAILABLE).
         self._max_calls = max_calls
@@ -77,7 +79,7 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, LiveOpera
     def __repr__(self) -> str:
         return (
             f"<RedisStore kind={self.kind} prefix={self._core.prefix!r} ack={self._core.ack} "
-            f"loops={len(self._runners)}>"
+            f"loops={len(self._transports)}>"
         )
 
     @property
@@ -94,39 +96,39 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, LiveOpera
         return self._core
 
     @property
-    def client(self) -> Any:
+    def client(self) -> AsyncClient:
         """The asyncio redis-py client of the running loop."""
-        return self._get_runner().client
+        return self._transport().client
 
     def now_ms(self) -> int:
         """The store's clock (wall time unless a `clock` was given)."""
         return self._core.clock()
 
-    def _get_runner(self) -> AsyncRunner:
-        return self._loop_runner()[0]
+    def _transport(self) -> AsyncTransport:
+        return self._loop_transport()[0]
 
-    def _loop_runner(self) -> tuple[AsyncRunner, asyncio.Semaphore | None]:
-        _, runner, slots, _ = self._loop_entry()
-        return runner, slots
+    def _loop_transport(self) -> tuple[AsyncTransport, asyncio.Semaphore | None]:
+        _, transport, slots, _ = self._loop_entry()
+        return transport, slots
 
-    def _loop_entry(self) -> tuple[asyncio.AbstractEventLoop, AsyncRunner, asyncio.Semaphore | None, LineFlusher]:
+    def _loop_entry(self) -> tuple[asyncio.AbstractEventLoop, AsyncTransport, asyncio.Semaphore | None, LineFlusher]:
         loop = asyncio.get_running_loop()
-        entry = self._runners.get(id(loop))
+        entry = self._transports.get(id(loop))
         if entry is not None and entry[0] is loop:
             return entry
-        with self._runners_lock:
-            entry = self._runners.get(id(loop))
+        with self._transports_lock:
+            entry = self._transports.get(id(loop))
             if entry is not None and entry[0] is loop:
                 return entry
             # Loops that stopped (an `asyncio.run` that returned, a closed worker loop) no
             # longer need their client; their sockets go with them.
-            for key, (other, *_) in list(self._runners.items()):
+            for key, (other, *_) in list(self._transports.items()):
                 if other.is_closed() or not other.is_running():
-                    del self._runners[key]
+                    del self._transports[key]
             with map_redis_errors():
-                runner = AsyncRunner(self._make_async_client(), cluster=self._core.cluster)
+                transport = AsyncTransport(self._make_async_client(), cluster=self._core.cluster)
             slots = asyncio.Semaphore(self._max_calls) if self._max_calls else None
-            entry = self._runners[id(loop)] = (loop, runner, slots, LineFlusher(self))
+            entry = self._transports[id(loop)] = (loop, transport, slots, LineFlusher(self))
             return entry
 
     async def _exec(self, op: Op[T], name: str | None = None) -> T:
@@ -145,9 +147,9 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, LiveOpera
             metrics.observe_store(name, time.perf_counter() - started_s)
 
     async def _exec_untimed(self, op: Op[T]) -> T:
-        runner, slots = self._loop_runner()
+        transport, slots = self._loop_transport()
         if slots is None:
-            return await self._run(runner, op)
+            return await self._run(transport, op)
         try:
             async with asyncio.timeout(self._wait_s):
                 await slots.acquire()
@@ -156,19 +158,19 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, LiveOpera
                 f"no store connection came free within {self._wait_s} s ({self._max_calls} calls in flight)"
             ) from None
         try:
-            return await self._run(runner, op)
+            return await self._run(transport, op)
         finally:
             slots.release()
 
-    async def _run(self, runner: AsyncRunner, op: Op[T]) -> T:
+    async def _run(self, transport: AsyncTransport, op: Op[T]) -> T:
         with self._errors:
             if not self._check.done:
-                await self._check_server(runner)
-            return op.parse(await runner.run_all(op.steps))
+                await self._check_server(transport)
+            return op.parse(await transport.run_all(op.steps))
 
-    async def _check_server(self, runner: AsyncRunner) -> None:
+    async def _check_server(self, transport: AsyncTransport) -> None:
         """The start-up checks (WAITAOF support, the eviction policy), on the first call."""
-        client = runner.client
+        client = transport.client
         info = await client.info("server") if self._core.ack == "aof" else None
         try:
             policy = await client.config_get("maxmemory-policy")
@@ -181,14 +183,15 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, LiveOpera
         """Several operations of one script call each, in one round trip (on one server),
         each answered on its own: its result, or the fxworker error it met. A connection
         failure raises (`FxStoreUnavailableError`): it is every operation's."""
-        runner, slots = self._loop_runner()
-        if slots is not None or any(len(op.steps) != 1 or not isinstance(op.steps[0], Call) for op in ops):
+        transport, slots = self._loop_transport()
+        calls = [call for op in ops if len(op.steps) == 1 and isinstance(call := op.steps[0], Call)]
+        if slots is not None or len(calls) != len(ops):
             return list(await asyncio.gather(*[self._exec(op, name) for op in ops], return_exceptions=True))  # type: ignore[arg-type]
         started_s = time.perf_counter()
         with self._errors:
             if not self._check.done:
-                await self._check_server(runner)
-            replies = await runner.replies_of([op.steps[0] for op in ops])  # type: ignore[misc]
+                await self._check_server(transport)
+            replies = await transport.replies_of(calls)
         results: list[T | Exception] = []
         for op, reply in zip(ops, replies):
             try:
@@ -214,20 +217,25 @@ class RedisStore(SenderOperations, WorkerOperations, ReaderOperations, LiveOpera
     def close(self) -> None:
         """Closes the blocking twin's client and asks every loop still running to close
         its own async client (without waiting: this may run on one of them)."""
-        with self._runners_lock:
-            entries, self._runners = list(self._runners.values()), {}
-        for loop, runner, *_ in entries:
+        with self._transports_lock:
+            entries, self._transports = list(self._transports.values()), {}
+        for loop, transport, *_ in entries:
             if not loop.is_closed() and loop.is_running():
-                asyncio.run_coroutine_threadsafe(runner.client.aclose(), loop)
+                asyncio.run_coroutine_threadsafe(transport.client.aclose(), loop)
         self.sync.close()
 
     async def aclose(self) -> None:
         """Closes the running loop's async client and the blocking twin's; the clients of
         other loops are dropped (a client can only be closed on its own loop)."""
         loop = asyncio.get_running_loop()
-        with self._runners_lock:
-            entries, self._runners = list(self._runners.values()), {}
-        for other, runner, *_ in entries:
+        with self._transports_lock:
+            entries, self._transports = list(self._transports.values()), {}
+        for other, transport, *_ in entries:
             if other is loop:
-                await runner.client.aclose()
+                await transport.client.aclose()
         self.sync.close()
+
+
+def _a_session_store(store: RedisStore) -> SessionStore:
+    """Where mypy checks that `RedisStore` answers every call of `SessionStore`."""
+    return store

@@ -1,4 +1,4 @@
-"""The single calls of one loop iteration leave as one pipeline (`AsyncRunner.run_batched`),
+"""The single calls of one loop iteration leave as one pipeline (`AsyncTransport.run_batched`),
 each answered on its own: one refused call fails alone, a server that forgot its scripts
 answers every call of the batch once, and a dropped connection fails the batch with
 FX_STORE_UNAVAILABLE and the next calls reconnect."""

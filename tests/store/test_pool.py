@@ -98,10 +98,10 @@ def test_one_client_per_loop_and_none_kept_for_a_finished_loop(redis_url: str, k
         a1, b1, a2, b2 = (loops[i].run(client_of_this_loop(), timeout_s=5) for i in (0, 1, 0, 1))
         assert a1 is a2 and b1 is b2 and a1 is not b1  # no rebuild when calls alternate
         asyncio.run(client_of_this_loop())  # a third loop, finished once it returns
-        assert len(store._runners) == 3
+        assert len(store._transports) == 3
         assert loops[0].run(client_of_this_loop(), timeout_s=5) is a1
         asyncio.run(client_of_this_loop())  # a new loop: the finished one's client is dropped
-        assert len(store._runners) == 3  # a, b and the latest asyncio.run loop
+        assert len(store._transports) == 3  # a, b and the latest asyncio.run loop
     finally:
         for lp in loops:
             lp.run(store.aclose(), timeout_s=5)
