@@ -1,4 +1,5 @@
-"""The model-facing events a turn yields, in the wire shape of docs/design.md §4 (camelCase).
+"""The model-facing events a turn yields, built in the wire shape that `fxengine.lines` declares
+(`ModelEvent`, `MODEL_EVENT_TYPES`; docs/design.md §4, camelCase):
 
     {"type": "text_delta", "delta", "step"}
     {"type": "reasoning_delta", "delta", "step"}
@@ -14,30 +15,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any
 
 from .limits import TOOL_INPUT_PREVIEW_MAX_BYTES
+from .lines import MODEL_EVENT_TYPES as MODEL_EVENT_TYPES
+from .lines import EndBody as EndBody
+from .lines import ModelEvent as ModelEvent
+from .lines import ModelEventType as EventType
+from .lines import end_body as end_body
 
-class EndBody(TypedDict):
-    """How a turn ended: `{stopReason, usage, error?}`, the body of its `turn_end` record,
-    of the event sink's `turn_end` and of a session's `turn_end` line."""
-
-    stopReason: str
-    usage: dict[str, int]
-    error: NotRequired[dict[str, Any]]
-
-
-def end_body(stop_reason: str, usage: Mapping[str, int] | None, error: Mapping[str, Any] | None) -> EndBody:
-    """`{stopReason, usage, error?}`: `usage` always present, `error` only when there is one."""
-    body: EndBody = {"stopReason": stop_reason, "usage": dict(usage or {})}
-    if error:
-        body["error"] = dict(error)
-    return body
-
-
+# What the engine's event buffer and sink carry: a `ModelEvent` as these functions build it,
+# and the turn's end (`turn_end` / `turn_yield` with `turnId`, `EngineCore.report_end`).
 Event = dict[str, Any]
-EventType = Literal["text_delta", "reasoning_delta", "tool_start", "tool_end", "user_message"]
-MODEL_EVENT_TYPES: tuple[EventType, ...] = ("text_delta", "reasoning_delta", "tool_start", "tool_end", "user_message")
 
 
 def text_delta(delta: str, step: int) -> Event:
@@ -48,7 +37,7 @@ def reasoning_delta(delta: str, step: int) -> Event:
     return {"type": "reasoning_delta", "delta": delta, "step": step}
 
 
-def tool_start(call_id: str, name: str, input: Any, step: int) -> Event:
+def tool_start(call_id: str, name: str, input: object, step: int) -> Event:
     """A `tool_start`; an input over 64 KiB of JSON becomes a truncated preview."""
     encoded = json.dumps(input, ensure_ascii=False, separators=(",", ":"))
     if len(encoded.encode("utf-8")) <= TOOL_INPUT_PREVIEW_MAX_BYTES:
@@ -68,7 +57,7 @@ def user_message(text: str, message_id: str) -> Event:
     return {"type": "user_message", "text": text, "id": message_id}
 
 
-def event_size(event: Event) -> int:
+def event_size(event: Mapping[str, object]) -> int:
     """A cheap estimate of an event's encoded size, for backpressure accounting."""
     size = 48
     for key in ("delta", "text", "content", "inputPreview"):
