@@ -29,7 +29,7 @@ Nothing here imports a sibling module: the engine, the store and the web read it
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Literal, NotRequired, TypedDict
+from typing import Any, Final, Literal, NotRequired, TypedDict, TypeGuard
 
 # -- how a turn ended --------------------------------------------------------------------
 
@@ -179,7 +179,8 @@ ControlLineType = Literal["turn_start", "turn_resume", "turn_yield", "turn_end",
 CONTROL_LINE_TYPES: Final[tuple[ControlLineType, ...]] = (
     "turn_start", "turn_resume", "turn_yield", "turn_end", "session_error")
 
-Line = ModelEvent | ControlLine | SessionWaiting | Idle
+StoredLine = ModelEvent | ControlLine | SessionWaiting  # what a session's stream holds
+Line = StoredLine | Idle
 LineType = ModelEventType | ControlLineType | Literal["session_waiting", "idle"]
 LINE_TYPES: Final[tuple[LineType, ...]] = (*MODEL_EVENT_TYPES, *CONTROL_LINE_TYPES, "session_waiting", "idle")
 
@@ -197,6 +198,11 @@ def line_type(line: Mapping[str, object]) -> LineType | None:
     """The declared type of a decoded line, None for a line of a type not declared here."""
     kind = line.get("type")
     return _BY_NAME.get(kind) if isinstance(kind, str) else None
+
+
+def is_model_event(line: Line) -> TypeGuard[ModelEvent]:
+    """Whether `line` is one of the model events a turn's iteration yields."""
+    return line["type"] in MODEL_EVENT_TYPES
 
 
 def turn_start(message_id: str | None, session_id: str, text: str | None) -> TurnStart:

@@ -11,7 +11,7 @@ The control lines' constructors and types are re-exported here for the worker's 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
@@ -102,6 +102,6 @@ class WorkerAgent(Protocol):
     @property
     def reserve_s(self) -> float: ...
 
-    def emit(self, event: dict[str, Any]) -> None: ...
+    def emit(self, event: Mapping[str, object]) -> None: ...
 
     def wake(self, session_id: str, *, agent: str | None = None, reason: str) -> None: ...
