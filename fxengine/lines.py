@@ -23,13 +23,17 @@ one-key `TypedDict`; `Mark` is their union and `MARK_NAMES` the one tuple the st
 mark's name against (`fxworker/store/_replies.encode_marks`). `CALL_MARK_NAMES` are the marks
 the store's `append(release=..., checkpoint=..., pack_after=...)` adds to a call itself.
 
-Nothing here imports a sibling module: the engine, the store and the web read it alike.
+It imports nothing of the engine but its limits (the tool input preview's size): the
+engine, the store and the web read it alike.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal, NotRequired, TypedDict, TypeGuard
+
+from .limits import TOOL_INPUT_PREVIEW_MAX_BYTES
 
 # -- how a turn ended --------------------------------------------------------------------
 
@@ -39,7 +43,7 @@ class ErrorBody(TypedDict):
 
     code: str
     message: str
-    cause: NotRequired[dict[str, Any]]
+    cause: NotRequired[dict[str, object]]
 
 
 class EndBody(TypedDict):
@@ -48,10 +52,10 @@ class EndBody(TypedDict):
 
     stopReason: str
     usage: dict[str, int]
-    error: NotRequired[dict[str, Any]]
+    error: NotRequired[dict[str, object]]
 
 
-def end_body(stop_reason: str, usage: Mapping[str, int] | None, error: Mapping[str, Any] | None) -> EndBody:
+def end_body(stop_reason: str, usage: Mapping[str, int] | None, error: Mapping[str, object] | None) -> EndBody:
     """`{stopReason, usage, error?}`: `usage` always present, `error` only when there is one."""
     body: EndBody = {"stopReason": stop_reason, "usage": dict(usage or {})}
     if error:
@@ -203,6 +207,46 @@ def line_type(line: Mapping[str, object]) -> LineType | None:
 def is_model_event(line: Line) -> TypeGuard[ModelEvent]:
     """Whether `line` is one of the model events a turn's iteration yields."""
     return line["type"] in MODEL_EVENT_TYPES
+
+
+# What the engine's event buffer and sink carry: a `ModelEvent`, built below, or the turn's
+# end (`turn_end` / `turn_yield` with `turnId`, `EngineCore.report_end`).
+Event = dict[str, Any]
+
+
+def text_delta(delta: str, step: int) -> Event:
+    event: TextDelta = {"type": "text_delta", "delta": delta, "step": step}
+    return {**event}
+
+
+def reasoning_delta(delta: str, step: int) -> Event:
+    event: ReasoningDelta = {"type": "reasoning_delta", "delta": delta, "step": step}
+    return {**event}
+
+
+def tool_start(call_id: str, name: str, input: object, step: int) -> Event:
+    """A `tool_start`; an input over 64 KiB of JSON becomes a truncated preview."""
+    encoded = json.dumps(input, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    event: ToolStart
+    if len(encoded) <= TOOL_INPUT_PREVIEW_MAX_BYTES:
+        event = {"type": "tool_start", "id": call_id, "name": name, "input": input, "step": step}
+    else:
+        preview = encoded[:TOOL_INPUT_PREVIEW_MAX_BYTES].decode("utf-8", "ignore")
+        event = {"type": "tool_start", "id": call_id, "name": name, "inputPreview": preview, "inputTruncated": True,
+                 "step": step}
+    return {**event}
+
+
+def tool_end(call_id: str, name: str, *, is_error: bool, content: str | None, step: int) -> Event:
+    event: ToolEnd = {"type": "tool_end", "id": call_id, "name": name, "isError": is_error, "step": step}
+    if content is not None:
+        event["content"] = content
+    return {**event}
+
+
+def user_message(text: str, message_id: str) -> Event:
+    event: UserMessage = {"type": "user_message", "text": text, "id": message_id}
+    return {**event}
 
 
 def turn_start(message_id: str | None, session_id: str, text: str | None) -> TurnStart:

@@ -23,7 +23,6 @@ from collections.abc import AsyncIterable, Iterable, Mapping
 from typing import Protocol, runtime_checkable
 
 from .errors import FxFencedError
-from .lines import MARK_NAMES as MARK_NAMES
 
 # A mark as an engine hands it over: one of `fxengine.lines.Mark` (`{"done": True}`, ...).
 # Typed as a mapping because marks built as plain dicts still reach `append`; a store

@@ -30,7 +30,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from typing import Any, NotRequired, TypedDict, TypeVar
+from typing import NotRequired, TypedDict, TypeVar
 
 from fxengine.codes import Code
 from fxengine.engine import check_max_model_turns
@@ -150,10 +150,10 @@ class Agent:
         self,
         name: str = registry.DEFAULT_AGENT_NAME,
         *,
-        model: str | dict[str, Any],
+        model: str | Mapping[str, object],
         instructions: str | Sequence[str] | None = None,
         tools: Sequence[Tool] = (),
-        provider: dict[str, Any] | Provider | str | None = None,
+        provider: Mapping[str, object] | Provider | str | None = None,
         api_key: str | None = None,
         store: RedisStore | None = None,
         waker: Waker | None = None,
@@ -177,7 +177,7 @@ class Agent:
             raise FxInputError("api_key must be a string")
         if provider == "gateway":
             provider = None
-        resolved: Provider | dict[str, Any] | None
+        resolved: Provider | Mapping[str, object] | None
         if isinstance(provider, str) or credentials is not None:
             # Callbacks travel inside the resolved provider: the worker's engine gets them
             # with the provider and binds them to each session.
@@ -252,7 +252,7 @@ class Agent:
         self,
         session_id: str | None = None,
         *,
-        model: str | dict[str, Any] | None = None,
+        model: str | Mapping[str, object] | None = None,
         instructions: str | Sequence[str] | None = None,
         context: object = None,
     ) -> Session:
@@ -268,7 +268,7 @@ class Agent:
         self,
         session_id: str | None = None,
         *,
-        model: str | dict[str, Any] | None = None,
+        model: str | Mapping[str, object] | None = None,
         instructions: str | Sequence[str] | None = None,
         context: object = None,
     ) -> BlockingSession:
@@ -319,7 +319,7 @@ class Session:
         agent: Agent,
         session_id: str | None = None,
         *,
-        model: str | dict[str, Any] | None = None,
+        model: str | Mapping[str, object] | None = None,
         instructions: str | Sequence[str] | None = None,
         context: object = None,
     ) -> None:

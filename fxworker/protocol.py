@@ -83,12 +83,16 @@ class WorkerAgent(Protocol):
     """What a worker reads of the agent it runs a session as (`fxworker.Agent` is one)."""
 
     name: str
-    model: str | dict[str, Any]
     instructions: str | Sequence[str] | None
     tools: list[Tool]
-    provider: Provider | dict[str, Any] | None
     api_key: str | None
     max_model_turns: int
+
+    @property
+    def model(self) -> str | Mapping[str, object]: ...
+
+    @property
+    def provider(self) -> Provider | Mapping[str, object] | None: ...
 
     @property
     def settings(self) -> Settings: ...
