@@ -7,10 +7,14 @@ Each line is a `TypedDict` whose `type` is a `Literal`, like pydantic-ai's `mess
 docs/reference.md "Stream lines"):
 
     model events   text_delta, reasoning_delta, tool_start, tool_end, user_message
-                   (made by the engine, `fxengine.events`)
+                   (built by the functions here, emitted by the engine's turn loop)
     control lines  turn_start, turn_resume, turn_yield, turn_end, session_error
-                   (made by the worker around the engine's events, with the functions here)
+                   (built here, written by the worker around the engine's events)
     store lines    session_waiting (written by claim.lua); idle (an HTTP answer, never stored)
+
+A new line type is declared here (its TypedDict in a union, its type in the matching tuple
+and `Literal`, the function that builds it), written by one module, and given its case in
+the page's `render` (`fxworker/web/static/app.js`, checked by tests/web/test_line_types.py).
 
 Every stored line also carries `messageId` (the turn's id) and the store stamps `cursor` and
 `epoch` into it as it writes it. A reader that holds a line decoded from JSON names its type
