@@ -1,4 +1,5 @@
-"""The model-facing events a turn yields, in the wire shape of docs/design.md §4 (camelCase).
+"""The model-facing events a turn yields, declared and built in `fxengine.lines` (`ModelEvent`,
+`MODEL_EVENT_TYPES`, one function each) and named here for the engine; docs/design.md §4:
 
     {"type": "text_delta", "delta", "step"}
     {"type": "reasoning_delta", "delta", "step"}
@@ -12,63 +13,22 @@ Diagnostics (`transport.*`, `tool.rerun`, `checkpoint.*`, `output.backpressure`)
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from typing import Any, Literal, NotRequired, TypedDict
 
-from .limits import TOOL_INPUT_PREVIEW_MAX_BYTES
-
-class EndBody(TypedDict):
-    """How a turn ended: `{stopReason, usage, error?}`, the body of its `turn_end` record,
-    of the event sink's `turn_end` and of a session's `turn_end` line."""
-
-    stopReason: str
-    usage: dict[str, int]
-    error: NotRequired[dict[str, Any]]
-
-
-def end_body(stop_reason: str, usage: Mapping[str, int] | None, error: Mapping[str, Any] | None) -> EndBody:
-    """`{stopReason, usage, error?}`: `usage` always present, `error` only when there is one."""
-    body: EndBody = {"stopReason": stop_reason, "usage": dict(usage or {})}
-    if error:
-        body["error"] = dict(error)
-    return body
+from .lines import MODEL_EVENT_TYPES as MODEL_EVENT_TYPES
+from .lines import EndBody as EndBody
+from .lines import Event as Event
+from .lines import ModelEvent as ModelEvent
+from .lines import ModelEventType as EventType
+from .lines import end_body as end_body
+from .lines import reasoning_delta as reasoning_delta
+from .lines import text_delta as text_delta
+from .lines import tool_end as tool_end
+from .lines import tool_start as tool_start
+from .lines import user_message as user_message
 
 
-Event = dict[str, Any]
-EventType = Literal["text_delta", "reasoning_delta", "tool_start", "tool_end", "user_message"]
-MODEL_EVENT_TYPES: tuple[EventType, ...] = ("text_delta", "reasoning_delta", "tool_start", "tool_end", "user_message")
-
-
-def text_delta(delta: str, step: int) -> Event:
-    return {"type": "text_delta", "delta": delta, "step": step}
-
-
-def reasoning_delta(delta: str, step: int) -> Event:
-    return {"type": "reasoning_delta", "delta": delta, "step": step}
-
-
-def tool_start(call_id: str, name: str, input: Any, step: int) -> Event:
-    """A `tool_start`; an input over 64 KiB of JSON becomes a truncated preview."""
-    encoded = json.dumps(input, ensure_ascii=False, separators=(",", ":"))
-    if len(encoded.encode("utf-8")) <= TOOL_INPUT_PREVIEW_MAX_BYTES:
-        return {"type": "tool_start", "id": call_id, "name": name, "input": input, "step": step}
-    preview = encoded.encode("utf-8")[:TOOL_INPUT_PREVIEW_MAX_BYTES].decode("utf-8", "ignore")
-    return {"type": "tool_start", "id": call_id, "name": name, "inputPreview": preview, "inputTruncated": True, "step": step}
-
-
-def tool_end(call_id: str, name: str, *, is_error: bool, content: str | None, step: int) -> Event:
-    event: Event = {"type": "tool_end", "id": call_id, "name": name, "isError": is_error, "step": step}
-    if content is not None:
-        event["content"] = content
-    return event
-
-
-def user_message(text: str, message_id: str) -> Event:
-    return {"type": "user_message", "text": text, "id": message_id}
-
-
-def event_size(event: Event) -> int:
+def event_size(event: Mapping[str, object]) -> int:
     """A cheap estimate of an event's encoded size, for backpressure accounting."""
     size = 48
     for key in ("delta", "text", "content", "inputPreview"):

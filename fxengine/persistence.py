@@ -3,7 +3,8 @@
 The engine appends one journal record per step, one append in flight at a time, and
 names the cursor it believes is last (`expected`). A store refuses any other `expected`
 with `FxFencedError`, so two engines can never both extend one conversation. Records are
-opaque bytes to the store; `marks` let a store track turns without decoding them:
+opaque bytes to the store; `marks` let a store track turns without decoding them (each
+declared in `fxengine.lines`, `Mark`, `MARK_NAMES`):
 
     {"start": turn_id}      the turn started (consumes the input id)
     {"end": True}           the open turn ended
@@ -18,12 +19,15 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from collections.abc import AsyncIterable, Iterable
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import AsyncIterable, Iterable, Mapping
+from typing import Protocol, runtime_checkable
 
 from .errors import FxFencedError
 
-Mark = dict[str, Any]
+# A mark as an engine hands it over: one of `fxengine.lines.Mark` (`{"done": True}`, ...).
+# Typed as a mapping because marks built as plain dicts still reach `append`; a store
+# checks each name against `MARK_NAMES` where it encodes them.
+Mark = Mapping[str, object]
 
 
 @dataclass(frozen=True, slots=True)

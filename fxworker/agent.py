@@ -29,13 +29,14 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from typing import NotRequired, TypedDict, TypeVar
 
 from fxengine.codes import Code
 from fxengine.engine import check_max_model_turns
 from fxengine.errors import FxInputError
 from fxengine.limits import (
+    Block,
     ResizeImage,
     check_context,
     check_instructions,
@@ -44,9 +45,10 @@ from fxengine.limits import (
     prepare_prompt_input,
     prompt_text,
 )
-from fxengine.providers import CatalogCache, Provider, resolve_provider
+from fxengine.lines import TURN_OPENS, Idle, Line, ModelEvent, StoredLine, TurnEnd, is_model_event
+from fxengine.providers import CatalogCache, ModelSpec, Provider, resolve_provider
 from fxengine.providers.check import PROVIDER_NAMES
-from fxengine.tools import check_tools
+from fxengine.tools import Tool, check_tools
 from fxengine.turn import TurnResult
 from opentelemetry import trace
 
@@ -67,17 +69,34 @@ from .liveness import SENDER_TRUST_MS
 from .runtime import LoopThread, SharedLoop
 from .settings import Settings
 from .store import RedisStore, close_default_store, default_store
-from .store.types import Accepted, InputKind
+from .store.types import Accepted, InputKind, SessionStatus
 from .wakers import CeleryWaker, Waker, wake_failures
 
 log = logging.getLogger("fxworker.agent")
 T = TypeVar("T")
 
 _AGENT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
-MODEL_EVENT_TYPES = frozenset({"text_delta", "reasoning_delta", "tool_start", "tool_end", "user_message"})
 FOLLOW_BLOCK_MS = 1000
 
-OnEvent = Callable[[dict[str, Any]], Any]
+OnEvent = Callable[[dict[str, object]], object]
+
+
+class NoWorker(TypedDict):
+    agent: str
+    sinceMs: int
+    nextWakeMs: int | None
+
+
+class SessionInfo(TypedDict):
+    """What `Session.state()` answers (and `GET /v1/sessions/{id}`)."""
+
+    sessionId: str
+    agent: str
+    status: SessionStatus
+    cursor: int
+    turns: int
+    epoch: int
+    noWorker: NotRequired[NoWorker]
 
 
 def check_cursor(cursor: object) -> int:
@@ -131,10 +150,10 @@ class Agent:
         self,
         name: str = registry.DEFAULT_AGENT_NAME,
         *,
-        model: str | dict[str, Any],
+        model: str | Mapping[str, object],
         instructions: str | Sequence[str] | None = None,
-        tools: Sequence[Any] = (),
-        provider: dict[str, Any] | Provider | str | None = None,
+        tools: Sequence[Tool] = (),
+        provider: Mapping[str, object] | Provider | str | None = None,
         api_key: str | None = None,
         store: RedisStore | None = None,
         waker: Waker | None = None,
@@ -144,10 +163,10 @@ class Agent:
         max_model_turns: int = 50,
         settings: Settings | None = None,
         resize_image: ResizeImage | None = None,
-        credentials: Callable[..., Any] | None = None,
-        on_credentials: Callable[..., Any] | None = None,
-        refresh_lock: Callable[..., Any] | None = None,
-        model_catalog: Any = None,
+        credentials: Callable[..., object] | None = None,
+        on_credentials: Callable[..., object] | None = None,
+        refresh_lock: Callable[..., object] | None = None,
+        model_catalog: object = None,
     ) -> None:
         if not isinstance(name, str) or not _AGENT_NAME.fullmatch(name):
             raise FxConfigError(f"agent name must be 1 to 64 of A-Z a-z 0-9 . _ -, got {name!r}")
@@ -158,7 +177,7 @@ class Agent:
             raise FxInputError("api_key must be a string")
         if provider == "gateway":
             provider = None
-        resolved: Provider | dict[str, Any] | None
+        resolved: Provider | Mapping[str, object] | None
         if isinstance(provider, str) or credentials is not None:
             # Callbacks travel inside the resolved provider: the worker's engine gets them
             # with the provider and binds them to each session.
@@ -191,7 +210,7 @@ class Agent:
     def __repr__(self) -> str:
         return f"<Agent {self.name!r} model={self.model!r} tools={[t.name for t in self.tools]}>"
 
-    def check_model(self, model: Any) -> Any:
+    def check_model(self, model: object) -> ModelSpec:
         """Checks a model setting against this agent's catalog (fetched once, when needed)."""
         return self._catalog.check(model)
 
@@ -233,9 +252,9 @@ class Agent:
         self,
         session_id: str | None = None,
         *,
-        model: str | dict[str, Any] | None = None,
+        model: str | Mapping[str, object] | None = None,
         instructions: str | Sequence[str] | None = None,
-        context: Any = None,
+        context: object = None,
     ) -> Session:
         """A session object; a new session id is assigned at once when `session_id` is None.
 
@@ -249,14 +268,14 @@ class Agent:
         self,
         session_id: str | None = None,
         *,
-        model: str | dict[str, Any] | None = None,
+        model: str | Mapping[str, object] | None = None,
         instructions: str | Sequence[str] | None = None,
-        context: Any = None,
+        context: object = None,
     ) -> BlockingSession:
         """The blocking twin of `session()`, for code that does not run an event loop."""
         return BlockingSession(self.session(session_id, model=model, instructions=instructions, context=context))
 
-    def emit(self, event: dict[str, Any]) -> None:
+    def emit(self, event: Mapping[str, object]) -> None:
         """Sends a diagnostic to `on_event` (exceptions from the callback are swallowed)."""
         if self.on_event is None:
             return
@@ -300,9 +319,9 @@ class Session:
         agent: Agent,
         session_id: str | None = None,
         *,
-        model: str | dict[str, Any] | None = None,
+        model: str | Mapping[str, object] | None = None,
         instructions: str | Sequence[str] | None = None,
-        context: Any = None,
+        context: object = None,
     ) -> None:
         self.agent = agent
         memory = bool(getattr(getattr(agent.store, "core", None), "memory_ids", False)) if session_id is not None else False
@@ -320,11 +339,11 @@ class Session:
         """The agent's store (each call timed in `fxworker.metrics.STORE_LATENCY`)."""
         return self.agent.store
 
-    def _checked(self) -> tuple[Any, dict[str, Any] | None]:
+    def _checked(self) -> tuple[object, dict[str, object] | None]:
         """(context, settings) as the store keeps them, after the engine's own checks:
         a setting accepted here is one the worker's engine takes."""
         context = check_context(self.context)
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         if self.model is not None:
             self.agent.check_model(self.model)
             out["model"] = self.model if isinstance(self.model, str) else dict(self.model)
@@ -334,7 +353,7 @@ class Session:
             out["instructions"] = instructions if isinstance(instructions, str) else list(instructions)
         return context, out or None
 
-    async def prepare_input(self, input: str | list[Any]) -> list[dict[str, Any]]:
+    async def prepare_input(self, input: str | list[Block]) -> list[Block]:
         """The prompt's blocks as they will be stored: the agent's `resize_image` applied,
         then every limit (`fxengine.limits.prepare_prompt_input`; image data as base64
         strings only, since the store keeps JSON), and images refused for a model whose
@@ -367,7 +386,7 @@ class Session:
             return owner
         return self.agent.name
 
-    async def prompt(self, input: str | list[Any], *, message_id: str | None = None) -> Turn:
+    async def prompt(self, input: str | list[Block], *, message_id: str | None = None) -> Turn:
         """Stores a prompt and wakes a worker; returns once the store acknowledged it.
 
         A repeated `message_id` runs nothing new: the returned turn follows the original
@@ -382,14 +401,14 @@ class Session:
             await self._wake(owner, "prompt")
         return Turn(self, message_id=accepted.message_id, repeated=accepted.repeated, cursor=accepted.cursor)
 
-    async def steer(self, input: str | list[Any], *, message_id: str | None = None) -> Any:
+    async def steer(self, input: str | list[Block], *, message_id: str | None = None) -> Accepted:
         """Stores a steer for the running turn (or the next one) and wakes a worker.
 
         `input` is text, or blocks as a prompt takes them. A steer with images cannot join
         a turn: it ends the running turn at its next safe point and runs next (§6).
         Returns the store's acknowledgement (`message_id`, `repeated`, ...).
         """
-        text: str | list[dict[str, Any]]
+        text: str | list[Block]
         if isinstance(input, str):
             text = check_steer_text(input)
         else:
@@ -409,7 +428,7 @@ class Session:
             await self._wake(owner, "steer")
         return accepted
 
-    async def _accept(self, kind: InputKind, message_id: str, input: Any) -> Accepted:
+    async def _accept(self, kind: InputKind, message_id: str, input: str | list[Block]) -> Accepted:
         """Stores one input with this object's context and settings; with tracing on, in a
         `fx.accept` span whose context is stored with it (`fxworker.tracing`)."""
         context, settings = self._checked()
@@ -441,7 +460,7 @@ class Session:
             await self._wake(state.agent, "cancel")
         return target is not None
 
-    async def stream(self, cursor: int = 0, *, follow: bool = True) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, cursor: int = 0, *, follow: bool = True) -> AsyncIterator[StoredLine]:
         """Every stored line after `cursor` (each with `cursor`); with `follow`, stays open."""
         async for raw in self.stream_raw(cursor, follow=follow):
             yield json.loads(raw)
@@ -467,7 +486,7 @@ class Session:
         await self._wake(state["agent"], "resume")
         return Turn(self, message_id=None, repeated=False, cursor=state["cursor"])
 
-    async def state(self) -> dict[str, Any]:
+    async def state(self) -> SessionInfo:
         """`{sessionId, agent, status: idle|waiting|running, cursor, turns, epoch}`, and
         `noWorker: {agent, sinceMs, nextWakeMs}` while its work waits for a worker that
         runs its agent (a wake found none). `FxSessionIncompleteError` for a session with a
@@ -475,7 +494,7 @@ class Session:
         state = await self.store.state(self.id)
         if state is None:
             raise FxUnknownSessionError(f"no session {self.id}")
-        out: dict[str, Any] = {
+        out: SessionInfo = {
             "sessionId": state.session_id,
             "agent": state.agent,
             "status": state.status,
@@ -521,19 +540,19 @@ class Turn:
         self.repeated = repeated
         self.cursor = cursor
         self._idle = idle
-        self._end: dict[str, Any] | None = None
-        self._lines: AsyncIterator[dict[str, Any]] | None = None
+        self._end: TurnEnd | Idle | None = None
+        self._lines: AsyncIterator[Line] | None = None
 
     def __repr__(self) -> str:
         state = self._end.get("stopReason") if self._end else "open"
         return f"<Turn {self.session_id}/{self.message_id} {state} repeated={self.repeated}>"
 
-    def _line_source(self) -> AsyncIterator[dict[str, Any]]:
+    def _line_source(self) -> AsyncIterator[Line]:
         if self._lines is None:
             self._lines = self._read_lines()
         return self._lines
 
-    async def _read_lines(self) -> AsyncIterator[dict[str, Any]]:
+    async def _read_lines(self) -> AsyncIterator[Line]:
         if self._idle:
             self._end = {"type": "idle", "requestId": new_request_id()}
             yield self._end
@@ -543,15 +562,16 @@ class Turn:
             mid = line.get("messageId")
             if self.message_id is None:
                 # A resume follows the first turn that starts or continues after its cursor.
-                if line.get("type") in ("turn_start", "turn_resume"):
+                if line["type"] in TURN_OPENS:
                     self.message_id = mid
                 else:
                     continue
             if mid != self.message_id:
                 continue
-            if line.get("type") == "turn_end":
+            if line["type"] == "turn_end":
                 if self.repeated:
-                    line = {**line, "repeated": True}
+                    line = line.copy()
+                    line["repeated"] = True
                 self._end = line
                 yield line
                 return
@@ -559,9 +579,10 @@ class Turn:
                 continue  # an ended turn answered from the store: only its outcome
             yield line
 
-    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+    async def __aiter__(self) -> AsyncIterator[ModelEvent]:
+        """The turn's model events (`MODEL_EVENT_TYPES`)."""
         async for line in self._line_source():
-            if line.get("type") in MODEL_EVENT_TYPES:
+            if is_model_event(line):
                 yield line
 
     async def ndjson(self) -> AsyncIterator[bytes]:
@@ -585,16 +606,16 @@ class Turn:
         if self._end is None:
             async for _ in self._line_source():
                 pass
-        end = self._end or {}
-        if end.get("type") == "idle":
+        end = self._end
+        if end is not None and end["type"] == "idle":
             return TurnResult("idle", {}, None, False)
         return TurnResult(
-            stop_reason=end.get("stopReason", "unknown"),
-            usage=end.get("usage") or {},
-            error=end.get("error"),
+            stop_reason=end.get("stopReason", "unknown") if end else "unknown",
+            usage=(end.get("usage") if end else None) or {},
+            error=end.get("error") if end else None,
             repeated=bool(self.repeated),
             message_id=self.message_id,
-            epoch=end.get("epoch"),
+            epoch=end.get("epoch") if end else None,
         )
 
 
@@ -614,13 +635,29 @@ class BlockingTurn:
     def __init__(self, turn: Turn) -> None:
         self._turn = turn
 
-    def __getattr__(self, name: str) -> Any:
+    @property
+    def session_id(self) -> str:
+        return self._turn.session_id
+
+    @property
+    def message_id(self) -> str | None:
+        return self._turn.message_id
+
+    @property
+    def repeated(self) -> bool:
+        return self._turn.repeated
+
+    @property
+    def cursor(self) -> int:
+        return self._turn.cursor
+
+    def __getattr__(self, name: str) -> object:
         return getattr(self._turn, name)
 
     def __repr__(self) -> str:
         return repr(self._turn).replace("<Turn", "<BlockingTurn", 1)
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[ModelEvent]:
         return _iterate(self._turn.__aiter__())
 
     def ndjson(self) -> Iterator[bytes]:
@@ -637,7 +674,7 @@ async def _anext(agen: AsyncIterator[T]) -> T:
     return await agen.__anext__()
 
 
-def _iterate(agen: AsyncIterator[Any]) -> Iterator[Any]:
+def _iterate(agen: AsyncIterator[T]) -> Iterator[T]:
     loop = _loop()
     while True:
         try:
@@ -657,22 +694,22 @@ class BlockingSession:
     def __repr__(self) -> str:
         return f"<BlockingSession {self.id} agent={self.agent.name!r}>"
 
-    def prompt(self, input: str | list[Any], *, message_id: str | None = None) -> BlockingTurn:
+    def prompt(self, input: str | list[Block], *, message_id: str | None = None) -> BlockingTurn:
         return BlockingTurn(_loop().run(self._session.prompt(input, message_id=message_id)))
 
-    def steer(self, input: str | list[Any], *, message_id: str | None = None) -> Any:
+    def steer(self, input: str | list[Block], *, message_id: str | None = None) -> Accepted:
         return _loop().run(self._session.steer(input, message_id=message_id))
 
     def cancel(self) -> None:
         _loop().run(self._session.cancel())
 
-    def stream(self, cursor: int = 0, *, follow: bool = True) -> Iterator[dict[str, Any]]:
+    def stream(self, cursor: int = 0, *, follow: bool = True) -> Iterator[StoredLine]:
         return _iterate(self._session.stream(cursor, follow=follow))
 
     def resume(self) -> BlockingTurn:
         return BlockingTurn(_loop().run(self._session.resume()))
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> SessionInfo:
         return _loop().run(self._session.state())
 
     def checkpoint(self) -> bytes:

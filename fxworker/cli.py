@@ -20,15 +20,26 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import FrameType
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import click
 
 from fxengine.codes import Code
+from fxengine.lines import TURN_ENDS, line_type
 
 from .errors import FxConfigError
 from .keys import queue_name
 from .settings import Settings
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from .timeline import Turn
+    from .web.client import ApiClient, ApiLine
+
+T = TypeVar("T")
 
 EXIT_TURN_FAILED = 1
 EXIT_CONFIG = 2
@@ -109,7 +120,7 @@ def _import_agents(module: str) -> list[str]:
 def _kill_worker_on_usr1() -> None:
     from . import embedded
 
-    def kill(signum: int, frame: Any) -> None:
+    def kill(signum: int, frame: FrameType | None) -> None:
         embedded.kill_embedded_worker(0, replace=True)
         click.echo("fx: killed embedded worker 0 (SIGUSR1); a fresh one takes over its sessions", err=True)
 
@@ -131,7 +142,7 @@ def _start_dev(module: str, workers: int) -> list[str]:
     return names
 
 
-def _uvicorn_config(host: str, port: int, log_level: str) -> Any:
+def _uvicorn_config(host: str, port: int, log_level: str) -> uvicorn.Config:
     import uvicorn
 
     from .web import create_app
@@ -252,7 +263,7 @@ def worker(module: str | None, concurrency: int | None, queues: str | None, prin
     os.execv(sys.executable, cmd)
 
 
-def _client(url: str | None) -> Any:
+def _client(url: str | None) -> ApiClient:
     from urllib.parse import urlsplit
 
     from .web.client import ApiClient
@@ -265,7 +276,7 @@ def _client(url: str | None) -> Any:
     return ApiClient(base, token=settings.api_token)
 
 
-def _api_call(fn: Any, *, session: Any = None) -> Any:
+def _api_call(fn: Callable[[], T], *, session: Callable[[], str | None] | None = None) -> T:
     """Runs `fn`, turning API errors and Ctrl-C into messages and exit codes.
 
     `session()` names the session being followed, for the Ctrl-C message.
@@ -287,7 +298,7 @@ def _api_call(fn: Any, *, session: Any = None) -> Any:
         _fail(f"stopped following (the turn goes on){hint}", EXIT_INTERRUPTED)
 
 
-def _print_lines(lines: Any, *, as_json: bool) -> str | None:
+def _print_lines(lines: Iterable[Mapping[str, object]], *, as_json: bool) -> str | None:
     """Prints stream lines as they come; returns the stop reason of the last `turn_end`.
 
     Text goes through `Transcript`, which honours `retract` (a marker line, then the turn
@@ -302,12 +313,13 @@ def _print_lines(lines: Any, *, as_json: bool) -> str | None:
             click.echo(json.dumps(line, ensure_ascii=False))
         else:
             click.echo(transcript.feed(line), nl=False)
-        if line.get("type") == "turn_end":
-            stop = line.get("stopReason")
+        if line_type(line) in TURN_ENDS:
+            reason = line.get("stopReason")
+            stop = reason if isinstance(reason, str) else None
     return stop
 
 
-def _print_turn(lines: Any, *, as_json: bool) -> int:
+def _print_turn(lines: Iterable[Mapping[str, object]], *, as_json: bool) -> int:
     return 0 if _print_lines(lines, as_json=as_json) == "end_turn" else EXIT_TURN_FAILED
 
 
@@ -338,7 +350,7 @@ def prompt(text: str, session_id: str | None, agent: str | None, message_id: str
 
     lines = client.prompt(text, session_id=session_id, agent=agent, message_id=message_id, on_accepted=accepted)
 
-    def started() -> Any:
+    def started() -> Iterator[ApiLine]:
         for line in lines:
             for timer in waiting:
                 timer.cancel()
@@ -423,7 +435,7 @@ def inspect(session_id: str, url: str | None, as_json: bool) -> None:
             click.echo(f"    tool {call.get('name')} {call.get('id')}: {call.get('outcome')}{error_mark} (epoch {epochs})")
 
 
-def _inspect_turn(turn: dict[str, Any]) -> str:
+def _inspect_turn(turn: Turn) -> str:
     """`- <messageId> <stop reason or open>[ <error code>]: "<input>" (<n> step(s)[, <k> withdrawn][, <s> steer(s)])`."""
     error = turn.get("error") if isinstance(turn.get("error"), dict) else None
     code = f" {error.get('code')}" if error else ""
@@ -497,14 +509,14 @@ def demo(port: int, text: str, once: bool) -> None:
         thread.join(10)
 
 
-def _with_session_banner(client: Any, lines: Any, label: str, *, err: bool = False) -> Any:
+def _with_session_banner(client: ApiClient, lines: Iterable[ApiLine], label: str, *, err: bool = False) -> Iterator[ApiLine]:
     for i, line in enumerate(lines):
         if i == 0:
             click.echo(f"{label} {client.session_id}", err=err)
         yield line
 
 
-def _wait_started(server: Any, thread: threading.Thread, timeout_s: float = 15.0) -> None:
+def _wait_started(server: uvicorn.Server, thread: threading.Thread, timeout_s: float = 15.0) -> None:
     import time
 
     deadline_s = time.monotonic() + timeout_s

@@ -12,13 +12,18 @@ and asked for its checkpoint; it sends no request, so no credentials are needed.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from fxengine.codes import Code
 from fxengine.engine import create_engine
 from fxengine.errors import FxError
 from fxengine.persistence import Loaded, Mark
 from fxengine.providers import GATEWAY_BASE_URL, Provider
+
+if TYPE_CHECKING:
+    from .protocol import WorkerAgent
+    from .store import RedisStore
 
 
 class SnapshotPersistence:
@@ -40,13 +45,14 @@ class SnapshotPersistence:
         raise FxError("a checkpoint export is read-only: nothing may be appended", code=Code.READ_ONLY)
 
 
-def _offline_provider(provider: Any) -> Any:
+def _offline_provider(provider: Provider | Mapping[str, object] | None) -> Provider | Mapping[str, object]:
     # AI Gateway without a key is fine here: the export engine sends no request. A custom
     # provider dict resolves without credentials anyway.
     return Provider("gateway", GATEWAY_BASE_URL) if provider is None else provider
 
 
-async def export_checkpoint(agent: Any, session_id: str, *, store: Any = None, model: Any = None) -> bytes:
+async def export_checkpoint(agent: WorkerAgent, session_id: str, *, store: RedisStore | None = None,
+                            model: str | Mapping[str, object] | None = None) -> bytes:
     """The conversation of `session_id` as `Engine.checkpoint()` bytes (≤ 4 MiB).
 
     Args:

@@ -41,8 +41,9 @@ one page of lines (`store.read_lines`), never the session.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal, TypedDict
+from typing import Literal, TypedDict
 
+from fxengine.lines import DELTA_TYPES, line_type
 from fxengine.loop import AMBIGUOUS_RESULT
 
 from .store import RedisStore
@@ -84,7 +85,7 @@ class Turn(TypedDict):
     messageId: str
     input: str | None
     stopReason: str | None
-    error: dict[str, Any] | None
+    error: dict[str, object] | None
     deliveries: list[Delivery]
     steps: list[Step]
     tools: list[ToolCall]
@@ -127,12 +128,12 @@ class TimelineBuilder:
     def turn_count(self) -> int:
         return len(self._turns)
 
-    def starts_turn(self, line: Mapping[str, Any]) -> bool:
+    def starts_turn(self, line: Mapping[str, object]) -> bool:
         """Whether `line` is the first this builder sees of a turn."""
         mid = line.get("messageId")
         return isinstance(mid, str) and bool(mid) and mid not in self._turns
 
-    def add(self, line: Mapping[str, Any]) -> None:
+    def add(self, line: Mapping[str, object]) -> None:
         mid = line.get("messageId")
         if not isinstance(mid, str) or not mid:
             return  # `idle` and other lines of no turn
@@ -141,7 +142,7 @@ class TimelineBuilder:
             turn = self._turns[mid] = Turn(messageId=mid, input=None, stopReason=None, error=None, deliveries=[],
                                            steps=[], tools=[], steers=0)
             self._calls[mid] = {}
-        kind = line.get("type")
+        kind = line_type(line)
         if kind == "session_error":
             turn["error"] = {"code": line.get("code"), "message": line.get("message")}
             return  # written by whoever ended the turn, before its turn_end: no part of its own
@@ -157,9 +158,10 @@ class TimelineBuilder:
             part["how"] = "ended"
             stop = line.get("stopReason")
             turn["stopReason"] = stop if isinstance(stop, str) else "unknown"
-            if isinstance(line.get("error"), dict):
-                turn["error"] = line["error"]
-        elif kind in ("text_delta", "reasoning_delta"):
+            error = line.get("error")
+            if isinstance(error, dict):
+                turn["error"] = error
+        elif kind in DELTA_TYPES:
             step = _step(turn, _int(line.get("step")), part["epoch"])
             size = len(str(line.get("delta") or ""))
             step["textChars" if kind == "text_delta" else "reasoningChars"] += size
@@ -170,20 +172,20 @@ class TimelineBuilder:
         elif kind == "user_message":
             turn["steers"] += 1
 
-    def _tool_start(self, turn: Turn, line: Mapping[str, Any], epoch: int) -> None:
+    def _tool_start(self, turn: Turn, line: Mapping[str, object], epoch: int) -> None:
         call = self._call(turn, line, epoch)
         if epoch not in call.public["epochs"]:
             call.public["epochs"].append(epoch)  # started again by a later part: a rerun
         elif len(call.public["epochs"]) == 1 and call.public["step"] is not None:
             _step(turn, call.public["step"], epoch)  # a step that only called tools is a step too
 
-    def _tool_end(self, turn: Turn, line: Mapping[str, Any], epoch: int) -> None:
+    def _tool_end(self, turn: Turn, line: Mapping[str, object], epoch: int) -> None:
         call = self._call(turn, line, epoch)
         call.answered = True
         call.public["isError"] = bool(line.get("isError"))
         call.ambiguous = call.public["isError"] is True and line.get("content") == AMBIGUOUS_RESULT
 
-    def _call(self, turn: Turn, line: Mapping[str, Any], epoch: int) -> _Call:
+    def _call(self, turn: Turn, line: Mapping[str, object], epoch: int) -> _Call:
         calls = self._calls[turn["messageId"]]
         call_id = str(line.get("id") or "")
         call = calls.get(call_id)
@@ -196,7 +198,7 @@ class TimelineBuilder:
             turn["tools"].append(public)
         return call
 
-    def result(self, state: Mapping[str, Any] | None = None) -> Timeline:
+    def result(self, state: Mapping[str, object] | None = None) -> Timeline:
         """The timeline of the lines added. `state` (the session's `state()`: `status`,
         `epoch`), read before the lines, tells whether the last part of an open turn still
         runs or its worker is gone."""
@@ -209,8 +211,8 @@ class TimelineBuilder:
         return Timeline(sessionId=self.session_id, turns=turns)
 
 
-def timeline_of(session_id: str, lines: Iterable[Mapping[str, Any]],
-                state: Mapping[str, Any] | None = None) -> Timeline:
+def timeline_of(session_id: str, lines: Iterable[Mapping[str, object]],
+                state: Mapping[str, object] | None = None) -> Timeline:
     """`{sessionId, turns: [...]}` from a session's lines in cursor order (and its state)."""
     builder = TimelineBuilder(session_id)
     for line in lines:
@@ -218,7 +220,7 @@ def timeline_of(session_id: str, lines: Iterable[Mapping[str, Any]],
     return builder.result(state)
 
 
-async def read(store: RedisStore, session_id: str, *, state: Mapping[str, Any] | None = None, cursor: int = 0,
+async def read(store: RedisStore, session_id: str, *, state: Mapping[str, object] | None = None, cursor: int = 0,
                limit: int = DEFAULT_PAGE_TURNS) -> TimelinePage:
     """A page of the timeline of `session_id`: the turns whose lines follow stream cursor
     `cursor` (0: the first turns), at most `limit` of them, read a page of lines at a time.
@@ -255,7 +257,7 @@ def _page(timeline: Timeline, *, next_cursor: int | None) -> TimelinePage:
     return TimelinePage(sessionId=timeline["sessionId"], turns=timeline["turns"], next=next_cursor)
 
 
-def _int(value: Any) -> int:
+def _int(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
@@ -265,7 +267,7 @@ def _preview(text: str) -> str:
     return text[: INPUT_PREVIEW_CHARS - 1] + "…"
 
 
-def _part(turn: Turn, line: Mapping[str, Any]) -> Delivery:
+def _part(turn: Turn, line: Mapping[str, object]) -> Delivery:
     """The part (epoch) `line` belongs to, opened when a new epoch writes."""
     epoch, cursor = _int(line.get("epoch")), _int(line.get("cursor"))
     parts = turn["deliveries"]
@@ -276,7 +278,7 @@ def _part(turn: Turn, line: Mapping[str, Any]) -> Delivery:
     return part
 
 
-def _resume(turn: Turn, line: Mapping[str, Any]) -> None:
+def _resume(turn: Turn, line: Mapping[str, object]) -> None:
     """A later part continued the turn: how the one before ended, and the steps it withdrew."""
     parts = turn["deliveries"]
     before = parts[-2] if len(parts) > 1 else None
@@ -298,7 +300,7 @@ def _step(turn: Turn, number: int, epoch: int) -> Step:
     return step
 
 
-def _settle(turn: Turn, state: Mapping[str, Any] | None) -> None:
+def _settle(turn: Turn, state: Mapping[str, object] | None) -> None:
     """How the parts no later line told about ended. A part before the last that never
     wrote its end or a yield died (the turn went on, or was ended, by another epoch). The
     last part of an open turn runs while its epoch holds the live lease; with its lease

@@ -31,7 +31,7 @@ PACKAGES = ("fxengine", "fxworker")
 LAYERS: list[list[str]] = [
     # ------------------------------------------------------------------ fxengine
     ["fxengine.codes", "fxengine.errors", "fxengine._build", "fxengine.usage", "fxengine.ids"],
-    ["fxengine.limits", "fxengine.persistence"],
+    ["fxengine.limits", "fxengine.lines", "fxengine.persistence"],
     ["fxengine.events", "fxengine.tools", "fxengine.providers", "fxengine.journal", "fxengine.tracing"],
     ["fxengine.models", "fxengine.mcp", "fxengine.skills"],
     ["fxengine.conversation"],

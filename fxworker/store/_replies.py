@@ -16,13 +16,14 @@ from typing import Any
 
 import orjson
 
+from fxengine.lines import MARK_NAMES, TURN_ENDS
+
 from ..errors import FxLeaseLostError, FxSessionIncompleteError
 from .types import InboxKind, Input, Mark
 
 _KIND_CODE = {"prompt": "p", "steer": "s"}
 KIND_NAME: dict[bytes, InboxKind] = {b"p": "prompt", b"s": "steer", b"c": "cancel"}
 STATUS = {b"w": "waiting", b"r": "running", b"d": "done"}
-_MARK_NAMES = ("start", "end", "yield", "accepted", "step", "done", "drop")
 
 
 # One encoder for every call: `json.dumps` with options builds a new one each time.
@@ -53,7 +54,7 @@ def encode_line(line: Mapping[str, object]) -> tuple[str, str]:
         raise ValueError(f"a stream line needs a string 'type', got {line!r}")
     body = {k: v for k, v in line.items() if k not in ("cursor", "epoch")}
     text = dumps(body)
-    ends = str(line.get("messageId") or "") if line["type"] == "turn_end" else ""
+    ends = str(line.get("messageId") or "") if line["type"] in TURN_ENDS else ""
     return text[:-1], ends
 
 
@@ -67,8 +68,8 @@ def encode_marks(marks: Sequence[Mark]) -> list[tuple[str, str]]:
     flat: list[tuple[str, str]] = []
     for mark in marks:
         for name, value in mark.items():
-            if name not in _MARK_NAMES:
-                raise ValueError(f"unknown store mark {name!r} (known: {', '.join(_MARK_NAMES)})")
+            if name not in MARK_NAMES:
+                raise ValueError(f"unknown store mark {name!r} (known: {', '.join(MARK_NAMES)})")
             flat.append((name, value if isinstance(value, str) else "1"))
     return flat
 

@@ -17,7 +17,7 @@ import importlib
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -26,6 +26,7 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from fxworker.agent import Agent
 from fxworker.errors import FxConfigError
 from fxworker import tracing
 from fxworker.settings import Settings
@@ -66,22 +67,23 @@ ROUTES = [
 ]
 
 
-def _registry_agents() -> dict[str, Any]:
+def _registry_agents() -> dict[str, Agent]:
     from fxworker import agents as registered
 
-    return dict(registered())
+    found: dict[str, Agent] = dict(registered())
+    return found
 
 
-def _fixed_agents(agents: Iterable[Any] | Mapping[str, Any]) -> Callable[[], dict[str, Any]]:
+def _fixed_agents(agents: Iterable[Agent] | Mapping[str, Agent]) -> Callable[[], dict[str, Agent]]:
     if isinstance(agents, Mapping):
         fixed = dict(agents)
     else:
-        fixed = {agent.name: agent for agent in cast(Iterable[Any], agents)}
+        fixed = {agent.name: agent for agent in agents}
     return lambda: fixed
 
 
 def create_app(
-    agents: Iterable[Any] | Mapping[str, Any] | None = None,
+    agents: Iterable[Agent] | Mapping[str, Agent] | None = None,
     authorize: Authorize | None = None,
     store: Any = None,
     *,
@@ -145,7 +147,7 @@ def create_app(
             if client is not None:
                 await client.aclose()
 
-    def store_for(agent: Any) -> Any:
+    def store_for(agent: Agent) -> object:
         found = store if store is not None else getattr(agent, "store", None)
         if found is None:
             raise FxConfigError("no session store to list: pass create_app(store=...)")

@@ -32,7 +32,7 @@ import hmac
 import inspect
 import ipaddress
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
@@ -44,6 +44,9 @@ from fxworker.errors import FxForbiddenError
 from fxengine.codes import Code
 
 from .errors import error_response
+
+if TYPE_CHECKING:
+    from .bodies import CreateSessionBody
 
 # `timeline` is asked for the timeline route alone: it shows the prompts' text, which a
 # hook allowing `state` (status, cursor, counts) did not agree to show.
@@ -59,7 +62,7 @@ class Authorize(Protocol):
 class SessionContext(Protocol):
     """The embedder's choice of a new session's tool context (`create_app(session_context=)`)."""
 
-    def __call__(self, request: Request, create: Any) -> Any: ...
+    def __call__(self, request: Request, create: CreateSessionBody) -> object: ...
 
 
 def is_loopback(host: str | None) -> bool:

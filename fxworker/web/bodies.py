@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
@@ -82,7 +82,7 @@ async def read_body(request: Request, *, limit_bytes: int = MAX_BODY_BYTES) -> b
     return b"".join(chunks)
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> NoReturn:
     raise FxInvalidRequestError(f"request body has {name}: JSON has no NaN or Infinity")
 
 
@@ -101,10 +101,10 @@ def _check_string(text: str) -> None:
             raise FxInvalidRequestError("request body has a lone UTF-16 surrogate (\\ud800-\\udfff) in a string") from None
 
 
-def check_tree(data: Any, *, max_depth: int = MAX_JSON_DEPTH) -> None:
+def check_tree(data: object, *, max_depth: int = MAX_JSON_DEPTH) -> None:
     """Refuses (`FxInvalidRequestError`) parsed JSON nested deeper than `max_depth` or
     holding a string no UTF-8 encodes. Iterative: a deep value cannot exhaust the stack."""
-    stack: list[tuple[Any, int]] = [(data, 0)]
+    stack: list[tuple[object, int]] = [(data, 0)]
     while stack:
         node, depth = stack.pop()
         if isinstance(node, str):

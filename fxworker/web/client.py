@@ -16,21 +16,37 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TypedDict
 
 import httpx
 
 from fxengine.codes import Code
 from fxengine.errors import FxError
+from fxengine.lines import DELTA_TYPES, TURN_ENDS, LineType, line_type
 
+from ..agent import SessionInfo
 from ..ids import new_message_id
+from ..timeline import TimelinePage
 from .ndjson import MEDIA_TYPE
 
 RECONNECTS = 7
 RECONNECT_FIRST_S = 0.25
 RECONNECT_MAX_S = 4.0
-_ENDS = ("turn_end", "idle")
+_ENDS: tuple[LineType, ...] = (*TURN_ENDS, "idle")
+# A line as the API sends it: a JSON object, of a type `fxengine.lines` declares or a newer one.
+ApiLine = dict[str, object]
+
+
+class SteerAnswer(TypedDict):
+    sessionId: str
+    messageId: str
+    repeated: bool
+
+
+class CancelAnswer(TypedDict):
+    sessionId: str
+    cancelRequested: bool
 
 
 class ApiError(FxError):
@@ -69,37 +85,38 @@ class ApiClient:
             code, message = Code.HTTP, response.text[:200]
         raise ApiError(message, code=code, status=response.status_code)
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _request(self, method: str, path: str, *, json: object = None,
+                 params: Mapping[str, int] | None = None) -> httpx.Response:
         try:
-            response = self.http.request(method, path, **kwargs)
+            response = self.http.request(method, path, json=json, params=params)
         except httpx.HTTPError as exc:
             raise ApiError(f"cannot reach {self.base_url}: {exc}", code=Code.CONNECT) from exc
         self._check(response)
         return response
 
-    def steer(self, session_id: str, text: str, *, message_id: str | None = None) -> dict[str, Any]:
+    def steer(self, session_id: str, text: str, *, message_id: str | None = None) -> SteerAnswer:
         """Steer the session's running turn (or its next one): the store's acknowledgement."""
-        body: dict[str, Any] = {"input": text, "messageId": message_id or new_message_id()}
-        result: dict[str, Any] = self._request("POST", f"/v1/sessions/{session_id}/steer", json=body).json()
+        body = {"input": text, "messageId": message_id or new_message_id()}
+        result: SteerAnswer = self._request("POST", f"/v1/sessions/{session_id}/steer", json=body).json()
         return result
 
-    def cancel(self, session_id: str) -> dict[str, Any]:
+    def cancel(self, session_id: str) -> CancelAnswer:
         """Cancel the session's running (or waiting) turn."""
-        result: dict[str, Any] = self._request("POST", f"/v1/sessions/{session_id}/cancel", json={}).json()
+        result: CancelAnswer = self._request("POST", f"/v1/sessions/{session_id}/cancel", json={}).json()
         return result
 
-    def state(self, session_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", f"/v1/sessions/{session_id}").json()
+    def state(self, session_id: str) -> SessionInfo:
+        result: SessionInfo = self._request("GET", f"/v1/sessions/{session_id}").json()
         return result
 
-    def timeline(self, session_id: str, *, cursor: int = 0, limit: int | None = None) -> dict[str, Any]:
+    def timeline(self, session_id: str, *, cursor: int = 0, limit: int | None = None) -> TimelinePage:
         """A page of what the session went through: the turns after `cursor`, the workers that
         ran them, their tools, and `next` (the cursor of the page after it, or None)."""
         params = {"cursor": cursor, **({"limit": limit} if limit is not None else {})}
-        result: dict[str, Any] = self._request("GET", f"/v1/sessions/{session_id}/timeline", params=params).json()
+        result: TimelinePage = self._request("GET", f"/v1/sessions/{session_id}/timeline", params=params).json()
         return result
 
-    def timeline_pages(self, session_id: str, *, limit: int | None = None) -> Iterator[dict[str, Any]]:
+    def timeline_pages(self, session_id: str, *, limit: int | None = None) -> Iterator[TimelinePage]:
         """Every page of the session's timeline, from its first turn to what is stored now."""
         cursor: int | None = 0
         while cursor is not None:
@@ -108,11 +125,11 @@ class ApiClient:
             following = page.get("next")
             cursor = following if isinstance(following, int) and following > cursor else None
 
-    def sessions(self, *, limit: int = 20) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = self._request("GET", "/v1/sessions", params={"limit": limit}).json()["sessions"]
+    def sessions(self, *, limit: int = 20) -> list[SessionInfo]:
+        found: list[SessionInfo] = self._request("GET", "/v1/sessions", params={"limit": limit}).json()["sessions"]
         return found
 
-    def stream(self, session_id: str, *, cursor: int = 0, follow: bool = True) -> Iterator[dict[str, Any]]:
+    def stream(self, session_id: str, *, cursor: int = 0, follow: bool = True) -> Iterator[ApiLine]:
         """The session's lines after `cursor`, as dicts.
 
         Raises `ApiError` with the server's code when the server ends the stream with an
@@ -125,18 +142,18 @@ class ApiClient:
                 for raw in response.iter_lines():
                     if not raw.strip():
                         continue
-                    line = json.loads(raw)
-                    if line.get("type") == "session_error" and "cursor" not in line:
+                    line: ApiLine = json.loads(raw)
+                    if line_type(line) == "session_error" and "cursor" not in line:
                         raise ApiError(
                             f"the stream of {session_id} stopped after cursor {cursor}: {line.get('message')}",
                             code=str(line.get("code") or Code.API_ERROR),
                         )
-                    cursor = max(cursor, int(line.get("cursor") or 0))
+                    cursor = max(cursor, _cursor(line))
                     yield line
         except httpx.HTTPError as exc:
             raise ApiError(f"stream of {session_id} broke: {exc}", code=Code.CONNECT) from exc
 
-    def tail(self, session_id: str, *, cursor: int = 0, follow: bool = True) -> Iterator[dict[str, Any]]:
+    def tail(self, session_id: str, *, cursor: int = 0, follow: bool = True) -> Iterator[ApiLine]:
         """The session's lines after `cursor`; following, until its turns are over.
 
         Without `follow` it yields what is stored and stops. With it, it stays open for new
@@ -150,10 +167,10 @@ class ApiClient:
             return
         stored = int(self.state(session_id).get("cursor") or 0)
 
-        def done(line: dict[str, Any]) -> bool:
+        def done(line: ApiLine) -> bool:
             nonlocal stored
             # Lines stored before the call are history: only a later end is checked.
-            if line.get("type") not in _ENDS or int(line.get("cursor") or 0) < stored:
+            if line_type(line) not in _ENDS or _cursor(line) < stored:
                 return False
             state = self._state_retrying(session_id)
             stored = int(state.get("cursor") or 0)
@@ -162,8 +179,8 @@ class ApiClient:
         yield from self._follow(session_id, cursor, keep=lambda line: True, done=done)
 
     def _follow(
-        self, session_id: str, cursor: int, *, keep: Callable[[dict[str, Any]], bool], done: Callable[[dict[str, Any]], bool]
-    ) -> Iterator[dict[str, Any]]:
+        self, session_id: str, cursor: int, *, keep: Callable[[ApiLine], bool], done: Callable[[ApiLine], bool]
+    ) -> Iterator[ApiLine]:
         """Follows the session from `cursor` until `done(line)`, reconnecting after a drop.
 
         Yields the lines `keep` accepts. Gives up with `FX_CONNECT` after `RECONNECTS`
@@ -176,7 +193,7 @@ class ApiClient:
             try:
                 for line in self.stream(session_id, cursor=cursor):
                     failures = 0
-                    cursor = max(cursor, int(line.get("cursor") or 0))
+                    cursor = max(cursor, _cursor(line))
                     if not keep(line):
                         continue
                     yield line
@@ -191,7 +208,7 @@ class ApiClient:
                 raise ApiError(f"lost the stream of {session_id} {failures} times in a row: {why}", code=Code.CONNECT)
             _backoff(failures)
 
-    def _state_retrying(self, session_id: str) -> dict[str, Any]:
+    def _state_retrying(self, session_id: str) -> SessionInfo:
         """`state()`, retried like a dropped stream while the API cannot be reached."""
         for attempt in range(1, RECONNECTS + 1):
             try:
@@ -205,11 +222,11 @@ class ApiClient:
     def prompt(
         self, text: str, *, session_id: str | None = None, agent: str | None = None, message_id: str | None = None,
         on_accepted: Callable[[str], None] | None = None,
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[ApiLine]:
         """Send a prompt (a new session when `session_id` is None) and yield its turn's lines.
         `on_accepted(session_id)` is called once the server stored it, before any line."""
         turn_id = message_id or new_message_id()
-        body: dict[str, Any] = {"input": text, "messageId": turn_id}
+        body = {"input": text, "messageId": turn_id}
         if session_id is None:
             path = "/v1/sessions"
             if agent:
@@ -226,10 +243,10 @@ class ApiClient:
                 for raw in response.iter_lines():
                     if not raw.strip():
                         continue
-                    line = json.loads(raw)
-                    cursor = max(cursor, int(line.get("cursor") or 0))
+                    line: ApiLine = json.loads(raw)
+                    cursor = max(cursor, _cursor(line))
                     yield line
-                    if line.get("type") == "turn_end":
+                    if line_type(line) in TURN_ENDS:
                         return
         except httpx.HTTPError as exc:
             if self.session_id is None:
@@ -240,7 +257,7 @@ class ApiClient:
         yield from self._follow(
             self.session_id, cursor,
             keep=lambda line: line.get("messageId") == turn_id,
-            done=lambda line: line.get("type") == "turn_end",
+            done=lambda line: line_type(line) in TURN_ENDS,
         )
 
 
@@ -248,7 +265,12 @@ def _backoff(failures: int) -> None:
     time.sleep(min(RECONNECT_FIRST_S * 2 ** (failures - 1), RECONNECT_MAX_S))
 
 
-def _short(value: Any, limit: int = 120) -> str:
+def _cursor(line: Mapping[str, object]) -> int:
+    cursor = line.get("cursor")
+    return cursor if isinstance(cursor, int) else 0
+
+
+def _short(value: object, limit: int = 120) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -272,21 +294,24 @@ class Transcript:
     def __repr__(self) -> str:
         return f"<Transcript turn={self._turn} pieces={len(self._shown)}>"
 
-    def feed(self, line: dict[str, Any]) -> str:
+    def feed(self, line: Mapping[str, object]) -> str:
         """The text to print for `line` ('' for nothing)."""
         message_id = line.get("messageId")
-        if line.get("type") == "turn_start" or (message_id is not None and message_id != self._turn):
+        message_id = message_id if isinstance(message_id, str) else None
+        kind = line_type(line)
+        if kind == "turn_start" or (message_id is not None and message_id != self._turn):
             self._turn, self._shown = message_id, []
         text = render_line(line)
-        if line.get("type") == "turn_resume":
+        if kind == "turn_resume":
             text += self._retract(line, lead=not text)
         step = line.get("step")
         if text:
             self._shown.append((step if isinstance(step, int) else None, text))
         return text
 
-    def _retract(self, line: dict[str, Any], *, lead: bool) -> str:
-        steps = {s for s in line.get("retract") or () if isinstance(s, int) and not isinstance(s, bool)}
+    def _retract(self, line: Mapping[str, object], *, lead: bool) -> str:
+        retract = line.get("retract")
+        steps = {s for s in retract if isinstance(s, int) and not isinstance(s, bool)} if isinstance(retract, list) else set()
         withdrawn = sorted({step for step, text in self._shown if step in steps and text})
         if not withdrawn:
             return ""
@@ -297,17 +322,17 @@ class Transcript:
         return ("\n" if lead else "") + marker + "".join(text for _, text in self._shown)
 
 
-def render_line(line: dict[str, Any]) -> str:
+def render_line(line: Mapping[str, object]) -> str:
     """How one stream line reads in a terminal ('' for lines with nothing to show)."""
-    kind = line.get("type")
-    if kind in ("text_delta", "reasoning_delta"):
+    kind = line_type(line)
+    if kind in DELTA_TYPES:
         return str(line.get("delta", ""))
     if kind == "turn_start":
         return f"> {_short(line['input'])}\n" if "input" in line else ""
     if kind == "user_message":
         return f"\n> {_short(line.get('text', ''))}\n"
     if kind == "tool_start":
-        shown = line.get("inputPreview", "") + "…" if line.get("inputTruncated") else line.get("input")
+        shown = f"{line.get('inputPreview', '')}…" if line.get("inputTruncated") else line.get("input")
         return f"\n→ {line.get('name')}({_short(shown)})\n"
     if kind == "tool_end":
         mark = "✗" if line.get("isError") else "←"
@@ -322,6 +347,7 @@ def render_line(line: dict[str, Any]) -> str:
     if kind == "session_error":
         return f"\n[{line.get('code')}: {line.get('message')}]\n"
     if kind == "session_waiting":
-        agent = (line.get("noWorker") or {}).get("agent")
+        no_worker = line.get("noWorker")
+        agent = no_worker.get("agent") if isinstance(no_worker, dict) else None
         return f"[waiting: no worker runs agent {agent!r}; start one with that agent]\n"
     return ""

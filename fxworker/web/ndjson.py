@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
-from typing import Any
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from fxengine.errors import FxError
+from fxengine.lines import session_error
 
 from fxworker.errors import FxStreamsFullError
 
@@ -31,12 +31,12 @@ MEDIA_TYPE = "application/x-ndjson"
 logger = logging.getLogger("fxworker.web")
 
 
-def encode_line(line: Mapping[str, Any]) -> bytes:
+def encode_line(line: Mapping[str, object]) -> bytes:
     """One stream line as NDJSON bytes (compact, UTF-8, with its newline)."""
     return json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
 
-async def _encoded(lines: AsyncIterable[Mapping[str, Any] | bytes]) -> AsyncIterator[bytes]:
+async def _encoded(lines: AsyncIterable[Mapping[str, object] | bytes]) -> AsyncIterator[bytes]:
     try:
         async for line in lines:
             if isinstance(line, (bytes, bytearray)):
@@ -45,7 +45,7 @@ async def _encoded(lines: AsyncIterable[Mapping[str, Any] | bytes]) -> AsyncIter
                 yield encode_line(line)
     except FxError as exc:
         logger.warning("stream ended by %s: %s", exc.code, exc.message)
-        yield encode_line({"type": "session_error", "code": exc.code, "message": exc.message})
+        yield encode_line(session_error(None, {"code": exc.code, "message": exc.message}, None))
 
 
 class StreamSlot:
@@ -97,7 +97,7 @@ class NDJSONResponse(StreamingResponse):
 
     def __init__(
         self,
-        lines: AsyncIterable[Mapping[str, Any] | bytes],
+        lines: AsyncIterable[Mapping[str, object] | bytes],
         *,
         status_code: int = 200,
         headers: Mapping[str, str] | None = None,

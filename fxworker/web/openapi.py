@@ -8,9 +8,10 @@ next to the routes, and checked against the running app by `tests/web/test_opena
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cache
-from typing import Any
 
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -28,7 +29,7 @@ _INT = {"type": "integer"}
 _STEP = {"type": ["integer", "null"]}
 # `fxworker.timeline`: a page of turns, each with the parts (epochs) that ran it, its steps
 # and tool calls, and the cursor of the next page.
-TIMELINE_SCHEMA: dict[str, Any] = {
+TIMELINE_SCHEMA: dict[str, object] = {
     "type": "object", "required": ["sessionId", "turns", "next"], "properties": {
         "sessionId": {"type": "string"},
         "next": {"type": ["integer", "null"], "minimum": 0,
@@ -61,16 +62,16 @@ TIMELINE_SCHEMA: dict[str, Any] = {
     }}
 
 
-def _errors(*statuses: int) -> dict[str, Any]:
+def _errors(*statuses: int) -> dict[str, object]:
     return {str(s): {"description": "an FX_ error", "content": {"application/json": {"schema": ERROR}}}
             for s in statuses}
 
 
-def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+def _json(schema: Mapping[str, object], description: str) -> dict[str, object]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def _body(model: Any) -> dict[str, Any]:
+def _body(model: type[BaseModel]) -> dict[str, object]:
     schema = model.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
     return {"required": True, "content": {"application/json": {"schema": schema}}}
 
@@ -79,7 +80,7 @@ COMMON = (400, 401, 403, 404, 410, 413, 415, 503)
 
 
 @cache
-def document() -> dict[str, Any]:
+def document() -> dict[str, object]:
     """The OpenAPI description of the app's routes."""
     ndjson = {"description": "NDJSON stream lines", "content": {"application/x-ndjson": {"schema": {"type": "string"}}}}
     session_ops = {

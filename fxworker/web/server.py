@@ -18,7 +18,6 @@ slow clients and keeps these limits off the Python process.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -37,7 +36,7 @@ class _RequestDeadline:
     request_timeout_s: float | None = None
     _fx_deadline: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport: Any) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         self._fx_arm()
 

@@ -16,11 +16,11 @@ import hashlib
 import inspect
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from fxworker.agent import Agent, Session, SessionInfo, Turn
 from fxworker.errors import (
     FxForbiddenError,
     FxInvalidCursorError,
@@ -43,12 +43,12 @@ MAX_LIST_LIMIT = 100
 LIST_STATE_CALLS = 8
 
 
-def _agents(request: Request) -> dict[str, Any]:
-    agents: dict[str, Any] = request.app.state.agents()
+def _agents(request: Request) -> dict[str, Agent]:
+    agents: dict[str, Agent] = request.app.state.agents()
     return agents
 
 
-def pick_agent(request: Request, name: str | None) -> Any:
+def pick_agent(request: Request, name: str | None) -> Agent:
     """The agent called `name`, or the app's default one (`default`, or its only agent)."""
     agents = _agents(request)
     if name is not None:
@@ -65,14 +65,14 @@ def pick_agent(request: Request, name: str | None) -> Any:
     raise FxUnknownAgentError(f"name the agent: this server serves {', '.join(sorted(agents))}")
 
 
-def _by_store(request: Request) -> list[Any]:
+def _by_store(request: Request) -> list[Agent]:
     """One agent per distinct store of the app's agents, the default agent's first."""
     agents = _agents(request)
     try:
         first = [pick_agent(request, None)]
     except FxUnknownAgentError:
         first = []  # several agents and no `default`: any of them reads the store
-    seen: list[Any] = []
+    seen: list[object] = []
     chosen = []
     for agent in [*first, *(agents[name] for name in sorted(agents))]:
         store = request.app.state.store_for(agent)
@@ -84,14 +84,14 @@ def _by_store(request: Request) -> list[Any]:
     return chosen
 
 
-async def _existing(request: Request) -> tuple[Any, dict[str, Any]]:
+async def _existing(request: Request) -> tuple[Session, SessionInfo]:
     """The session of the path and its state, from the store that has it, with the agent that
     owns it; `FX_UNKNOWN_SESSION` (404) when no store of the app's agents has it."""
     session_id = request.path_params["session_id"]
     probes = _by_store(request)
     for probe in probes:
         try:
-            state: dict[str, Any] = await probe.session(session_id).state()
+            state = await probe.session(session_id).state()
         except FxUnknownSessionError:
             if probe is probes[-1]:
                 raise
@@ -125,7 +125,7 @@ def parse_flag(raw: str | None, *, name: str, default: bool) -> bool:
     raise FxInvalidRequestError(f"{name} must be 0 or 1, got {raw!r}")
 
 
-def _accepted(turn: Any) -> dict[str, Any]:
+def _accepted(turn: Turn) -> dict[str, object]:
     return {"sessionId": turn.session_id, "messageId": turn.message_id, "repeated": bool(turn.repeated), "cursor": turn.cursor}
 
 
@@ -135,19 +135,19 @@ def _stream_slot(request: Request) -> StreamSlot:
     return slot
 
 
-def _turn_response(request: Request, turn: Any, slot: StreamSlot | None) -> Response:
+def _turn_response(request: Request, turn: Turn, slot: StreamSlot | None) -> Response:
     headers = {SESSION_HEADER: turn.session_id}
     if slot is not None:
         return NDJSONResponse(turn.ndjson(), headers=headers, slot=slot)
     return JSONResponse(_accepted(turn), status_code=202, headers=headers)
 
 
-async def session_context(request: Request, body: CreateSessionBody) -> Any:
+async def session_context(request: Request, body: CreateSessionBody) -> object:
     """The tool context a new session gets: the embedder's `session_context` hook decides;
     without one, the client's `context`, except under an `authorize` hook (403)."""
     hook = request.app.state.session_context
     if hook is not None:
-        context = hook(request, body)
+        context: object = hook(request, body)
         return await context if inspect.isawaitable(context) else context
     if body.context is not None and request.app.state.authorize is not None:
         raise FxForbiddenError("this server sets a session's context itself: send none "
@@ -155,14 +155,14 @@ async def session_context(request: Request, body: CreateSessionBody) -> Any:
     return body.context
 
 
-def message_scope(agent: Any, context: Any) -> str:
+def message_scope(agent: Agent, context: object) -> str:
     """The scope of a create's message id: the agent and the session's context, so one caller
     cannot take a message id another (with another pinned context) will use."""
     pinned = json.dumps(context, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(f"{agent.name}\0{pinned}".encode()).hexdigest()[:24]
 
 
-async def _first_session(request: Request, agent: Any, body: CreateSessionBody, context: Any) -> Any:
+async def _first_session(request: Request, agent: Agent, body: CreateSessionBody, context: object) -> Session:
     """The session a create prompts: a new one, or the one an earlier create with this message id made."""
     session = agent.session(None, context=context)  # checks the settings before anything is stored
     if body.message_id is None:
@@ -192,14 +192,14 @@ async def prompt(request: Request) -> Response:
     await check_access(request, request.path_params["session_id"], "prompt")
     body = await read_json(request, PromptBody)
 
-    async def existing() -> Any:
+    async def existing() -> Session:
         session, _ = await _existing(request)
         return session
 
     return await _prompted(request, body, existing)
 
 
-async def _prompted(request: Request, body: Any, open_session: Callable[[], Awaitable[Any]]) -> Response:
+async def _prompted(request: Request, body: PromptBody, open_session: Callable[[], Awaitable[Session]]) -> Response:
     """Prompts the session `open_session()` gives: 202, or the turn's lines streamed. The
     stream slot a streamed prompt takes first is let go again if the prompt fails."""
     slot = _stream_slot(request) if wants_ndjson(request.headers.get("accept")) else None
@@ -285,18 +285,17 @@ async def list_sessions(request: Request) -> Response:
     if len(raw) > 4 or not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= 1000:
         raise FxInvalidRequestError(f"limit must be an integer from 1 to 1000, got {raw[:40]!r}")
     limit = min(int(raw), MAX_LIST_LIMIT)
-    listing: list[tuple[Any, str]] = []
+    listing: list[tuple[Agent, str]] = []
     for agent in _by_store(request):  # every store the app's agents use
         ids = await request.app.state.store_for(agent).list_sessions(limit)
         listing += [(agent, session_id) for session_id in ids]
     gate = asyncio.Semaphore(LIST_STATE_CALLS)
 
-    async def listed(agent: Any, session_id: str) -> dict[str, Any] | None:
+    async def listed(agent: Agent, session_id: str) -> SessionInfo | None:
         async with gate:
             if not await is_allowed(request, session_id, "state"):
                 return None
-            found: dict[str, Any] = await agent.session(session_id).state()
-            return found
+            return await agent.session(session_id).state()
 
     states = await asyncio.gather(*(listed(agent, session_id) for agent, session_id in listing[:limit]),
                                   return_exceptions=True)

@@ -25,7 +25,7 @@ import hashlib
 import hmac
 import inspect
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -98,10 +98,18 @@ class MemoryReplayGuard:
         self._seen_until_s.pop(signature, None)
 
 
+class KeyClient(Protocol):
+    """The two commands `RedisReplayGuard` sends (a redis-py asyncio client has them)."""
+
+    async def set(self, name: str, value: bytes, *, nx: bool, px: int) -> object: ...
+
+    async def delete(self, *names: str) -> object: ...
+
+
 class RedisReplayGuard:
     """Signatures seen by any web process: `SET NX PX` on one key per signature."""
 
-    def __init__(self, client: Any, *, prefix: str) -> None:
+    def __init__(self, client: KeyClient, *, prefix: str) -> None:
         self.client = client
         self.prefix = prefix
 
@@ -121,7 +129,7 @@ class RedisReplayGuard:
             await self.client.delete(self.key(signature))
 
 
-async def _deliver(payload: dict[str, Any]) -> str:
+async def _deliver(payload: dict[str, object]) -> str:
     from fxworker.delivery import handle_wake
 
     if inspect.iscoroutinefunction(handle_wake):

@@ -105,6 +105,7 @@ function appendText(t, line, cls) {
   t.lastText = span;
 }
 
+// Every line type of fxengine/lines.py (LINE_TYPES) has its case here: tests/web/test_line_types.py.
 function render(line) {
   const t = line.messageId ? turnFor(line.messageId) : null;
   switch (line.type) {
@@ -164,8 +165,11 @@ function render(line) {
       $("transcript").appendChild(el("div", "waiting",
         "waiting: no worker runs agent " + ((line.noWorker || {}).agent || "?") + "; start one with that agent"));
       break;
+    case "turn_yield": // the turn goes on in the next delivery
+    case "idle": // a resume found nothing to run
+      break;
     default:
-      break; // turn_yield, idle: nothing to show
+      break; // a line type this page does not know (a newer server): nothing to show
   }
 }
 
