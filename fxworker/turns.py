@@ -27,6 +27,7 @@ from fxengine.codes import Code
 from fxengine.engine import Engine
 from fxengine.errors import FxError, FxInputError
 from fxengine.limits import prompt_text
+from fxengine.lines import LineType, line_type
 from fxengine.providers.credentials import mask_secret
 from fxengine.turn import Turn
 
@@ -302,7 +303,7 @@ class TurnRun:
         """The engine's `event_sink` for this turn: every event becomes a UI line of it; the
         turn's end (or yield) rides in the call of the record that ends (or yields) it."""
         delivery = self.delivery
-        kind = event.get("type")
+        kind = line_type(event)
         if kind == "user_message":
             delivery.waiting.placed(str(event.get("id")))  # its `accepted` record went before it
         if delivery.stopped & (Stopped.CUT_OFF | Stopped.FENCED | Stopped.CLOSED):
@@ -330,7 +331,7 @@ class TurnRun:
         return (self.driving and not delivery.stopped and delivery.released is None
                 and not delivery.waiting.any())
 
-    def _rode(self, type_: str) -> bool:
+    def _rode(self, type_: LineType) -> bool:
         """Whether this turn's `type_` line was stored with the engine's record."""
         return self.ride is not None and self.ride.stored and self.ride.line.get("type") == type_
 

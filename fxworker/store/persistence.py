@@ -51,19 +51,26 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
+from fxengine.lines import DELTA_TYPES, line_type
 from fxengine.persistence import Loaded, Mark
 
 from ..errors import FxLeaseLostError, FxStoreUnavailableError
 from ..ids import now_ms
+from ._core import Op
 from ._workers import _append
 from .types import Appended, Claim, StoreRecord
 
+if TYPE_CHECKING:
+    from .api import SessionStore
+
 T = TypeVar("T")
+# A UI line as a writer queues it: the line's JSON fields, with `epoch` (the store adds `cursor`).
+Line = dict[str, object]
 log = logging.getLogger("fxworker.lines")
 
-_MERGEABLE = ("text_delta", "reasoning_delta")
+_MERGEABLE = DELTA_TYPES
 RETRY_FIRST_MS = 50
 RETRY_MAX_MS = 500
 RETRY_MARGIN_MS = 100  # the last try starts this long before `due_ms`
@@ -108,7 +115,7 @@ class LineWriter:
 
     def __init__(
         self,
-        store: Any,
+        store: SessionStore,
         session_id: str,
         epoch: int,
         *,
@@ -121,7 +128,7 @@ class LineWriter:
         self.on_fenced = on_fenced
         self.lease_due_ms = lease_due_ms  # when this worker's lease would expire (retry bound)
         self.lock = asyncio.Lock()
-        self._queue: list[dict[str, Any]] = []
+        self._queue: list[Line] = []
         self._flushing: asyncio.Task[None] | None = None
         self._flusher: LineFlusher | None = None
         self._marked = False  # waiting for the flusher's next round
@@ -130,7 +137,7 @@ class LineWriter:
         self.record_due = False
         self._calls = 0
         # (key, lines, marks) of a call that failed and may have run
-        self._held: tuple[str, list[dict[str, Any]], list[Mark]] | None = None
+        self._held: tuple[str, list[Line], list[Mark]] | None = None
         self.closed = False
         # The lines this writer stored, as sent, from cursor `_stored_first` on, and the
         # cursor its next line gets (the claim's `ui_cursor` + 1 until it stores one).
@@ -142,12 +149,12 @@ class LineWriter:
         held = len(self._held[1]) if self._held else 0
         return f"<LineWriter session={self.session_id} epoch={self.epoch} queued={len(self._queue)} held={held}>"
 
-    def push(self, line: dict[str, Any]) -> None:
+    def push(self, line: Line) -> None:
         if self.closed:
             return
         line = {**line, "epoch": self.epoch}
         last = self._queue[-1] if self._queue else None
-        kind = line.get("type")
+        kind = line_type(line)
         if (
             last is not None
             and kind in _MERGEABLE
@@ -155,7 +162,7 @@ class LineWriter:
             and last.get("step") == line.get("step")
             and last.get("messageId") == line.get("messageId")
         ):
-            last["delta"] = last["delta"] + line["delta"]
+            last["delta"] = f"{last['delta']}{line['delta']}"
         else:
             self._queue.append(line)
         self.push_pending()
@@ -186,7 +193,7 @@ class LineWriter:
         self._calls += 1
         return f"lines:{self.epoch}:{self._calls}"
 
-    def queue(self, lines: Iterable[Mapping[str, Any]]) -> None:
+    def queue(self, lines: Iterable[Mapping[str, object]]) -> None:
         """Queues lines as given: no merging and no timer, so they wait for the next
         record or `flush()`."""
         if self.closed:
@@ -207,12 +214,12 @@ class LineWriter:
         finally:
             self._flushing = None
 
-    def take(self) -> list[dict[str, Any]]:
+    def take(self) -> list[Line]:
         """Removes and returns the queued lines (the caller writes them; hold `lock`)."""
         lines, self._queue = self._queue, []
         return lines
 
-    def hold(self, key: str, lines: list[dict[str, Any]], marks: list[Mark] | None = None) -> None:
+    def hold(self, key: str, lines: list[Line], marks: list[Mark] | None = None) -> None:
         """Keeps lines (and store marks) whose call (keyed `key`) failed and may have run:
         `send_held()` resends them first, alone, under the same key (hold `lock`)."""
         if (lines or marks) and not self.closed:
@@ -244,7 +251,7 @@ class LineWriter:
             return self._stored_first, self._stored
         return (self.next_line, []) if self.next_line is not None else None
 
-    async def begin_round(self) -> tuple[str, list[dict[str, Any]]] | None:
+    async def begin_round(self) -> tuple[str, list[Line]] | None:
         """The flusher's round (`LineFlusher`): the key and lines this writer sends in it,
         with `lock` held and the writer still marked (what it is handed meanwhile waits)
         until `end_round`; None when it has nothing to send there (its lines ride with a
@@ -266,7 +273,7 @@ class LineWriter:
         await self.lock.acquire()  # free: no wait (lines pushed meanwhile wait for the next round)
         return self.next_key(), self.take()
 
-    def end_round(self, key: str, lines: list[dict[str, Any]], result: Appended | BaseException | None) -> None:
+    def end_round(self, key: str, lines: list[Line], result: Appended | BaseException | None) -> None:
         """What the round's call of `begin_round`'s batch came to: stored (`Appended`),
         refused for the epoch (fenced), failed (held: it may have run, so it is resent first,
         alone, under its key), or None when the round was cancelled (held as well)."""
@@ -305,7 +312,7 @@ class LineWriter:
         self._held = None
         return await self._send(key, lines, marks)
 
-    async def _send(self, key: str, lines: list[dict[str, Any]], marks: list[Mark]) -> list[int]:
+    async def _send(self, key: str, lines: list[Line], marks: list[Mark]) -> list[int]:
         try:
             appended = await retry_unavailable(
                 lambda: self.store.append(self.session_id, self.epoch, lines=lines, marks=marks, idempotency_key=key),
@@ -340,7 +347,7 @@ class LineFlusher:
     """The line writes of one store's writers on one loop: one round trip per loop
     iteration for every writer with lines queued (`RedisStore.line_flusher()`)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: SessionStore) -> None:
         self.store = store
         self._marked: list[LineWriter] = []
         self._rounds: set[asyncio.Task[None]] = set()
@@ -361,7 +368,7 @@ class LineFlusher:
         task.add_done_callback(self._rounds.discard)
 
     async def _round(self, writers: list[LineWriter]) -> None:
-        sending: list[tuple[LineWriter, str, list[dict[str, Any]]]] = []
+        sending: list[tuple[LineWriter, str, list[Line]]] = []
         for writer in writers:
             batch = await writer.begin_round()
             if batch is not None:
@@ -379,15 +386,15 @@ class LineFlusher:
         for (writer, key, lines), result in zip(sending, results):
             writer.end_round(key, lines, result)
 
-    async def _send(self, sending: list[tuple[LineWriter, str, list[dict[str, Any]]]]) -> list[Any]:
-        ops: list[Any] = []
+    async def _send(self, sending: list[tuple[LineWriter, str, list[Line]]]) -> list[Appended | Exception]:
+        ops: list[Op[Appended] | Exception] = []
         for writer, key, lines in sending:
             try:
                 ops.append(_append(self.store.core, writer.session_id, writer.epoch, lines=lines,
                                    idempotency_key=key))
             except Exception as exc:  # noqa: BLE001 - a line the store refuses: that writer's alone
                 ops.append(exc)
-        planned = [op for op in ops if not isinstance(op, Exception)]
+        planned: list[Op[Appended]] = [op for op in ops if not isinstance(op, Exception)]
         answers = iter(await self.store.run_each(planned, "append") if planned else [])
         return [op if isinstance(op, Exception) else next(answers) for op in ops]
 
@@ -406,7 +413,7 @@ class EndRide:
     when no compaction is due after the record (`save_checkpoint` writes under the lease).
     """
 
-    line: dict[str, Any]
+    line: Line
     release: Callable[[], bool] | None = None
     checkpoint: Callable[[], bytes | None] | None = None
     stored: bool = False  # the line went in its record's call
@@ -429,7 +436,7 @@ class StorePersistence:
 
     def __init__(
         self,
-        store: Any,
+        store: SessionStore,
         claim: Claim,
         *,
         writer: LineWriter | None = None,
@@ -449,7 +456,7 @@ class StorePersistence:
     def __repr__(self) -> str:
         return f"<StorePersistence session={self.session_id} epoch={self.epoch} head={self.head}>"
 
-    def queue_lines(self, lines: Iterable[Mapping[str, Any]]) -> None:
+    def queue_lines(self, lines: Iterable[Mapping[str, object]]) -> None:
         """UI lines to store with the next record (or with `flush_lines()`), as given."""
         self.writer.queue(lines)
 
@@ -466,7 +473,7 @@ class StorePersistence:
 
     def ride_with_end(
         self,
-        line: Mapping[str, Any],
+        line: Mapping[str, object],
         *,
         release: Callable[[], bool] | None = None,
         checkpoint: Callable[[], bytes | None] | None = None,

@@ -70,8 +70,7 @@ ROUTES = [
 def _registry_agents() -> dict[str, Agent]:
     from fxworker import agents as registered
 
-    found: dict[str, Agent] = dict(registered())
-    return found
+    return {name: agent for name, agent in registered().items() if isinstance(agent, Agent)}
 
 
 def _fixed_agents(agents: Iterable[Agent] | Mapping[str, Agent]) -> Callable[[], dict[str, Agent]]:

@@ -35,6 +35,7 @@ from fxengine.errors import FxError
 from fxworker import metrics
 from fxworker.errors import FxConfigError, FxUnknownSessionError, FxWakeRefusedError
 from fxworker.keys import wake_seen_key
+from fxworker.store._transport import AsyncClient
 from fxworker.store._boundary import map_redis_errors
 
 from .bodies import WakeBody, parse_body, read_body
@@ -98,18 +99,10 @@ class MemoryReplayGuard:
         self._seen_until_s.pop(signature, None)
 
 
-class KeyClient(Protocol):
-    """The two commands `RedisReplayGuard` sends (a redis-py asyncio client has them)."""
-
-    async def set(self, name: str, value: bytes, *, nx: bool, px: int) -> object: ...
-
-    async def delete(self, *names: str) -> object: ...
-
-
 class RedisReplayGuard:
     """Signatures seen by any web process: `SET NX PX` on one key per signature."""
 
-    def __init__(self, client: KeyClient, *, prefix: str) -> None:
+    def __init__(self, client: AsyncClient, *, prefix: str) -> None:
         self.client = client
         self.prefix = prefix
 
