@@ -43,10 +43,7 @@ if TYPE_CHECKING:
     from .store.types import Released, Unserved
 
 
-def drop(input_id: str) -> dict[str, Any]:
-    """`fxengine.lines.drop`, as the plain dict the runner's mark lists hold."""
-    mark: dict[str, Any] = dict(lines.drop(input_id))
-    return mark
+drop = lines.drop
 
 
 # -- deliveries --------------------------------------------------------------------------

@@ -17,7 +17,6 @@ import importlib
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -32,7 +31,7 @@ from fxworker import tracing
 from fxworker.settings import Settings
 
 from fxworker.liveness import DeliveryCounter, Liveness
-from fxworker.store import default_store, store_clients, store_kind
+from fxworker.store import SessionStore, default_store, store_clients, store_kind
 
 from . import health, openapi, sessions, wake
 from .auth import Authorize, BearerAuth, SessionContext
@@ -84,7 +83,7 @@ def _fixed_agents(agents: Iterable[Agent] | Mapping[str, Agent]) -> Callable[[],
 def create_app(
     agents: Iterable[Agent] | Mapping[str, Agent] | None = None,
     authorize: Authorize | None = None,
-    store: Any = None,
+    store: SessionStore | None = None,
     *,
     settings: Settings | None = None,
     max_streams: int | None = None,
@@ -146,8 +145,8 @@ def create_app(
             if client is not None:
                 await client.aclose()
 
-    def store_for(agent: Agent) -> object:
-        found = store if store is not None else getattr(agent, "store", None)
+    def store_for(agent: Agent) -> SessionStore:
+        found: SessionStore | None = store if store is not None else agent.store
         if found is None:
             raise FxConfigError("no session store to list: pass create_app(store=...)")
         return found
