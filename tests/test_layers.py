@@ -270,3 +270,38 @@ def test_the_checks_catch_what_they_are_for() -> None:
     assert find_cycles({"a": {"b": 1}, "b": {}}) == []
     upward = upward_imports({"fxengine.errors": {"fxworker.errors": 1}, "fxworker.errors": {"fxengine.errors": 1}})
     assert upward == [("fxengine.errors", "fxworker.errors", 1)]
+
+
+def drawing() -> dict[str, list[str]]:
+    """The layer drawing of docs/architecture.md, package → its entries top-down, as
+    LAYERS names them ("fxworker.store._transport" for `store/_transport`, "fxworker" for
+    `__init__`)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text.split("## Layers, bottom-up", 1)[1].split("```", 2)[1]
+    rows: dict[str, list[str]] = {}
+    package = ""
+    for row in block.splitlines():
+        head = row.strip().split(" ", 1)[0]
+        if head in PACKAGES:
+            package = head
+            rows[package] = []
+            continue
+        left = row[3:33].strip()
+        for name in filter(None, (part.strip().rstrip("/") for part in left.split(","))):
+            dotted = name.replace("/", ".")
+            rows[package].append(package if dotted == "__init__" else f"{package}.{dotted}")
+    return rows
+
+
+def test_the_drawing_lists_every_layer_in_order() -> None:
+    """docs/architecture.md's drawing names every LAYERS entry once, top-down in the order
+    of LAYERS (entries of one layer in any order)."""
+    drawn = drawing()
+    for package in PACKAGES:
+        entries = [entry for layer in LAYERS for entry in layer if entry.split(".")[0] == package]
+        assert sorted(drawn[package]) == sorted(entries), (
+            f"{package}: drawn but not in LAYERS {sorted(set(drawn[package]) - set(entries))}, "
+            f"in LAYERS but not drawn {sorted(set(entries) - set(drawn[package]))}")
+        layer = {entry: n for n, names in enumerate(LAYERS) for entry in names}
+        heights = [layer[name] for name in drawn[package]]
+        assert heights == sorted(heights, reverse=True), f"{package}: drawn out of LAYERS order: {drawn[package]}"
