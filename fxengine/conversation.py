@@ -16,13 +16,32 @@ waits behind them, because a Chat Completions history must answer every call fir
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from .errors import FxJournalError
 from .models.openai_chat import RESUME_NOTICE
+from .tools.runner import ToolCall
 from .usage import add_usage, clean_usage
 
 ENDED_UNANSWERED = "The turn ended before this call finished."
+
+
+class ToolResult(TypedDict):
+    """A call's answer as the history keeps it (`{"role": "tool", **result}`)."""
+
+    id: str
+    name: str
+    content: str
+    isError: bool
+    images: NotRequired[list[dict[str, str]]]
+
+
+class Pending(TypedDict):
+    """The calls of the turn's last response and the results they have so far, by call id."""
+
+    step: int
+    calls: list[ToolCall]
+    results: dict[str, ToolResult]
 
 
 @dataclass
@@ -36,7 +55,7 @@ class OpenTurn:
     yielded: bool = False
     requested: list[int] = field(default_factory=list)
     responded: list[int] = field(default_factory=list)
-    pending: dict[str, Any] | None = None
+    pending: Pending | None = None
     deferred: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -67,7 +86,7 @@ class OpenTurn:
         )
 
     @property
-    def unanswered(self) -> list[dict[str, Any]]:
+    def unanswered(self) -> list[ToolCall]:
         """Calls of the last response that have no result yet, in call order."""
         if not self.pending:
             return []
@@ -171,7 +190,7 @@ class Conversation:
         turn = self._require_open()
         if turn.pending is None:
             return
-        result: dict[str, Any] = {"id": body["id"], "name": body["name"], "content": body.get("content", ""),
+        result: ToolResult = {"id": body["id"], "name": body["name"], "content": body.get("content", ""),
                                   "isError": bool(body.get("isError"))}
         if body.get("images"):
             result["images"] = body["images"]

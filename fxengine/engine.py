@@ -302,11 +302,12 @@ class Engine:
                 "running": self._running is not None, "inFlight": self.in_flight, "usage": dict(turn.usage)}
 
     @property
-    def in_flight(self) -> dict[str, Any] | None:
+    def in_flight(self) -> dict[str, object] | None:
         """What is running now (``{"kind": "model"|"tool", "step", "calls"}``); with no turn
         running, what the open turn had in flight when its engine stopped."""
         if self._running is not None:
-            return self._running.in_flight
+            flight = self._running.in_flight
+            return dict(flight) if flight is not None else None
         turn = self.core.conversation.open
         if turn is None:
             return None

@@ -34,7 +34,7 @@ class TurnResult:
 
     stop_reason: str
     usage: dict[str, int] = field(default_factory=dict)
-    error: dict[str, Any] | None = None
+    error: dict[str, object] | None = None
     repeated: bool = False
     detached: bool = False
     message_id: str | None = None

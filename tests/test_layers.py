@@ -37,6 +37,7 @@ LAYERS: list[list[str]] = [
     ["fxengine.conversation"],
     ["fxengine.core"],
     ["fxengine.turn"],
+    ["fxengine.opening", "fxengine.steering", "fxengine.streaming", "fxengine.tool_calls"],
     ["fxengine.loop"],
     ["fxengine.engine"],
     ["fxengine"],

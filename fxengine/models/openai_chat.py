@@ -26,6 +26,7 @@ from ..providers.credentials import mask_secrets
 from .aio import AioClient, ModelResponse
 from .responses import ResponsesDecoder, responses_body
 from ..tools.definition import Tool
+from ..tools.runner import ToolCall
 from ..usage import clean_usage
 from .sse import ChatStreamDecoder
 
@@ -130,7 +131,7 @@ class StepOutput:
 
     text: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
-    tool_calls: list[dict[str, str]] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None
     usage: dict[str, int] = field(default_factory=dict)
     model: str | None = None

@@ -20,7 +20,7 @@ import json
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from ..limits import sniff_image_type
 from .definition import Tool, ToolContext
@@ -54,6 +54,14 @@ def execution_id(session_id: str | None, turn_id: str, step: int, call_id: str) 
     if session_id is None:
         return f"{turn_id}:{step}:{call_id}"
     return f"{session_id}:{turn_id}:{step}:{call_id}"
+
+
+class ToolCall(TypedDict):
+    """A call as a model response carries it: `{id, name, arguments}` (the JSON text)."""
+
+    id: str
+    name: str
+    arguments: str
 
 
 @dataclass(frozen=True, slots=True)
