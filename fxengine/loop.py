@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from . import events as ev
 from .codes import Code
@@ -37,7 +37,7 @@ from .turn import EventBuffer, TurnResult
 if TYPE_CHECKING:
     from .core import EngineCore
 
-__all__ = ["AMBIGUOUS_RESULT", "DONE", "Halt", "OnAmbiguous", "Phase", "TurnRunner"]
+__all__ = ["AMBIGUOUS_RESULT", "DONE", "Halt", "OnAmbiguous", "Phase", "TurnOptions", "TurnRunner"]
 
 # How a turn stops: its stop reason and error (None when there is none).
 Stop = tuple[str, dict[str, object] | None]
@@ -63,6 +63,18 @@ class Halt(enum.IntEnum):
     JOURNAL_FAILED = 3  # an append failed: the turn ends with FX_JOURNAL_APPEND_FAILED
 
 
+class TurnOptions(TypedDict, total=False):
+    """What a turn runs with besides its core and id (`TurnRunner`'s keyword arguments)."""
+
+    blocks: list[Block] | None
+    prepare: Awaitable[list[object]] | None
+    yield_at: float | None
+    resume: bool
+    on_ambiguous: OnAmbiguous | None
+    no_rerun: bool
+    next_step: int | None
+
+
 class TurnRunner:
     """Runs one turn (a new prompt, or the resume of an open turn) on an engine's core.
 
@@ -79,7 +91,7 @@ class TurnRunner:
         on_finish: OnFinish,
         on_detach: OnDetach,
         blocks: list[Block] | None = None,
-        prepare: Awaitable[list[Block]] | None = None,
+        prepare: Awaitable[list[object]] | None = None,
         yield_at: float | None = None,
         resume: bool = False,
         on_ambiguous: OnAmbiguous | None = None,

@@ -26,7 +26,7 @@ class TurnOpening:
     """The prompt of one new turn, until its start is journaled."""
 
     def __init__(self, core: EngineCore, turn_id: str, *, blocks: list[Block] | None,
-                 prepare: Awaitable[list[Block]] | None) -> None:
+                 prepare: Awaitable[list[object]] | None) -> None:
         self._core = core
         self._turn_id = turn_id
         self._blocks = blocks
