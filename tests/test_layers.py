@@ -33,6 +33,7 @@ LAYERS: list[list[str]] = [
     ["fxengine.codes", "fxengine.errors", "fxengine._build", "fxengine.usage", "fxengine.ids"],
     ["fxengine.limits", "fxengine.persistence"],
     ["fxengine.events", "fxengine.tools", "fxengine.providers", "fxengine.journal", "fxengine.tracing"],
+    ["fxengine.messages"],
     ["fxengine.models", "fxengine.mcp", "fxengine.skills"],
     ["fxengine.conversation"],
     ["fxengine.core"],

@@ -23,6 +23,7 @@ step in a row. The batch body is ``{"v": 1, "seq": first_seq, "events": [...]}``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from ..codes import Code
@@ -87,7 +88,7 @@ def decode_batch(raw: bytes) -> list[JournalEvent]:
     return out
 
 
-def encode_checkpoint(*, state: dict[str, Any], tools: str, model: str) -> bytes:
+def encode_checkpoint(*, state: Mapping[str, object], tools: str, model: str) -> bytes:
     """Checkpoint bytes (at most 4 MiB) carrying the engine version, tool-set hash and model."""
     data = encode_record(
         "checkpoint", {"v": FORMAT_VERSION, "engine": ENGINE_VERSION, "tools": tools, "model": model, "state": state}

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .sse import StreamOutcome, ToolCallOut
+
+if TYPE_CHECKING:
+    from ._sse_py import StreamEvent
 
 # A reply's end: the Responses `incomplete_details.reason` -> a Chat Completions finish_reason.
 _INCOMPLETE = {"max_output_tokens": "length", "content_filter": "content_filter"}
@@ -101,9 +104,9 @@ class ResponsesDecoder:
         self._model: str | None = None
         self._refusal: list[str] = []
 
-    def feed(self, data: bytes) -> list[tuple[str, str]]:
+    def feed(self, data: bytes) -> list[StreamEvent]:
         self._buf += data
-        events: list[tuple[str, str]] = []
+        events: list[StreamEvent] = []
         while b"\n" in self._buf:
             line, self._buf = self._buf.split(b"\n", 1)
             line = line.rstrip(b"\r")
@@ -111,7 +114,7 @@ class ResponsesDecoder:
                 self._event(line[5:].strip(), events)
         return events
 
-    def _event(self, payload: bytes, events: list[tuple[str, str]]) -> None:
+    def _event(self, payload: bytes, events: list[StreamEvent]) -> None:
         if not payload or payload == b"[DONE]":
             return
         try:
