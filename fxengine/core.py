@@ -8,10 +8,10 @@ whoever owns it decides what a failed append stops (`on_journal_failure`).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import AsyncIterable, Callable, Mapping, Sequence
-from typing import Any
 
 import httpx
 
@@ -176,8 +176,8 @@ class EngineCore:
             self.report_end("turn_end", turn_id, dict(body))
             self.commit("turn_end", dict(body), marks=[{"end": True}])
 
-    def commit(self, kind: str, body: dict[str, Any], *, marks: list[Mark] | None = None, barrier: bool = False,
-               want_ack: bool = False) -> Any:
+    def commit(self, kind: str, body: dict[str, object], *, marks: list[Mark] | None = None, barrier: bool = False,
+               want_ack: bool = False) -> asyncio.Future[str | None] | None:
         """Applies one event to the conversation and queues it for the journal."""
         self.conversation.apply(kind, body)
         all_marks = list(marks or ())

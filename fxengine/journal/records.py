@@ -40,7 +40,7 @@ EventKind = Literal[
 EVENT_KINDS: frozenset[str] = frozenset(
     ("turn_start", "model_request", "model_response", "tool_result", "accepted", "resumed", "turn_yield", "turn_end")
 )
-JournalEvent = tuple[str, dict[str, Any]]
+JournalEvent = tuple[str, dict[str, object]]
 
 
 def _invalid(message: str, raw: bytes) -> FxJournalError:
@@ -49,7 +49,7 @@ def _invalid(message: str, raw: bytes) -> FxJournalError:
     return error
 
 
-def _check_version(body: dict[str, Any], raw: bytes, what: str) -> None:
+def _check_version(body: Mapping[str, object], raw: bytes, what: str) -> None:
     version = body.get("v")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise _invalid(f"{what} has no valid format version", raw)

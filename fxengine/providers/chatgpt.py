@@ -20,7 +20,7 @@ user's access token and ChatGPT account id.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import httpx

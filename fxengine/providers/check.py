@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from typing import Any
 
 from ..codes import Code
 from ..errors import FxInputError, FxModelUnsupportedError, FxProviderError
@@ -73,7 +72,7 @@ def check_model(
     """
     models = catalog_of(provider, model_catalog=model_catalog)
     if isinstance(model, str):
-        spec: dict[str, Any] = {"id": model}
+        spec: dict[object, object] = {"id": model}
     elif isinstance(model, Mapping):
         unknown = set(model) - set(_MODEL_KEYS)
         if unknown:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from typing import Any
 from urllib.parse import urlsplit
 
 from ..codes import Code

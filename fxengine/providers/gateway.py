@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from .base import ModelEntry, Provider
 from .catalog import parse_catalog

@@ -20,7 +20,7 @@ Chat Completions API (`XAI_BASE_URL`) with the user's access token.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
