@@ -8,10 +8,13 @@ journaled), so a replay rebuilds the same state. The runner is one asyncio task 
 that catches it; `asyncio.wait_for` on Python 3.11 when what it waits for, such as the
 aborted signal, finishes in the same loop iteration), so the loop checks the halt before
 each model request and each tool call (`_raise_if_halted`). Steering cancels only the
-streaming sub-task. The runner drives three collaborators: `SteerQueue` (steering.py),
-`ModelStream` (streaming.py: one model step) and `ToolCalls` (tool_calls.py: a step's
-calls, and a resumed turn's). The runner's owner hears of the turn's end and of a detach through callbacks (`on_finish`,
-`on_detach`); the runner never touches its owner's state.
+streaming sub-task. The runner's owner hears of the turn's end and of a detach through
+callbacks (`on_finish`, `on_detach`); the runner never touches its owner's state.
+
+The runner keeps the phase, the halt and the order of steps; the work of each part is a
+collaborator's: the start of a new turn (`opening.TurnOpening`), the steers waiting for
+the next safe point (`steering.SteerQueue`), one model step (`streaming.ModelStream`) and
+a step's tool calls, or those a crashed turn left running (`tool_calls.ToolCalls`).
 """
 
 from __future__ import annotations
@@ -271,7 +274,8 @@ class TurnRunner:
             return None
         exc = self._failure
         cause = exc.to_dict() if isinstance(exc, FxError) else {"code": Code.ERROR, "message": str(exc)}
-        error: dict[str, object] = {"code": Code.JOURNAL_APPEND_FAILED, "message": f"the journal append failed: {exc}", "cause": cause}
+        error: dict[str, object] = {"code": Code.JOURNAL_APPEND_FAILED,
+                                    "message": f"the journal append failed: {exc}", "cause": cause}
         return TurnResult("error", usage, error)
 
     async def _finish(self, outcome: Stop | None) -> None:
@@ -300,12 +304,14 @@ class TurnRunner:
 
     def _record_partial(self) -> None:
         """Records what a step had streamed when the turn stopped inside it."""
-        out = self._stream.partial
-        if out is None or self.core.conversation.open is None:
+        if self.core.conversation.open is None:
             return
-        self._stream.forget()
-        self.core.commit("model_response", {"step": self._stream.partial_step, "content": out.content, "toolCalls": [],
-                                                    "finishReason": None, "usage": out.usage, "cut": True},
+        partial = self._stream.take_partial()
+        if partial is None:
+            return
+        step, out = partial
+        self.core.commit("model_response", {"step": step, "content": out.content, "toolCalls": [],
+                                             "finishReason": None, "usage": out.usage, "cut": True},
                          marks=[DONE])
 
     async def _run(self) -> Stop:
@@ -392,7 +398,7 @@ class TurnRunner:
         finish = out.finish_reason
         calls = out.tool_calls if not cut and finish not in ("length", "content_filter") else []
         response: dict[str, object] = {"step": step, "content": out.content, "toolCalls": calls,
-                                    "finishReason": finish, "usage": out.usage, "cut": cut}
+                                       "finishReason": finish, "usage": out.usage, "cut": cut}
         if out.reasoning:
             response["reasoning"] = "".join(out.reasoning)
         barrier = self._calls.needs_barrier(calls)

@@ -3,8 +3,8 @@
 `ModelStream.run(step)` builds the request from the conversation, streams it
 (`models.openai_chat.model_step`) as a sub-task of the turn's task and returns what came
 with whether a steer cut it short (`cut()` cancels only that sub-task). What a step had
-streamed when the turn stopped inside it stays readable (`partial`) until the runner
-records it (or forgets it once the response is committed).
+streamed when the turn stopped inside it is kept until the runner records it
+(`take_partial()`), or forgets it once the step's response is committed (`forget()`).
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ class ModelStream:
         self._halted = halted  # a halted turn's cancel is the turn's, not a steer's cut
         self._task: asyncio.Task[StepOutput] | None = None
         self.step: int | None = None  # the step streaming now, or None
-        # The output of the last step, until `forget()`: read after a stop inside the step.
-        self.partial: StepOutput | None = None
-        self.partial_step = 0
+        # The last step and its output, until taken or forgotten: a stop inside the step
+        # leaves it for the runner to record.
+        self._partial: StepOutput | None = None
+        self._partial_step = 0
 
     def __repr__(self) -> str:
         return f"<ModelStream step={self.step} streaming={self._task is not None}>"
@@ -46,14 +47,19 @@ class ModelStream:
 
     def forget(self) -> None:
         """The step's output was committed: there is no partial output to record."""
-        self.partial = None
+        self._partial = None
+
+    def take_partial(self) -> tuple[int, StepOutput] | None:
+        """(step, output) of a step the turn stopped inside, once; None when there is none."""
+        out, self._partial = self._partial, None
+        return (self._partial_step, out) if out is not None else None
 
     async def run(self, step: int) -> tuple[StepOutput, bool]:
         """Streams step `step`: (its output, whether a steer cut it short)."""
         core = self._core
         out = StepOutput()
-        self.partial = out
-        self.partial_step = step
+        self._partial = out
+        self._partial_step = step
         self.step = step
         body = build_request(core.spec, core.conversation.messages, tools=core.tool_list, instructions=core.instructions)
         put = self._events.put
