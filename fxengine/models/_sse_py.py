@@ -99,7 +99,7 @@ class StreamOutcome:
         tool_calls: list[ToolCallOut],
         usage: dict[str, int] | None,
         done: bool,
-        error: dict[str, object] | None,
+        error: object,
         model: str | None,
         events: list[StreamEvent],
         malformed_chunks: int,
