@@ -20,8 +20,8 @@ from .conversation import Conversation
 from .errors import FxInputError
 from .events import EndBody, Event
 from .journal.journal import Journal
-from .limits import JSONValue
 from .journal.records import ENGINE_VERSION, decode_batch, decode_checkpoint, encode_checkpoint
+from .limits import JSONValue
 from .persistence import Mark, Persistence
 from .providers import ModelSpec, Provider
 from .tools.definition import Tool

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from ..codes import Code
 from ..errors import FxInputError, FxProviderError
 from . import chatgpt, grok
-from .auth import CredentialsFn, CredentialSource, OnCredentialsFn, RefreshLockFn
+from .auth import CredentialSource, CredentialsFn, OnCredentialsFn, RefreshLockFn
 from .base import ModelEntry, ModelSpec, Provider
 from .catalog import fetch_catalog, list_models, parse_catalog
 from .check import (

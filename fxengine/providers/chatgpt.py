@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from . import oauth
-from .auth import CredentialsFn, CredentialSource, OnCredentialsFn, RefreshLockFn
+from .auth import CredentialSource, CredentialsFn, OnCredentialsFn, RefreshLockFn
 from .credentials import Credentials
 from .base import WIRE_RESPONSES, ModelEntry, Provider
 from .custom import check_base_url

@@ -28,7 +28,7 @@ import httpx
 from ..codes import Code
 from ..errors import FxInputError
 from . import oauth
-from .auth import CredentialsFn, CredentialSource, OnCredentialsFn, RefreshLockFn, bearer_headers
+from .auth import CredentialSource, CredentialsFn, OnCredentialsFn, RefreshLockFn, bearer_headers
 from .credentials import Credentials
 from .base import WIRE_CHAT, ModelEntry, Provider
 from .custom import check_base_url
