@@ -15,14 +15,82 @@ waits behind them, because a Chat Completions history must answer every call fir
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from .errors import FxJournalError
+from .limits import Block
+from .messages import Message, ToolResult, UserMessage
 from .models.openai_chat import RESUME_NOTICE
+from .tools.runner import ToolCall
 from .usage import add_usage, clean_usage
 
 ENDED_UNANSWERED = "The turn ended before this call finished."
+
+
+# The bodies of the journal events the fold reads (see `fxengine.journal.records`).
+
+
+class TurnStartBody(TypedDict):
+    turn: str
+    input: list[Block]
+    atMs: int
+
+
+class StepBody(TypedDict):
+    """`model_request {step}`."""
+
+    step: int
+
+
+class ModelResponseBody(TypedDict):
+    step: int
+    content: str
+    toolCalls: list[ToolCall]
+    finishReason: str | None
+    usage: dict[str, int]
+    cut: bool
+    reasoning: NotRequired[str]
+
+
+class ToolResultBody(ToolResult):
+    step: int
+
+
+class AcceptedBody(TypedDict):
+    id: str
+    text: str
+
+
+class ResumedBody(TypedDict):
+    interrupted: bool
+    retract: list[int]
+
+
+class TurnEndBody(TypedDict):
+    """`turn_end {stopReason, usage, error?}` (`events.EndBody`)."""
+
+    stopReason: str
+    usage: dict[str, int]
+    error: NotRequired[dict[str, object]]
+
+
+class LastEnd(TypedDict):
+    """How the last turn ended, and the steps whose response it recorded."""
+
+    stopReason: str | None
+    usage: dict[str, int]
+    error: dict[str, object] | None
+    steps: list[int]
+
+
+class Pending(TypedDict):
+    """The calls of the turn's last response and the results they have so far, by call id."""
+
+    step: int
+    calls: list[ToolCall]
+    results: dict[str, ToolResult]
 
 
 @dataclass
@@ -36,10 +104,10 @@ class OpenTurn:
     yielded: bool = False
     requested: list[int] = field(default_factory=list)
     responded: list[int] = field(default_factory=list)
-    pending: dict[str, Any] | None = None
-    deferred: list[dict[str, Any]] = field(default_factory=list)
+    pending: Pending | None = None
+    deferred: list[Message] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> OpenTurnState:
         return {
             "id": self.id,
             "step": self.step,
@@ -53,7 +121,7 @@ class OpenTurn:
         }
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> OpenTurn:
+    def from_dict(cls, raw: OpenTurnState) -> OpenTurn:
         return cls(
             id=raw["id"],
             step=int(raw.get("step", 0)),
@@ -67,7 +135,7 @@ class OpenTurn:
         )
 
     @property
-    def unanswered(self) -> list[dict[str, Any]]:
+    def unanswered(self) -> list[ToolCall]:
         """Calls of the last response that have no result yet, in call order."""
         if not self.pending:
             return []
@@ -88,17 +156,41 @@ class OpenTurn:
         return f"model:{self.responses + 1}"
 
 
+class OpenTurnState(TypedDict):
+    """An `OpenTurn` in a checkpoint (every key but `id` may be absent)."""
+
+    id: str
+    step: NotRequired[int]
+    responses: NotRequired[int]
+    usage: NotRequired[dict[str, int]]
+    yielded: NotRequired[bool]
+    requested: NotRequired[list[int]]
+    responded: NotRequired[list[int]]
+    pending: NotRequired[Pending | None]
+    deferred: NotRequired[list[Message]]
+
+
+class ConversationState(TypedDict, total=False):
+    """A `Conversation` in a checkpoint (a checkpoint's `state`)."""
+
+    messages: list[Message]
+    open: OpenTurnState | None
+    lastTurnId: str | None
+    lastEnd: LastEnd | None
+    turns: int
+
+
 @dataclass
 class Conversation:
     """The whole engine state: history, the open turn, and how the last turn ended."""
 
-    messages: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
     open: OpenTurn | None = None
     last_turn_id: str | None = None
-    last_end: dict[str, Any] | None = None
+    last_end: LastEnd | None = None
     turns: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ConversationState:
         return {
             "messages": self.messages,
             "open": self.open.to_dict() if self.open else None,
@@ -108,7 +200,7 @@ class Conversation:
         }
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> Conversation:
+    def from_dict(cls, raw: ConversationState) -> Conversation:
         open_raw = raw.get("open")
         return cls(
             messages=list(raw.get("messages") or []),
@@ -120,12 +212,13 @@ class Conversation:
 
     # the fold
 
-    def apply(self, kind: str, body: dict[str, Any]) -> None:
-        """Applies one journal event (see `fxengine.journal.records`)."""
+    def apply(self, kind: str, body: Mapping[str, object]) -> None:
+        """Applies one journal event (see `fxengine.journal.records`); its `_on_<kind>`
+        handler reads the body in the shape its kind is recorded with."""
         handler = getattr(self, "_on_" + kind)
         handler(body)
 
-    def _user(self, message: dict[str, Any]) -> None:
+    def _user(self, message: UserMessage) -> None:
         if self.open is not None and self.open.unanswered:
             self.open.deferred.append(message)
         else:
@@ -143,18 +236,18 @@ class Conversation:
         self.messages.extend(turn.deferred)
         turn.deferred = []
 
-    def _on_turn_start(self, body: dict[str, Any]) -> None:
+    def _on_turn_start(self, body: TurnStartBody) -> None:
         self.open = OpenTurn(id=body["turn"])
         self.turns += 1
         self.messages.append({"role": "user", "blocks": body["input"]})
 
-    def _on_model_request(self, body: dict[str, Any]) -> None:
+    def _on_model_request(self, body: StepBody) -> None:
         turn = self._require_open()
         step = int(body["step"])
         turn.step = max(turn.step, step)
         turn.requested.append(step)
 
-    def _on_model_response(self, body: dict[str, Any]) -> None:
+    def _on_model_response(self, body: ModelResponseBody) -> None:
         turn = self._require_open()
         step = int(body["step"])
         turn.responded.append(step)
@@ -167,30 +260,30 @@ class Conversation:
         if calls:
             turn.pending = {"step": step, "calls": calls, "results": {}}
 
-    def _on_tool_result(self, body: dict[str, Any]) -> None:
+    def _on_tool_result(self, body: ToolResultBody) -> None:
         turn = self._require_open()
         if turn.pending is None:
             return
-        result: dict[str, Any] = {"id": body["id"], "name": body["name"], "content": body.get("content", ""),
+        result: ToolResult = {"id": body["id"], "name": body["name"], "content": body.get("content", ""),
                                   "isError": bool(body.get("isError"))}
         if body.get("images"):
             result["images"] = body["images"]
         turn.pending["results"][body["id"]] = result
         self._settle()
 
-    def _on_accepted(self, body: dict[str, Any]) -> None:
+    def _on_accepted(self, body: AcceptedBody) -> None:
         self._user({"role": "user", "blocks": [{"type": "text", "text": body["text"]}]})
 
-    def _on_resumed(self, body: dict[str, Any]) -> None:
+    def _on_resumed(self, body: ResumedBody) -> None:
         turn = self._require_open()
         turn.yielded = False
         if body.get("interrupted"):
             self._user({"role": "user", "blocks": [{"type": "text", "text": RESUME_NOTICE}]})
 
-    def _on_turn_yield(self, body: dict[str, Any]) -> None:
+    def _on_turn_yield(self, body: Mapping[str, object]) -> None:
         self._require_open().yielded = True
 
-    def _on_turn_end(self, body: dict[str, Any]) -> None:
+    def _on_turn_end(self, body: TurnEndBody) -> None:
         turn = self.open
         if turn is None:
             return

@@ -8,10 +8,10 @@ whoever owns it decides what a failed append stops (`on_journal_failure`).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
-from collections.abc import AsyncIterable, Callable, Mapping
-from typing import Any
+from collections.abc import AsyncIterable, Callable, Mapping, Sequence
 
 import httpx
 
@@ -21,11 +21,12 @@ from .errors import FxInputError
 from .events import EndBody, Event
 from .journal.journal import Journal
 from .journal.records import ENGINE_VERSION, decode_batch, decode_checkpoint, encode_checkpoint
+from .limits import JSONValue
 from .persistence import Mark, Persistence
-from .providers import Provider
+from .providers import ModelSpec, Provider
 from .tools.definition import Tool
 
-OnEvent = Callable[[dict[str, Any]], None]
+OnEvent = Callable[[dict[str, object]], None]
 EventSink = Callable[[Event], None]
 
 
@@ -54,7 +55,7 @@ class EngineCore:
         self,
         *,
         provider: Provider,
-        spec: Any,
+        spec: ModelSpec,
         tools: dict[str, Tool],
         instructions: str | None,
         persistence: Persistence | None,
@@ -63,7 +64,7 @@ class EngineCore:
         event_sink: EventSink | None,
         max_model_turns: int,
         session_id: str | None,
-        context: Any,
+        context: JSONValue,
         epoch: int | None,
         on_journal_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
@@ -97,14 +98,14 @@ class EngineCore:
         entry = self.spec.entry
         return entry is None or bool(entry.supports_images)
 
-    def check_images(self, blocks: list[dict[str, Any]]) -> None:
+    def check_images(self, blocks: Sequence[Mapping[str, object]]) -> None:
         """`FX_MODEL_NO_IMAGES` for blocks with an image when the model takes none."""
         if not self.takes_images and any(block.get("type") == "image" for block in blocks):
             raise FxInputError(f"model {self.spec.id} does not take images", code=Code.MODEL_NO_IMAGES)
 
     # diagnostics
 
-    def diag(self, event: dict[str, Any]) -> None:
+    def diag(self, event: dict[str, object]) -> None:
         """Hands a diagnostic event to `on_event`; a failing callback is ignored."""
         if self._on_event is None:
             return
@@ -153,7 +154,7 @@ class EngineCore:
 
     # the journal
 
-    def report_end(self, kind: str, turn_id: str, body: dict[str, Any]) -> None:
+    def report_end(self, kind: str, turn_id: str, body: Mapping[str, object]) -> None:
         """Tells the event sink that turn `turn_id` ends (`turn_end {turnId, stopReason,
         usage, error?}`) or yields (`turn_yield {turnId}`). Called just before the record
         that says so is committed, so a sink that stores lines can store this one in the
@@ -175,8 +176,8 @@ class EngineCore:
             self.report_end("turn_end", turn_id, dict(body))
             self.commit("turn_end", dict(body), marks=[{"end": True}])
 
-    def commit(self, kind: str, body: dict[str, Any], *, marks: list[Mark] | None = None, barrier: bool = False,
-               want_ack: bool = False) -> Any:
+    def commit(self, kind: str, body: dict[str, object], *, marks: list[Mark] | None = None, barrier: bool = False,
+               want_ack: bool = False) -> asyncio.Future[str | None] | None:
         """Applies one event to the conversation and queues it for the journal."""
         self.conversation.apply(kind, body)
         all_marks = list(marks or ())

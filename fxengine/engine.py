@@ -16,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Unpack
 
 import httpx
 
@@ -28,6 +28,8 @@ from .events import end_body
 from .ids import new_turn_id
 from .limits import (
     INSTRUCTIONS_MAX_BYTES,
+    Block,
+    JSONValue,
     ResizeImage,
     check_context,
     check_instructions,
@@ -35,9 +37,10 @@ from .limits import (
     resize_prompt_images,
     stage_prompt_input,
 )
-from .loop import OnAmbiguous, TurnRunner
+from .loop import OnAmbiguous, TurnOptions, TurnRunner
 from .persistence import Persistence
-from .providers import Provider, check_model, resolve_provider
+from .providers import ModelSpec, Provider, check_model, resolve_provider
+from .providers.auth import CredentialsFn, OnCredentialsFn, RefreshLockFn
 from .tools.definition import Tool, check_tools
 from .turn import Turn, TurnResult
 
@@ -49,20 +52,20 @@ DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=300.0, write=30.0, pool=30.0)
 _TURN_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
 
 
-def check_max_model_turns(max_model_turns: Any) -> int:
+def check_max_model_turns(max_model_turns: object) -> int:
     """Model requests per turn: a positive integer (`FX_INVALID_INPUT` otherwise)."""
     if isinstance(max_model_turns, bool) or not isinstance(max_model_turns, int) or max_model_turns < 1:
         raise FxInputError("max_model_turns must be a positive integer")
     return max_model_turns
 
 
-def _check_turn_id(turn_id: Any) -> str:
+def _check_turn_id(turn_id: object) -> str:
     if not isinstance(turn_id, str) or not 1 <= len(turn_id) <= 128 or not set(turn_id) <= _TURN_ID_CHARS:
         raise FxInputError("turn_id must be 1 to 128 of A-Z a-z 0-9 . _ : -")
     return turn_id
 
 
-def _check_yield_at(yield_at: Any) -> float | None:
+def _check_yield_at(yield_at: object) -> float | None:
     if yield_at is None:
         return None
     if isinstance(yield_at, bool) or not isinstance(yield_at, (int, float)) or yield_at < 0:
@@ -81,7 +84,7 @@ class Engine:
         self,
         *,
         provider: Provider,
-        spec: Any,
+        spec: ModelSpec,
         tools: dict[str, Tool],
         instructions: str | None,
         persistence: Persistence | None,
@@ -90,7 +93,7 @@ class Engine:
         max_model_turns: int,
         http_client: httpx.AsyncClient | None,
         session_id: str | None,
-        context: Any,
+        context: JSONValue,
         epoch: int | None,
         resize_image: ResizeImage | None = None,
     ) -> None:
@@ -133,7 +136,7 @@ class Engine:
         return self.core.session_id
 
     @property
-    def context(self) -> Any:
+    def context(self) -> JSONValue:
         return self.core.context
 
     @property
@@ -142,7 +145,7 @@ class Engine:
 
     # running turns
 
-    def _runner(self, turn_id: str, **options: Any) -> TurnRunner:
+    def _runner(self, turn_id: str, **options: Unpack[TurnOptions]) -> TurnRunner:
         return TurnRunner(self.core, turn_id, on_finish=self._turn_finished, on_detach=self._on_detach, **options)
 
     def _on_journal_failure(self, exc: BaseException) -> None:
@@ -172,7 +175,7 @@ class Engine:
         if self._running is not None:
             raise FxError("a turn is already running on this engine (one prompt at a time)", code=Code.TURN_RUNNING)
 
-    def prompt(self, input: str | Sequence[Any], *, yield_at: float | None = None, turn_id: str | None = None) -> Turn:
+    def prompt(self, input: str | Sequence[object], *, yield_at: float | None = None, turn_id: str | None = None) -> Turn:
         """Starts a turn and returns it at once.
 
         Args:
@@ -218,7 +221,7 @@ class Engine:
         runner.start()
         return Turn(runner)
 
-    def _prompt_blocks(self, input: Any) -> tuple[list[dict[str, Any]] | None, Any]:
+    def _prompt_blocks(self, input: object) -> tuple[list[Block] | None, Awaitable[list[object]] | None]:
         """(blocks, None) checked now, or (None, an awaitable of the blocks) when an async
         `resize_image` has yet to answer (the turn awaits and checks them)."""
         hook = self._resize_image
@@ -265,7 +268,7 @@ class Engine:
         runner.start()
         return Turn(runner)
 
-    async def end_open_turn(self, stop_reason: str = "cancelled", error: dict[str, Any] | None = None) -> TurnResult | None:
+    async def end_open_turn(self, stop_reason: str = "cancelled", error: dict[str, object] | None = None) -> TurnResult | None:
         """Closes the open turn without running it (e.g. after 3 cut-offs of a model request).
 
         Calls it left running are answered as unfinished. Returns None when no turn is open.
@@ -292,7 +295,7 @@ class Engine:
         return self.core.settled_checkpoint()
 
     @property
-    def open_turn(self) -> dict[str, Any] | None:
+    def open_turn(self) -> dict[str, object] | None:
         """The turn that started and has not ended: ``{turnId, yielded, step, responses,
         running, inFlight}``, or None."""
         turn = self.core.conversation.open
@@ -302,11 +305,12 @@ class Engine:
                 "running": self._running is not None, "inFlight": self.in_flight, "usage": dict(turn.usage)}
 
     @property
-    def in_flight(self) -> dict[str, Any] | None:
+    def in_flight(self) -> dict[str, object] | None:
         """What is running now (``{"kind": "model"|"tool", "step", "calls"}``); with no turn
         running, what the open turn had in flight when its engine stopped."""
         if self._running is not None:
-            return self._running.in_flight
+            flight = self._running.in_flight
+            return dict(flight) if flight is not None else None
         turn = self.core.conversation.open
         if turn is None:
             return None
@@ -329,9 +333,9 @@ class Engine:
         return set()
 
     @property
-    def messages(self) -> list[dict[str, Any]]:
+    def messages(self) -> list[dict[str, object]]:
         """A copy of the history (provider-neutral messages)."""
-        messages: list[dict[str, Any]] = json.loads(json.dumps(self.core.conversation.messages))
+        messages: list[dict[str, object]] = json.loads(json.dumps(self.core.conversation.messages))
         return messages
 
     @property
@@ -359,12 +363,12 @@ class Engine:
 
 
 async def create_engine(
-    model: str | Mapping[str, Any],
+    model: str | Mapping[str, object],
     *,
     api_key: str | None = None,
     instructions: str | Sequence[str] | None = None,
     tools: Sequence[Tool] | Mapping[str, Tool] | None = None,
-    provider: Mapping[str, Any] | Provider | None = None,
+    provider: Mapping[str, object] | Provider | str | None = None,
     checkpoint: bytes | None = None,
     persistence: Persistence | None = None,
     on_event: OnEvent | None = None,
@@ -372,13 +376,13 @@ async def create_engine(
     max_model_turns: int = DEFAULT_MAX_MODEL_TURNS,
     http_client: httpx.AsyncClient | None = None,
     session_id: str | None = None,
-    context: Any = None,
+    context: object = None,
     epoch: int | None = None,
-    model_catalog: Any = None,
+    model_catalog: object = None,
     model_idle_timeout_s: float | None = None,
-    credentials: Callable[..., Any] | None = None,
-    on_credentials: Callable[..., Any] | None = None,
-    refresh_lock: Callable[..., Any] | None = None,
+    credentials: CredentialsFn | None = None,
+    on_credentials: OnCredentialsFn | None = None,
+    refresh_lock: RefreshLockFn | None = None,
     resize_image: ResizeImage | None = None,
 ) -> Engine:
     """Creates an engine (and loads its journal when `persistence` is given).

@@ -17,8 +17,6 @@ Control-flow outcomes (cancelled, yielded) are stop reasons, not exceptions.
 
 from __future__ import annotations
 
-from typing import Any
-
 from .codes import Code
 
 
@@ -36,7 +34,8 @@ class FxError(Exception):
     def message(self) -> str:
         return str(self.args[0]) if self.args else ""
 
-    def to_dict(self) -> dict[str, str]:
+    def to_dict(self) -> dict[str, object]:
+        """`{code, message}`, the `error` of a turn's end (`FxModelUnsupportedError` adds its fields)."""
         return {"code": self.code, "message": self.message}
 
 
@@ -70,8 +69,8 @@ class FxModelUnsupportedError(FxInputError):
         self.capability = capability
         self.supported = tuple(supported)
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {**super().to_dict(), "model": self.model, "capability": self.capability}
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {**super().to_dict(), "model": self.model, "capability": self.capability}
         if self.capability == "effort":
             out["supported"] = list(self.supported)
         return out

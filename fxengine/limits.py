@@ -16,7 +16,7 @@ import math
 import re
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import TypeAlias, TypeGuard
 
 from .codes import Code
 from .errors import FxInputError, FxLimitError
@@ -43,7 +43,11 @@ IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 
 _MESSAGE_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 
-Block = dict[str, Any]
+# A normalized prompt block: ``{"type": "text", "text"}`` or ``{"type": "image", "mimeType",
+# "data"}`` (base64).
+Block = dict[str, str]
+# A value JSON can carry, as `json.loads` gives it (a tool context is one).
+JSONValue: TypeAlias = None | bool | int | float | str | list["JSONValue"] | dict[str, "JSONValue"]
 
 
 def sniff_image_type(data: bytes) -> str | None:
@@ -59,7 +63,7 @@ def sniff_image_type(data: bytes) -> str | None:
     return None
 
 
-def _image_bytes(block: Mapping[str, Any], index: int, *, json_only: bool = False) -> bytes:
+def _image_bytes(block: Mapping[str, object], index: int, *, json_only: bool = False) -> bytes:
     data = block.get("data")
     if isinstance(data, (bytes, bytearray, memoryview)):
         if json_only:
@@ -77,7 +81,7 @@ def _image_bytes(block: Mapping[str, Any], index: int, *, json_only: bool = Fals
     return raw
 
 
-def check_prompt_input(input: str | list[Any] | tuple[Any, ...], *, json_only: bool = False) -> list[Block]:
+def check_prompt_input(input: object, *, json_only: bool = False) -> list[Block]:
     """Validates a prompt and returns its normalized blocks.
 
     Args:
@@ -138,7 +142,7 @@ def check_prompt_input(input: str | list[Any] | tuple[Any, ...], *, json_only: b
     return out
 
 
-def _block_list(input: object) -> list[Any]:
+def _block_list(input: object) -> list[object]:
     if isinstance(input, str):
         return [{"type": "text", "text": input}]
     if isinstance(input, (list, tuple)) or (isinstance(input, Sequence) and not isinstance(input, (bytes, bytearray))):
@@ -146,23 +150,23 @@ def _block_list(input: object) -> list[Any]:
     raise FxInputError("prompt input must be a string or a list of content blocks")
 
 
-def has_images(blocks: Sequence[Mapping[str, Any]]) -> bool:
+def has_images(blocks: Sequence[Mapping[str, object]]) -> bool:
     """True when normalized blocks hold an image."""
     return any(block.get("type") == "image" for block in blocks)
 
 
 # A `resize_image` hook: ``{"bytes", "mime_type"}`` in, the same out (or an awaitable of it).
-ResizeImage = Callable[[dict[str, Any]], Any]
+ResizeImage = Callable[[dict[str, object]], object]
 
 
-def stage_prompt_input(input: object, *, json_only: bool = False) -> list[Any]:
+def stage_prompt_input(input: object, *, json_only: bool = False) -> list[object]:
     """The checks a prompt passes before a `resize_image` hook sees it: its shape, at most
     8 images, each image's data as bytes or canonical base64 (base64 only with `json_only`).
 
     Returns the blocks with each image as ``{"type": "image", "bytes", "mime_type"}`` (the
     claimed type, or the sniffed one); text blocks are left for `check_prompt_input`.
     """
-    out: list[Any] = []
+    out: list[object] = []
     images = 0
     for index, block in enumerate(_block_list(input)):
         if isinstance(block, Mapping) and block.get("type") == "image":
@@ -179,7 +183,7 @@ def stage_prompt_input(input: object, *, json_only: bool = False) -> list[Any]:
     return out
 
 
-def _resized(result: object, index: int) -> Block:
+def _resized(result: object, index: int) -> dict[str, object]:
     if not isinstance(result, Mapping) or not isinstance(result.get("bytes"), (bytes, bytearray, memoryview)):
         raise FxInputError(f"resize_image must return {{'bytes', 'mime_type'}} (image {index})")
     mime = result.get("mime_type", result.get("mimeType"))
@@ -188,14 +192,14 @@ def _resized(result: object, index: int) -> Block:
     return {"type": "image", "data": bytes(result["bytes"]), "mimeType": mime}
 
 
-def resize_prompt_images(staged: list[Any], resize_image: ResizeImage) -> list[Any] | Awaitable[list[Any]]:
+def resize_prompt_images(staged: list[object], resize_image: ResizeImage) -> list[object] | Awaitable[list[object]]:
     """Hands every staged image to `resize_image`; returns the blocks for `check_prompt_input`.
 
     A hook that answers at once gives the blocks at once; one that returns an awaitable
     (an async hook) gives an awaitable of them. A hook that raises fails the prompt with
     `FX_INVALID_INPUT`.
     """
-    results: list[Any] = []
+    results: list[object] = []
     try:
         for index, block in enumerate(staged):
             if _is_staged_image(block):
@@ -210,8 +214,8 @@ def resize_prompt_images(staged: list[Any], resize_image: ResizeImage) -> list[A
     if not any(inspect.isawaitable(r) for r in results):
         return [_resized(r, i) if _is_staged_image(b) else r for i, (b, r) in enumerate(zip(staged, results))]
 
-    async def settle() -> list[Any]:
-        out: list[Any] = []
+    async def settle() -> list[object]:
+        out: list[object] = []
         try:
             for index, (block, result) in enumerate(zip(staged, results)):
                 if inspect.isawaitable(result):
@@ -231,7 +235,7 @@ def resize_prompt_images(staged: list[Any], resize_image: ResizeImage) -> list[A
     return settle()
 
 
-def _call_hook(resize_image: ResizeImage, block: Mapping[str, Any], index: int) -> Any:
+def _call_hook(resize_image: ResizeImage, block: Mapping[str, object], index: int) -> object:
     try:
         return resize_image({"bytes": block["bytes"], "mime_type": block["mime_type"]})
     except FxInputError:
@@ -240,7 +244,7 @@ def _call_hook(resize_image: ResizeImage, block: Mapping[str, Any], index: int) 
         raise FxInputError(f"resize_image failed on image {index}: {exc}") from exc
 
 
-def _is_staged_image(block: object) -> bool:
+def _is_staged_image(block: object) -> TypeGuard[Mapping[str, object]]:
     return isinstance(block, Mapping) and block.get("type") == "image" and "bytes" in block
 
 
@@ -253,7 +257,7 @@ async def prepare_prompt_input(
     input's own base64 are checked before it runs (`stage_prompt_input`).
     """
     if resize_image is None:
-        return check_prompt_input(input, json_only=json_only)  # type: ignore[arg-type]
+        return check_prompt_input(input, json_only=json_only)
     blocks = resize_prompt_images(stage_prompt_input(input, json_only=json_only), resize_image)
     if inspect.isawaitable(blocks):
         blocks = await blocks
@@ -333,7 +337,7 @@ def check_instructions(instructions: object) -> str | None:
     return instructions or None
 
 
-def check_context(context: object) -> Any:
+def check_context(context: object) -> JSONValue:
     """A tool context: JSON values only, returned as a plain copy (tuples become lists).
 
     Objects need string keys; numbers must be finite (no NaN or Infinity, which JSON
@@ -346,7 +350,7 @@ def check_context(context: object) -> Any:
     """
     budget = [CONTEXT_MAX_BYTES]  # every value costs at least one byte of JSON
 
-    def walk(value: object, path: str, depth: int) -> Any:
+    def walk(value: object, path: str, depth: int) -> JSONValue:
         budget[0] -= 1
         if budget[0] < 0:
             raise FxLimitError(f"context is over {CONTEXT_MAX_BYTES // KIB} KiB of JSON", code=Code.LIMIT_CONTEXT)
@@ -366,7 +370,7 @@ def check_context(context: object) -> Any:
             if depth >= CONTEXT_MAX_DEPTH:
                 raise FxLimitError(f"context nests deeper than {CONTEXT_MAX_DEPTH} levels", code=Code.LIMIT_CONTEXT)
             if isinstance(value, Mapping):
-                out: dict[str, Any] = {}
+                out: dict[str, JSONValue] = {}
                 for key, item in value.items():
                     if not isinstance(key, str):
                         raise FxInputError(f"context{path} has a key {key!r}: JSON object keys are strings")

@@ -8,49 +8,44 @@ journaled), so a replay rebuilds the same state. The runner is one asyncio task 
 that catches it; `asyncio.wait_for` on Python 3.11 when what it waits for, such as the
 aborted signal, finishes in the same loop iteration), so the loop checks the halt before
 each model request and each tool call (`_raise_if_halted`). Steering cancels only the
-streaming sub-task. The
-runner's owner hears of the turn's end and of a detach through callbacks (`on_finish`,
-`on_detach`); the runner never touches its owner's state.
+streaming sub-task. The runner's owner hears of the turn's end and of a detach through
+callbacks (`on_finish`, `on_detach`); the runner never touches its owner's state.
+
+The runner keeps the phase, the halt and the order of steps; the work of each part is a
+collaborator's: the start of a new turn (`opening.TurnOpening`), the steers waiting for
+the next safe point (`steering.SteerQueue`), one model step (`streaming.ModelStream`) and
+a step's tool calls, or those a crashed turn left running (`tool_calls.ToolCalls`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-import inspect
-from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypedDict
 
 from . import events as ev
-from . import tracing
 from .codes import Code
 from .errors import FxError, FxInputError, FxJournalAppendError, FxSteerDeferredError
-from .ids import new_steer_id, now_ms
+from .ids import now_ms
 from .journal.journal import JournalStopped
-from .limits import check_message_id, check_prompt_input, check_steer_text, has_images, prompt_text
-from .models.openai_chat import StepOutput, build_request, model_step
-from .tools.definition import Signal, ToolContext
-from .tools.runner import PlannedCall, ToolOutcome, execution_id, parse_arguments, run_calls
+from .limits import Block
+from .opening import TurnOpening
+from .steering import SteerQueue, steer_text
+from .streaming import ModelStream
+from .tool_calls import AMBIGUOUS_RESULT, DONE, InFlight, OnAmbiguous, ToolCalls
+from .tools.definition import Signal
 from .turn import EventBuffer, TurnResult
 
 if TYPE_CHECKING:
     from .core import EngineCore
 
-AMBIGUOUS_RESULT = (
-    "This call may have partly run: the session was interrupted while it ran, so its outcome is unknown. "
-    "Check its effects before calling it again."
-)
+__all__ = ["AMBIGUOUS_RESULT", "DONE", "Halt", "OnAmbiguous", "Phase", "TurnOptions", "TurnRunner"]
 
-OnAmbiguous = Callable[[dict[str, Any]], Any]
 # How a turn stops: its stop reason and error (None when there is none).
-Stop = tuple[str, dict[str, Any] | None]
+Stop = tuple[str, dict[str, object] | None]
 OnFinish = Callable[["TurnRunner"], None]
 OnDetach = Callable[[], None]
-
-# The mark of a record that finishes something (a model response, a tool result): the
-# progress a store counts poison turns against (docs/design.md §6).
-DONE: dict[str, Any] = {"done": True}
 
 
 class Phase(enum.Enum):
@@ -71,6 +66,18 @@ class Halt(enum.IntEnum):
     JOURNAL_FAILED = 3  # an append failed: the turn ends with FX_JOURNAL_APPEND_FAILED
 
 
+class TurnOptions(TypedDict, total=False):
+    """What a turn runs with besides its core and id (`TurnRunner`'s keyword arguments)."""
+
+    blocks: list[Block] | None
+    prepare: Awaitable[list[object]] | None
+    yield_at: float | None
+    resume: bool
+    on_ambiguous: OnAmbiguous | None
+    no_rerun: bool
+    next_step: int | None
+
+
 class TurnRunner:
     """Runs one turn (a new prompt, or the resume of an open turn) on an engine's core.
 
@@ -86,8 +93,8 @@ class TurnRunner:
         *,
         on_finish: OnFinish,
         on_detach: OnDetach,
-        blocks: list[dict[str, Any]] | None = None,
-        prepare: Any = None,
+        blocks: list[Block] | None = None,
+        prepare: Awaitable[list[object]] | None = None,
         yield_at: float | None = None,
         resume: bool = False,
         on_ambiguous: OnAmbiguous | None = None,
@@ -103,29 +110,22 @@ class TurnRunner:
         self.signal = Signal()
         self._on_finish = on_finish
         self._on_detach = on_detach
-        self._blocks = blocks
-        self._prepare = prepare  # an awaitable of the blocks (an async `resize_image`), or None
-        self._refused: FxError | None = None
+        self._opening = TurnOpening(core, turn_id, blocks=blocks, prepare=prepare)
         self._phase = Phase.STARTING
         self._halt: Halt | None = None
         self._failure: BaseException | None = None  # the append that failed (Halt.JOURNAL_FAILED)
         self._yield_at = yield_at
         self._resume = resume
-        self._on_ambiguous = on_ambiguous
-        self._no_rerun = no_rerun
         self._next_step = next_step
-        self._steers: deque[tuple[str, str]] = deque()
-        self._steer_bytes = 0
+        self._steers = SteerQueue()
         # Asked for at the next safe point (before a model request): a yield (the owner's
         # deadline) and an end (a steer with images runs as the next turn).
         self._yield_requested = False
         self._end_requested = False
         self._task: asyncio.Task[None] | None = None
-        self._stream_task: asyncio.Task[StepOutput] | None = None
-        self._out: StepOutput | None = None
-        self._out_step = 0
-        self._in_flight: dict[str, Any] | None = None
-        self._running_calls: dict[str, dict[str, Any]] = {}
+        self._stream = ModelStream(core, events=self.events, halted=lambda: self._halt is not None)
+        self._calls = ToolCalls(core, turn_id, signal=self.signal, events=self.events,
+                                raise_if_halted=self._raise_if_halted, on_ambiguous=on_ambiguous, no_rerun=no_rerun)
 
     def __repr__(self) -> str:
         halt = f" halt={self._halt.name}" if self._halt is not None else ""
@@ -143,8 +143,9 @@ class TurnRunner:
     def describe(self) -> str:
         if self.result_future.done():
             return f"ended={self.result_future.result().stop_reason}"
-        flight = self._in_flight or {}
-        return f"running kind={flight.get('kind')} step={flight.get('step')} steers={len(self._steers)}"
+        flight = self.in_flight
+        kind, step = (flight["kind"], flight["step"]) if flight is not None else (None, None)
+        return f"running kind={kind} step={step} steers={len(self._steers)}"
 
     # lifecycle
 
@@ -171,49 +172,29 @@ class TurnRunner:
         self.result_future.set_result(result)
 
     @property
-    def in_flight(self) -> dict[str, Any] | None:
-        flight = self._in_flight
-        if flight is None:
-            return None
-        if flight["kind"] == "tool":
-            return {**flight, "calls": list(self._running_calls.values())}
-        return dict(flight)
+    def in_flight(self) -> InFlight | None:
+        """The model request streaming, or the tool calls running (None between them)."""
+        step = self._stream.step
+        if step is not None:
+            return {"kind": "model", "step": step, "calls": []}
+        return self._calls.in_flight()
 
     # control from the caller
 
-    def steer(self, input: str | list[Any], steer_id: str | None) -> None:
+    def steer(self, input: str | list[object], steer_id: str | None) -> None:
         if not self.accepting:
             raise FxInputError("no prompt is running", code=Code.TURN_ENDED)
-        if not isinstance(input, str):
-            blocks = check_prompt_input(input)
-            if has_images(blocks):
-                self._end_for_images(blocks, steer_id)
-            input = prompt_text(blocks)
-        check_steer_text(input, queued=len(self._steers), queued_bytes=self._steer_bytes)
-        if steer_id is not None:
-            check_message_id(steer_id)
-        self._steers.append((steer_id or new_steer_id(), input))
-        self._steer_bytes += len(input.encode("utf-8", "surrogatepass"))
-        self._cut_stream()
-
-    def _end_for_images(self, blocks: list[dict[str, Any]], steer_id: str | None) -> None:
-        """A steer with images cannot join a turn (a Chat Completions history takes images
-        only in a user message of their own): the turn ends at its next safe point, and
-        the steer goes back to the caller to run as the next prompt (docs/design.md §6)."""
-        if steer_id is not None:
-            check_message_id(steer_id)
-        self.core.check_images(blocks)
-        text = prompt_text(blocks)
-        if text.strip():
-            check_steer_text(text)
-        self._end_requested = True
-        self._cut_stream()
-        raise FxSteerDeferredError("a steer with images runs as the next turn: this turn ends at its next safe point")
-
-    def _cut_stream(self) -> None:
-        stream = self._stream_task
-        if stream is not None and not stream.done():
-            stream.cancel()
+        text = steer_text(self.core, input, steer_id)
+        if text is None:
+            # A steer with images cannot join a turn (a Chat Completions history takes
+            # images only in a user message of their own): the turn ends at its next safe
+            # point, and the steer goes back to the caller to run as the next prompt
+            # (docs/design.md §6).
+            self._end_requested = True
+            self._stream.cut()
+            raise FxSteerDeferredError("a steer with images runs as the next turn: this turn ends at its next safe point")
+        self._steers.add(text, steer_id)
+        self._stream.cut()
 
     def cancel(self) -> None:
         if self._phase in (Phase.FINISHING, Phase.ENDED) or self._halt is not None:
@@ -293,18 +274,18 @@ class TurnRunner:
             return None
         exc = self._failure
         cause = exc.to_dict() if isinstance(exc, FxError) else {"code": Code.ERROR, "message": str(exc)}
-        error = {"code": Code.JOURNAL_APPEND_FAILED, "message": f"the journal append failed: {exc}", "cause": cause}
+        error: dict[str, object] = {"code": Code.JOURNAL_APPEND_FAILED,
+                                    "message": f"the journal append failed: {exc}", "cause": cause}
         return TurnResult("error", usage, error)
 
     async def _finish(self, outcome: Stop | None) -> None:
         core = self.core
-        if inspect.iscoroutine(self._prepare):
-            self._prepare.close()  # the turn stopped before its prompt's images were resized
+        self._opening.drop()
         usage = dict(core.conversation.open.usage) if core.conversation.open is not None else {}
         result: TurnResult | None
         try:
-            if self._refused is not None:
-                result = TurnResult("error", {}, self._refused.to_dict())  # nothing was journaled
+            if (refused := self._opening.refused) is not None:
+                result = TurnResult("error", {}, refused.to_dict())  # nothing was journaled
             elif (result := self._halted_result(usage)) is None:
                 stop, error = outcome if outcome is not None else ("cancelled", None)
                 self._record_partial()
@@ -323,11 +304,13 @@ class TurnRunner:
 
     def _record_partial(self) -> None:
         """Records what a step had streamed when the turn stopped inside it."""
-        out = self._out
-        if out is None or self.core.conversation.open is None:
+        if self.core.conversation.open is None:
             return
-        self._out = None
-        self.core.commit("model_response", {"step": self._out_step, "content": out.content, "toolCalls": [],
+        partial = self._stream.take_partial()
+        if partial is None:
+            return
+        step, out = partial
+        self.core.commit("model_response", {"step": step, "content": out.content, "toolCalls": [],
                                              "finishReason": None, "usage": out.usage, "cut": True},
                          marks=[DONE])
 
@@ -337,17 +320,16 @@ class TurnRunner:
             await self._reopen()
             first_barrier, requested = None, None
         else:
-            if self._prepare is not None and not await self._prepared():
-                assert self._refused is not None
-                return ("error", self._refused.to_dict())
-            first_barrier, requested = self._open()
+            if not await self._opening.prepared():
+                return self._refusal()
+            first_barrier, requested = self._opening.open(request=self._may_request_with_start())
         first = True
         while True:
             if first_barrier is not None:
                 await self.core.journal.wait(first_barrier)
                 first_barrier = None
             self._raise_if_halted()  # a halted turn places no steer and makes no request
-            await self._place_steers()
+            await self._steers.place(self.core, self.events)
             stop = self._stop_before_request(first)
             if stop is not None:
                 return stop
@@ -369,34 +351,22 @@ class TurnRunner:
         there `cancelled`: its prompt is recorded and no model request is made. Without the
         start, the end record would close no turn, and a store would keep the prompt waiting
         (and run it again: docs/design.md §6, a cancel before any worker claimed it)."""
-        if self._prepare is not None and not await self._prepared():
-            assert self._refused is not None
-            return ("error", self._refused.to_dict())
-        barrier, _ = self._open(request=False)
+        if not await self._opening.prepared():
+            return self._refusal()
+        barrier, _ = self._opening.open(request=False)
         if barrier is not None:
             await self.core.journal.wait(barrier)
         return ("cancelled", None)
 
-    def _open(self, *, request: bool = True) -> tuple[asyncio.Future[str | None] | None, int | None]:
-        """Journals the turn's start (ending a turn an earlier engine left open first);
-        (the start's barrier, the step whose model_request rides with it, if any: none
-        unless `request`)."""
-        core = self.core
-        conv = core.conversation
-        if conv.open is not None:
-            core.end_turn(conv.open.id, ev.end_body("cancelled", conv.open.usage, {
-                "code": Code.TURN_INTERRUPTED, "message": "a new prompt ended this turn, which an earlier engine left open"}))
-        assert self._blocks is not None
-        first_barrier = core.commit("turn_start", {"turn": self.turn_id, "input": self._blocks, "atMs": now_ms()},
-                                    marks=[{"start": self.turn_id}], barrier=True)
-        requested = None
-        if request and not self._steers and not self._yield_requested and self._next_step is None:
-            # The first request goes in the start's append (one store call fewer): a steer
-            # placed after it still reaches that request, as its messages are built later.
-            requested = conv.open.step + 1 if conv.open is not None else None
-            if requested is not None:
-                core.commit("model_request", {"step": requested})
-        return first_barrier, requested
+    def _refusal(self) -> Stop:
+        refused = self._opening.refused
+        assert refused is not None
+        return ("error", refused.to_dict())
+
+    def _may_request_with_start(self) -> bool:
+        """Whether the first model request may ride in the start's append: nothing is
+        asked of the turn before that request yet."""
+        return not self._steers and not self._yield_requested and self._next_step is None
 
     async def _reopen(self) -> None:
         """Journals the resume and settles the tool calls the crashed turn left running."""
@@ -406,7 +376,7 @@ class TurnRunner:
         pending_step = int(turn.pending["step"]) if turn.pending else 0
         self.core.commit("resumed", {"interrupted": not turn.yielded, "retract": self.retract_candidates})
         if unanswered:
-            await self._resume_calls(pending_step, unanswered)
+            await self._calls.resume(pending_step, unanswered)
 
     def _stop_before_request(self, first: bool) -> Stop | None:
         """Why the turn stops before its next model request, if it does."""
@@ -423,16 +393,16 @@ class TurnRunner:
     async def _step(self, step: int) -> Stop | None:
         """One model request and the tools it calls; how the turn stops, or None to go on."""
         core = self.core
-        out, cut = await self._model_step(step)
+        out, cut = await self._stream.run(step)
         self._raise_if_halted()  # a reply that ended as the turn was cancelled: kept as cut
         finish = out.finish_reason
         calls = out.tool_calls if not cut and finish not in ("length", "content_filter") else []
-        response: dict[str, Any] = {"step": step, "content": out.content, "toolCalls": calls,
-                                    "finishReason": finish, "usage": out.usage, "cut": cut}
+        response: dict[str, object] = {"step": step, "content": out.content, "toolCalls": calls,
+                                       "finishReason": finish, "usage": out.usage, "cut": cut}
         if out.reasoning:
             response["reasoning"] = "".join(out.reasoning)
-        barrier = any(self._needs_barrier(c["name"]) for c in calls)
-        self._out = None
+        barrier = self._calls.needs_barrier(calls)
+        self._stream.forget()
         response_future = core.commit("model_response", response, marks=[DONE], barrier=barrier,
                                       want_ack=bool(calls))
         if cut:
@@ -446,155 +416,5 @@ class TurnRunner:
                 return None
             self._phase = Phase.ENDING
             return ("end_turn", None)
-        await self._run_tools(step, calls, response_future)
+        await self._calls.run(step, calls, response_future)
         return None
-
-    async def _prepared(self) -> bool:
-        """Awaits the prompt's blocks from an async `resize_image` and checks them; False
-        (with `_refused` set) when they are refused: the turn then journals nothing."""
-        prepare, self._prepare = self._prepare, None
-        try:
-            blocks = check_prompt_input(await prepare)
-            self.core.check_images(blocks)
-        except FxInputError as exc:
-            self._refused = exc
-            return False
-        self._blocks = blocks
-        return True
-
-    def _needs_barrier(self, name: str) -> bool:
-        tool = self.core.tools.get(name)
-        return tool is not None and tool.needs_barrier
-
-    async def _place_steers(self) -> None:
-        while self._steers:
-            steer_id, text = self._steers.popleft()
-            self._steer_bytes -= len(text.encode("utf-8", "surrogatepass"))
-            self.core.commit("accepted", {"id": steer_id, "text": text}, marks=[{"accepted": steer_id}])
-            await self.events.put(ev.user_message(text, steer_id))
-
-    async def _model_step(self, step: int) -> tuple[StepOutput, bool]:
-        core = self.core
-        out = StepOutput()
-        self._out = out
-        self._out_step = step
-        self._in_flight = {"kind": "model", "step": step, "calls": []}
-        body = build_request(core.spec, core.conversation.messages, tools=core.tool_list, instructions=core.instructions)
-        put = self.events.put
-
-        async def on_delta(kind: str, delta: str) -> None:
-            if kind == "text_delta":
-                await put(ev.text_delta(delta, step))
-            else:
-                await put(ev.reasoning_delta(delta, step))
-
-        stream = asyncio.get_running_loop().create_task(
-            model_step(core.client, core.provider, body, on_delta=on_delta, diag=core.diag, step=step, out=out)
-        )
-        self._stream_task = stream
-        span = tracing.start_model_span(core.provider.name, core.spec.id, step)
-        cut, failure = False, None
-        try:
-            await stream
-            return out, False
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if self._halt is not None or (task is not None and task.cancelling()):
-                raise
-            cut = True
-            return out, True  # a steer cut the reply short
-        except Exception as exc:
-            failure = exc
-            raise
-        finally:
-            self._stream_task = None
-            self._in_flight = None
-            tracing.end_model_span(span, model=out.model, finish_reason=out.finish_reason, usage=out.usage, cut=cut,
-                                   error=failure)
-
-    def _ctx(self, call: PlannedCall) -> ToolContext:
-        core = self.core
-        return ToolContext(self.signal, call.execution_id, core.session_id, core.context, core.epoch)
-
-    def _execution_id(self, step: int, call_id: str) -> str:
-        return execution_id(self.core.session_id, self.turn_id, step, call_id)
-
-    async def _run_tools(self, step: int, calls: list[dict[str, Any]],
-                         response_future: asyncio.Future[str | None] | None, *, rerun: bool = False) -> None:
-        core = self.core
-        planned: list[PlannedCall] = []
-        for call in calls:
-            value, error = parse_arguments(call["arguments"])
-            planned.append(PlannedCall(call["id"], call["name"], value if error is None else call["arguments"],
-                                       self._execution_id(step, call["id"]), error))
-        self._in_flight = {"kind": "tool", "step": step, "calls": []}
-
-        spans: dict[str, Any] = {}
-
-        async def on_start(call: PlannedCall) -> None:
-            self._raise_if_halted()  # no call starts after a cancel, even one the tools swallowed
-            self._running_calls[call.id] = {"id": call.id, "name": call.name, "executionId": call.execution_id}
-            tool = core.tools.get(call.name)
-            spans[call.id] = tracing.start_tool_span(call.name, call.id, call.execution_id, rerun=rerun,
-                                                     idempotent=tool.idempotent if tool is not None else None)
-            await self.events.put(ev.tool_start(call.id, call.name, call.input, step))
-
-        async def on_end(call: PlannedCall, outcome: ToolOutcome) -> None:
-            self._running_calls.pop(call.id, None)
-            tracing.end_tool_span(spans.pop(call.id, None), is_error=outcome.is_error)
-            if self.signal.aborted:
-                return  # a late result after a cancel is dropped (the turn end answers the call)
-            content, images = outcome.content, outcome.images
-            if images and not core.takes_images:
-                content += (f"\n[FX_MODEL_NO_IMAGES: the tool returned {len(images)} image(s); model "
-                            f"{core.spec.id} does not take images, so they were not sent]")
-                images = []
-            body: dict[str, Any] = {"step": step, "id": call.id, "name": call.name, "content": content,
-                                    "isError": outcome.is_error}
-            if images:
-                body["images"] = images
-            core.commit("tool_result", body, marks=[DONE])
-            await self.events.put(ev.tool_end(call.id, call.name, is_error=outcome.is_error, content=content,
-                                              step=step))
-
-        async def wait_barrier() -> None:
-            await core.journal.wait(response_future)
-
-        try:
-            await run_calls(planned, tools=core.tools, make_ctx=self._ctx, on_start=on_start, on_end=on_end,
-                            wait_barrier=wait_barrier)
-        finally:
-            self._in_flight = None
-            self._running_calls.clear()
-        self._raise_if_halted()
-
-    async def _resume_calls(self, step: int, unanswered: list[dict[str, Any]]) -> None:
-        """Decides each call the crashed turn left running: rerun it or answer it as ambiguous."""
-        core = self.core
-        rerun: list[dict[str, Any]] = []
-        for call in unanswered:
-            tool = core.tools.get(call["name"])
-            value, error = parse_arguments(call["arguments"])
-            execution_id = self._execution_id(step, call["id"])
-            again = False
-            if tool is not None and error is None and not self._no_rerun:
-                if tool.idempotent:
-                    again = True
-                elif self._on_ambiguous is not None:
-                    answer = self._on_ambiguous({"executionId": execution_id, "name": call["name"], "input": value})
-                    if inspect.isawaitable(answer):
-                        answer = await answer
-                    again = answer == "rerun"
-            if again:
-                core.diag({"type": "tool.rerun", "sessionId": core.session_id, "executionId": execution_id,
-                              "id": call["id"], "name": call["name"], "step": step})
-                rerun.append(call)
-                continue
-            tracing.add_event("tool.ambiguous", {"gen_ai.tool.name": call["name"], "gen_ai.tool.call.id": call["id"],
-                                                 "fx.tool.execution_id": execution_id})
-            core.commit("tool_result", {"step": step, "id": call["id"], "name": call["name"],
-                                       "content": AMBIGUOUS_RESULT, "isError": True}, marks=[DONE])
-            await self.events.put(ev.tool_end(call["id"], call["name"], is_error=True, content=AMBIGUOUS_RESULT,
-                                              step=step))
-        if rerun:
-            await self._run_tools(step, rerun, None, rerun=True)

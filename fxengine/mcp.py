@@ -23,13 +23,27 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import FxToolDefinitionError
 from .tools.definition import Tool, ToolContext
 from .tools.runner import TOOL_RESULT_IMAGES_MAX
 
+if TYPE_CHECKING:
+    from mcp.types import PaginatedRequestParams
+
 LIST_PAGES_MAX = 100
+
+
+class McpSession(Protocol):
+    """What the adapter uses of an MCP session: the SDK's `ClientSession`, or a fake.
+
+    Each answer is an SDK result (a pydantic model) or its wire dict.
+    """
+
+    async def list_tools(self, *, params: PaginatedRequestParams | None = None) -> object: ...
+
+    async def call_tool(self, name: str, arguments: dict[str, object] | None = None) -> object: ...
 
 
 @dataclass
@@ -61,7 +75,7 @@ def _dump(value: Any) -> dict[str, Any]:
     return dumped
 
 
-def _server_instructions(session: Any) -> str:
+def _server_instructions(session: McpSession) -> str:
     text = getattr(session, "instructions", None)
     if text is None:
         result = getattr(session, "initialize_result", None)
@@ -69,7 +83,7 @@ def _server_instructions(session: Any) -> str:
     return text if isinstance(text, str) else ""
 
 
-async def _list_tools(session: Any) -> list[dict[str, Any]]:
+async def _list_tools(session: McpSession) -> list[dict[str, Any]]:
     """Every tool of the server, following `nextCursor` pages."""
     listed: list[dict[str, Any]] = []
     page = _dump(await session.list_tools())
@@ -137,13 +151,14 @@ def result_of(raw: Any) -> dict[str, Any] | str:
     return text
 
 
-def _tool(session: Any, adapter: McpAdapter, spec: dict[str, Any], name: str, idempotent: bool) -> Tool:
+def _tool(session: McpSession, adapter: McpAdapter, spec: dict[str, Any], name: str, idempotent: bool) -> Tool:
     server_name = spec["name"]
 
-    async def execute(input: Any, ctx: ToolContext) -> Any:
+    async def execute(input: object, ctx: ToolContext) -> object:
         if adapter.closed:
             raise RuntimeError(f"the MCP adapter of {name} is closed")
-        return result_of(await session.call_tool(server_name, input or {}))
+        arguments = input if isinstance(input, dict) else {}  # the call's input is an object
+        return result_of(await session.call_tool(server_name, arguments))
 
     schema = dict(spec.get("inputSchema") or {"type": "object"})
     schema.setdefault("type", "object")
@@ -155,7 +170,7 @@ def _tool(session: Any, adapter: McpAdapter, spec: dict[str, Any], name: str, id
 
 
 async def create_mcp_adapter(
-    session: Any,
+    session: McpSession,
     *,
     prefix: str = "",
     idempotent: Mapping[str, bool] | Iterable[str] | None = None,

@@ -17,13 +17,15 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from .codes import Code
 from .errors import FxToolDefinitionError
 from .tools.definition import Tool, ToolContext, check_tools
 
 SKILL_FILE_MAX_BYTES = 256 * 1024
+# A front matter value: text, or an indented list or map of text.
+FrontMatterValue = str | list[str] | dict[str, str]
+
 SKILL_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?")
 DESCRIPTION_MAX_CHARS = 1024
 LOAD_TOOL = "load_skill"
@@ -50,7 +52,7 @@ class Skill:
     name: str
     description: str
     body: str
-    metadata: Mapping[str, Any] = field(default_factory=dict)
+    metadata: Mapping[str, object] = field(default_factory=dict)
     path: str | None = None
     tools: Sequence[Tool] = ()
 
@@ -92,7 +94,7 @@ def _block(lines: list[str], start: int, style: str) -> tuple[str, int]:
     return joined, index
 
 
-def parse_front_matter(text: str) -> tuple[dict[str, Any], str]:
+def parse_front_matter(text: str) -> tuple[dict[str, FrontMatterValue], str]:
     """(front matter, body) of a SKILL.md's text.
 
     The front matter is the YAML subset skills use: ``key: value`` lines (quoted or not),
@@ -106,7 +108,7 @@ def parse_front_matter(text: str) -> tuple[dict[str, Any], str]:
         end = next(i for i in range(1, len(lines)) if lines[i].strip() == "---")
     except StopIteration:
         raise _invalid("the front matter of a SKILL.md ends with a '---' line") from None
-    meta: dict[str, Any] = {}
+    meta: dict[str, FrontMatterValue] = {}
     index = 1
     while index < end:
         line = lines[index]
@@ -129,7 +131,7 @@ def parse_front_matter(text: str) -> tuple[dict[str, Any], str]:
     return meta, body
 
 
-def _nested(lines: list[str], start: int) -> tuple[Any, int]:
+def _nested(lines: list[str], start: int) -> tuple[list[str] | dict[str, str], int]:
     """The indented map or list under a bare ``key:`` line."""
     items: list[str] = []
     mapping: dict[str, str] = {}
@@ -220,8 +222,8 @@ def create_skills_adapter(skills: Iterable[Skill], *, tool_name: str = LOAD_TOOL
             raise _invalid(f"two skills are named {skill.name}")
         by_name[skill.name] = skill
 
-    def load(input: Any, ctx: ToolContext) -> str:
-        name = (input or {}).get("name")
+    def load(input: object, ctx: ToolContext) -> str:
+        name = input.get("name") if isinstance(input, Mapping) else None  # the input is an object
         skill = by_name.get(name) if isinstance(name, str) else None
         if skill is None:
             raise ValueError(f"no skill named {name!r}; the skills are: {', '.join(by_name) or 'none'}")

@@ -15,10 +15,10 @@ conventions where they apply: a model request is `chat {model}` with
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from opentelemetry.util.types import AttributeValue
 
 TRACER = trace.get_tracer("fxengine")
 
@@ -60,7 +60,7 @@ def end_model_span(span: trace.Span | None, *, model: str | None, finish_reason:
                    usage: Mapping[str, int], cut: bool, error: BaseException | None = None) -> None:
     if span is None:
         return
-    attributes: dict[str, Any] = {"fx.cut": cut}
+    attributes: dict[str, AttributeValue] = {"fx.cut": cut}
     if model:
         attributes["gen_ai.response.model"] = model
     if finish_reason:
@@ -82,7 +82,7 @@ def start_tool_span(name: str, call_id: str, execution_id: str, *, idempotent: b
     """The span of one tool call; None when tracing is off."""
     if not enabled():
         return None
-    attributes: dict[str, Any] = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name,
+    attributes: dict[str, AttributeValue] = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name,
                                   "gen_ai.tool.call.id": call_id, "fx.tool.execution_id": execution_id,
                                   "fx.tool.rerun": rerun}
     if idempotent is not None:
@@ -98,7 +98,7 @@ def end_tool_span(span: trace.Span | None, *, is_error: bool) -> None:
     span.end()
 
 
-def add_event(name: str, attributes: Mapping[str, Any]) -> None:
+def add_event(name: str, attributes: Mapping[str, AttributeValue]) -> None:
     """An event on the current span (the turn's), when tracing is on."""
     if enabled():
         trace.get_current_span().add_event(name, dict(attributes))

@@ -7,7 +7,7 @@ import dataclasses
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from .events import Event, event_size
 
@@ -34,7 +34,7 @@ class TurnResult:
 
     stop_reason: str
     usage: dict[str, int] = field(default_factory=dict)
-    error: dict[str, Any] | None = None
+    error: dict[str, object] | None = None
     repeated: bool = False
     detached: bool = False
     message_id: str | None = None
@@ -45,12 +45,12 @@ class TurnDriver(Protocol):
     """What a `Turn` needs of the loop that runs it (`fxengine.loop.TurnRunner`)."""
 
     turn_id: str
-    retract_candidates: Any
+    retract_candidates: list[int]
     result_future: asyncio.Future[TurnResult]
     events: EventBuffer
 
     def describe(self) -> str: ...
-    def steer(self, input: Any, steer_id: str | None) -> None: ...
+    def steer(self, input: str | list[object], steer_id: str | None) -> None: ...
     def cancel(self) -> None: ...
     def yield_now(self) -> None: ...
     def detach(self) -> None: ...
@@ -63,7 +63,7 @@ class EventBuffer:
     `result()` the bound is lifted, so a turn nobody reads still runs to its end.
     """
 
-    def __init__(self, *, sink: Callable[[Event], None] | None, diag: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, *, sink: Callable[[Event], None] | None, diag: Callable[[dict[str, object]], None]) -> None:
         self._items: deque[Event] = deque()
         self._bytes = 0
         self._sink = sink
@@ -197,7 +197,7 @@ class Turn:
         result = await asyncio.shield(self._runner.result_future)
         return result if result.message_id is not None else dataclasses.replace(result, message_id=self.turn_id)
 
-    def steer(self, input: str | list[Any], *, id: str | None = None) -> None:
+    def steer(self, input: str | list[object], *, id: str | None = None) -> None:
         """Steers the turn: cuts a streaming reply short, or waits for running tools, then
         continues with `input` (text, or text blocks) as a `user_message`.
 

@@ -8,7 +8,7 @@ compact JSON encoder of NDJSON lines (UI streams).
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
 
 import msgpack
 
@@ -23,13 +23,13 @@ _HEADER = b"FXJ\x01"
 _json_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
-def encode_record(kind: str, body: dict[str, Any]) -> bytes:
+def encode_record(kind: str, body: Mapping[str, object]) -> bytes:
     """Encodes one journal record (kind and a msgpack-ready body) with the version header."""
     packed: bytes = msgpack.packb([kind, body], use_bin_type=True)
     return _HEADER + packed
 
 
-def decode_record(data: bytes) -> tuple[str, dict[str, Any]]:
+def decode_record(data: bytes) -> tuple[str, dict[str, object]]:
     """Decodes a journal record.
 
     Raises:
@@ -62,7 +62,7 @@ def decode_record(data: bytes) -> tuple[str, dict[str, Any]]:
     return kind, body
 
 
-def encode_line(obj: dict[str, Any]) -> bytes:
+def encode_line(obj: Mapping[str, object]) -> bytes:
     """Encodes one NDJSON line: compact JSON, UTF-8, no trailing newline."""
     return _json_encoder.encode(obj).encode("utf-8")
 

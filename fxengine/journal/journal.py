@@ -24,7 +24,7 @@ from ..errors import FxJournalAppendError
 from ..persistence import Mark, Persistence
 from .records import JournalEvent, encode_batch
 
-Diagnostic = Callable[[dict[str, Any]], None]
+Diagnostic = Callable[[dict[str, object]], None]
 
 
 class JournalStopped(Exception):
@@ -41,7 +41,7 @@ class _Queued:
 
 # Whether an `append` function takes `marks`, by function: an engine is made per turn, and
 # reading a signature costs more than the rest of its set-up.
-_takes_marks: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+_takes_marks: weakref.WeakKeyDictionary[object, bool] = weakref.WeakKeyDictionary()
 
 
 def wants_marks(persistence: Persistence | None) -> bool:
@@ -118,7 +118,7 @@ class Journal:
         """True while appends are still made (a store is set, no failure, not detached)."""
         return self.persistence is not None and self.failure is None and not self.detached
 
-    def add(self, kind: str, body: dict[str, Any], *, marks: list[Mark] | None = None, barrier: bool = False,
+    def add(self, kind: str, body: dict[str, object], *, marks: list[Mark] | None = None, barrier: bool = False,
             want_ack: bool = False) -> asyncio.Future[str | None] | None:
         """Queues one event; returns a future of its record's cursor when `barrier` or `want_ack`.
 
@@ -185,7 +185,7 @@ class Journal:
                 started = time.monotonic()
                 try:
                     # A store written to libfx's interface takes no `marks` (`wants_marks`).
-                    extra: dict[str, Any] = {"marks": marks} if self._marks else {}
+                    extra: dict[str, list[Mark]] = {"marks": marks} if self._marks else {}
                     store: Any = self.persistence
                     cursor = await store.append(expected=self.head, idempotency_key=f"{self.writer_id}:{seq}",
                                                 data=data, barrier=barrier, **extra)

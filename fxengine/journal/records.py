@@ -23,6 +23,7 @@ step in a row. The batch body is ``{"v": 1, "seq": first_seq, "events": [...]}``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from ..codes import Code
@@ -39,7 +40,7 @@ EventKind = Literal[
 EVENT_KINDS: frozenset[str] = frozenset(
     ("turn_start", "model_request", "model_response", "tool_result", "accepted", "resumed", "turn_yield", "turn_end")
 )
-JournalEvent = tuple[str, dict[str, Any]]
+JournalEvent = tuple[str, dict[str, object]]
 
 
 def _invalid(message: str, raw: bytes) -> FxJournalError:
@@ -48,7 +49,7 @@ def _invalid(message: str, raw: bytes) -> FxJournalError:
     return error
 
 
-def _check_version(body: dict[str, Any], raw: bytes, what: str) -> None:
+def _check_version(body: Mapping[str, object], raw: bytes, what: str) -> None:
     version = body.get("v")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise _invalid(f"{what} has no valid format version", raw)
@@ -87,7 +88,7 @@ def decode_batch(raw: bytes) -> list[JournalEvent]:
     return out
 
 
-def encode_checkpoint(*, state: dict[str, Any], tools: str, model: str) -> bytes:
+def encode_checkpoint(*, state: Mapping[str, object], tools: str, model: str) -> bytes:
     """Checkpoint bytes (at most 4 MiB) carrying the engine version, tool-set hash and model."""
     data = encode_record(
         "checkpoint", {"v": FORMAT_VERSION, "engine": ENGINE_VERSION, "tools": tools, "model": model, "state": state}

@@ -14,14 +14,18 @@ whole event is parsed, a UTF-8 character split across feeds needs no special car
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
-__all__ = ["ChatStreamDecoder", "StreamOutcome", "ToolCallOut", "set_chunk_scan", "set_json_loads"]
+__all__ = ["ChatStreamDecoder", "StreamEvent", "StreamOutcome", "ToolCallOut", "set_chunk_scan", "set_json_loads"]
+
+# What `feed` gives: a text or reasoning delta, or the first sight of a tool call
+# (its index, id and name).
+StreamEvent = tuple[Literal["text_delta", "reasoning_delta"], str] | tuple[Literal["tool_call"], int, str, str]
 
 # The JSON parser for event payloads. The selector module may install a faster one
 # (which must accept what `json.loads` accepts, or raise ValueError so it falls back).
-_loads: Callable[[bytes], Any] = json.loads
-_std_loads: Callable[[bytes], Any] = json.loads
+_loads: Callable[[bytes], object] = json.loads
+_std_loads: Callable[[bytes], object] = json.loads
 # Whether chunks go through `_ChunkScan` before the full parse. Off by default: the scan
 # pays only when compiled (a byte loop in Python is slower than `json.loads`), so the
 # selector turns it on for the compiled build.
@@ -32,7 +36,7 @@ _BOM = b"\xef\xbb\xbf"
 _MAX_NESTING = 200
 
 
-def set_json_loads(loads: Callable[[bytes], Any]) -> None:
+def set_json_loads(loads: Callable[[bytes], object]) -> None:
     """Installs the JSON parser used for event payloads (`json.loads` by default)."""
     global _loads
     _loads = loads
@@ -95,9 +99,9 @@ class StreamOutcome:
         tool_calls: list[ToolCallOut],
         usage: dict[str, int] | None,
         done: bool,
-        error: dict[str, Any] | None,
+        error: object,
         model: str | None,
-        events: list[tuple[Any, ...]],
+        events: list[StreamEvent],
         malformed_chunks: int,
     ) -> None:
         self.finish_reason = finish_reason
@@ -151,14 +155,14 @@ class ChatStreamDecoder:
         self.finish_reason: str | None = None
         self.usage: dict[str, int] | None = None
         self.done = False
-        self.error: dict[str, Any] | None = None
+        self.error: dict[str, object] | None = None
         self.model: str | None = None
         self.malformed_chunks = 0
         self._refused = False
 
-    def feed(self, data: bytes) -> list[tuple[Any, ...]]:
+    def feed(self, data: bytes) -> list[StreamEvent]:
         """Decodes the next piece of the body; returns the events it completed."""
-        events: list[tuple[Any, ...]] = []
+        events: list[StreamEvent] = []
         if type(data) is not bytes:
             data = bytes(data)
         if not data:
@@ -183,7 +187,7 @@ class ChatStreamDecoder:
         self._lines(buf, events)
         return events
 
-    def _lines(self, buf: bytes, events: list[tuple[Any, ...]]) -> None:
+    def _lines(self, buf: bytes, events: list[StreamEvent]) -> None:
         pos = 0
         end = len(buf)
         while pos < end:
@@ -217,7 +221,7 @@ class ChatStreamDecoder:
         else:
             self._event = self._event + b"\n" + line
 
-    def _dispatch(self, payload: bytes, events: list[tuple[Any, ...]]) -> None:
+    def _dispatch(self, payload: bytes, events: list[StreamEvent]) -> None:
         if payload == b"[DONE]":
             self.done = True
             return
@@ -231,7 +235,7 @@ class ChatStreamDecoder:
             return
         self._chunk(obj, events)
 
-    def _scanned(self, buf: bytes, start: int, end: int, events: list[tuple[Any, ...]]) -> bool:
+    def _scanned(self, buf: bytes, start: int, end: int, events: list[StreamEvent]) -> bool:
         """Decodes the chunk `buf[start:end]` if the fast scan takes it; whether it did."""
         scan = self._scan
         if not scan.scan(buf, start, end, self.model is None):
@@ -246,7 +250,7 @@ class ChatStreamDecoder:
             self.finish_reason = scan.finish
         return True
 
-    def _chunk(self, obj: dict[str, Any], events: list[tuple[Any, ...]]) -> None:
+    def _chunk(self, obj: dict[str, object], events: list[StreamEvent]) -> None:
         if self.model is None:
             model = obj.get("model")
             if type(model) is str and model:
@@ -270,7 +274,7 @@ class ChatStreamDecoder:
         if error is not None:
             self.error = error if type(error) is dict else {"message": str(error)}
 
-    def _delta(self, delta: dict[str, Any], events: list[tuple[Any, ...]]) -> None:
+    def _delta(self, delta: dict[str, object], events: list[StreamEvent]) -> None:
         text = delta.get("reasoning_content")
         if text is None:
             text = delta.get("reasoning")
@@ -292,7 +296,7 @@ class ChatStreamDecoder:
                 if type(call) is dict:
                     self._tool_call(call, events)
 
-    def _parts(self, parts: list[Any], events: list[tuple[Any, ...]]) -> None:
+    def _parts(self, parts: list[object], events: list[StreamEvent]) -> None:
         """`content` given as a list of parts, in order: text, reasoning, refusals."""
         for part in parts:
             if type(part) is str:
@@ -316,7 +320,7 @@ class ChatStreamDecoder:
                     self._refused = True
                     events.append(("text_delta", text))
 
-    def _tool_call(self, call: dict[str, Any], events: list[tuple[Any, ...]]) -> None:
+    def _tool_call(self, call: dict[str, object], events: list[StreamEvent]) -> None:
         index = call.get("index")
         if type(index) is not int:
             # No index: a call with an id starts a new one, anything else continues the last.
@@ -349,7 +353,7 @@ class ChatStreamDecoder:
         """Ends the stream: decodes what is left and returns the `StreamOutcome`."""
         if self._outcome is not None:
             return self._outcome
-        events: list[tuple[Any, ...]] = []
+        events: list[StreamEvent] = []
         if self._buf:
             # A last line with no line end, then the event it belongs to.
             self._lines(self._buf + b"\n", events)
@@ -377,7 +381,7 @@ class ChatStreamDecoder:
         )
 
 
-def _first_choice(choices: list[Any]) -> dict[str, Any] | None:
+def _first_choice(choices: list[object]) -> dict[str, object] | None:
     """Choice 0 of a chunk: the one whose `index` is 0, else the first with no integer index."""
     for choice in choices:
         if type(choice) is dict:
@@ -387,7 +391,7 @@ def _first_choice(choices: list[Any]) -> dict[str, Any] | None:
     return None
 
 
-def _reasoning(value: Any, events: list[tuple[Any, ...]]) -> None:
+def _reasoning(value: object, events: list[StreamEvent]) -> None:
     """A thinking part's text: a string, or a list of strings and ``{"text": ...}`` parts."""
     if type(value) is str:
         if value:
@@ -400,7 +404,7 @@ def _reasoning(value: Any, events: list[tuple[Any, ...]]) -> None:
                 events.append(("reasoning_delta", item))
 
 
-def _parse(payload: bytes) -> Any:
+def _parse(payload: bytes) -> object:
     """The full parse of one event's JSON; None where it is not JSON.
 
     JSON nested deeper than `_MAX_NESTING` counts as not JSON, so that no parser's own
@@ -427,7 +431,7 @@ def _parse(payload: bytes) -> Any:
         return None
 
 
-def _may_differ(obj: dict[str, Any]) -> bool:
+def _may_differ(obj: dict[str, object]) -> bool:
     """Whether orjson's parse may differ from `json.loads`'s in what the decoder reads.
 
     orjson makes a float of an integer beyond 64 bits, `json.loads` keeps it exact; the

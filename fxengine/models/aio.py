@@ -20,8 +20,9 @@ from __future__ import annotations
 import json
 import ssl
 from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Protocol
 
 import aiohttp
 import httpx
@@ -68,8 +69,8 @@ class AioClient(httpx.AsyncClient):
             self._session = aiohttp.ClientSession(connector=connector)
         return self._session
 
-    def post_json(self, url: str, body: Mapping[str, Any], *, headers: Mapping[str, str],
-                  timeout: httpx.Timeout) -> Any:
+    def post_json(self, url: str, body: Mapping[str, object], *, headers: Mapping[str, str],
+                  timeout: httpx.Timeout) -> _Post:
         """`async with client.post_json(...) as response:` the model request on aiohttp;
         `response` is an `AioResponse`."""
         try:
@@ -94,7 +95,7 @@ class _Post:
 
     __slots__ = ("_request",)
 
-    def __init__(self, request: Any) -> None:
+    def __init__(self, request: AbstractAsyncContextManager[aiohttp.ClientResponse]) -> None:
         self._request = request
 
     async def __aenter__(self) -> AioResponse:

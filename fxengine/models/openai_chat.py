@@ -14,20 +14,26 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import aiohttp
 import httpx
 
 from ..codes import Code
 from ..errors import FxInputError, FxProviderError
+from ..limits import Block
+from ..messages import Message
 from ..providers.base import MODEL_IDLE_TIMEOUT_S, WIRE_RESPONSES, ModelSpec, Provider
 from ..providers.credentials import mask_secrets
 from .aio import AioClient, ModelResponse
 from .responses import ResponsesDecoder, responses_body
 from ..tools.definition import Tool
+from ..tools.runner import ToolCall
 from ..usage import clean_usage
-from .sse import ChatStreamDecoder
+from .sse import ChatStreamDecoder, StreamOutcome
+
+if TYPE_CHECKING:
+    from ._sse_py import StreamEvent
 
 ACTIVITY_INTERVAL_S = 0.25
 RETRY_DELAY_S = 0.2
@@ -35,14 +41,22 @@ RETRY_AFTER_MAX_S = 10.0
 ERROR_BODY_MAX_BYTES = 64 * 1024
 RESUME_NOTICE = "Resuming from unexpected session interruption."
 
-Diagnostic = Callable[[dict[str, Any]], None]
+Diagnostic = Callable[[dict[str, object]], None]
 OnDelta = Callable[[str, str], Awaitable[None]]
 
 
-def _user_content(blocks: Sequence[Mapping[str, Any]]) -> str | list[dict[str, Any]]:
+class StreamDecoder(Protocol):
+    """What decodes a model's streamed answer: `ChatStreamDecoder`, `ResponsesDecoder`."""
+
+    def feed(self, data: bytes) -> list[StreamEvent]: ...
+
+    def finish(self) -> StreamOutcome: ...
+
+
+def _user_content(blocks: Sequence[Block]) -> str | list[dict[str, object]]:
     if all(b.get("type") == "text" for b in blocks):
         return "".join(b["text"] for b in blocks)
-    parts: list[dict[str, Any]] = []
+    parts: list[dict[str, object]] = []
     for block in blocks:
         if block.get("type") == "text":
             parts.append({"type": "text", "text": block["text"]})
@@ -52,17 +66,16 @@ def _user_content(blocks: Sequence[Mapping[str, Any]]) -> str | list[dict[str, A
     return parts
 
 
-def wire_messages(messages: Sequence[Mapping[str, Any]], instructions: str | None) -> list[dict[str, Any]]:
+def wire_messages(messages: Sequence[Message], instructions: str | None) -> list[dict[str, object]]:
     """Chat Completions `messages` from the conversation's neutral messages."""
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     if instructions:
         out.append({"role": "system", "content": instructions})
     for message in messages:
-        role = message["role"]
-        if role == "user":
+        if message["role"] == "user":
             out.append({"role": "user", "content": _user_content(message["blocks"])})
-        elif role == "assistant":
-            wire: dict[str, Any] = {"role": "assistant", "content": message.get("content") or None}
+        elif message["role"] == "assistant":
+            wire: dict[str, object] = {"role": "assistant", "content": message.get("content") or None}
             calls = message.get("tool_calls") or []
             if calls:
                 wire["tool_calls"] = [
@@ -72,7 +85,7 @@ def wire_messages(messages: Sequence[Mapping[str, Any]], instructions: str | Non
             elif wire["content"] is None:
                 wire["content"] = ""
             out.append(wire)
-        elif role == "tool":
+        elif message["role"] == "tool":
             out.append({"role": "tool", "tool_call_id": message["id"], "content": message.get("content", "")})
             images = message.get("images") or []
             if images:
@@ -83,20 +96,22 @@ def wire_messages(messages: Sequence[Mapping[str, Any]], instructions: str | Non
     return out
 
 
-def _holds_images(messages: Sequence[Mapping[str, Any]]) -> bool:
+def _holds_images(messages: Sequence[Message]) -> bool:
     for message in messages:
-        if message.get("images") or any(b.get("type") == "image" for b in message.get("blocks") or ()):
+        if message["role"] == "tool" and message.get("images"):
+            return True
+        if message["role"] == "user" and any(b.get("type") == "image" for b in message.get("blocks") or ()):
             return True
     return False
 
 
 def build_request(
     spec: ModelSpec,
-    messages: Sequence[Mapping[str, Any]],
+    messages: Sequence[Message],
     *,
     tools: Sequence[Tool],
     instructions: str | None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The JSON body of one streaming Chat Completions request.
 
     Raises:
@@ -107,7 +122,7 @@ def build_request(
     if spec.entry is not None and not spec.entry.supports_images and _holds_images(messages):
         raise FxInputError(f"model {spec.id} does not take images, and the conversation holds some",
                            code=Code.MODEL_NO_IMAGES)
-    body: dict[str, Any] = {
+    body: dict[str, object] = {
         "model": spec.id,
         "messages": wire_messages(messages, instructions),
         "stream": True,
@@ -130,7 +145,7 @@ class StepOutput:
 
     text: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
-    tool_calls: list[dict[str, str]] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None
     usage: dict[str, int] = field(default_factory=dict)
     model: str | None = None
@@ -252,7 +267,7 @@ def map_transport_errors() -> _MapTransportErrors:
 async def stream_attempt(
     client: httpx.AsyncClient,
     provider: Provider,
-    body: Mapping[str, Any],
+    body: Mapping[str, object],
     out: StepOutput,
     *,
     on_delta: OnDelta,
@@ -273,7 +288,7 @@ async def stream_attempt(
     secrets = provider.secrets()
     responses = provider.wire == WIRE_RESPONSES
     wire_body = responses_body(body) if responses else body
-    decoder: Any = ResponsesDecoder() if responses else ChatStreamDecoder()
+    decoder: StreamDecoder = ResponsesDecoder() if responses else ChatStreamDecoder()
     timeout = _idle_timeout(client, provider)
     with map_transport_errors():
         # A worker's client sends on aiohttp directly (fxengine/models/aio.py).
@@ -305,7 +320,7 @@ async def _headers(client: httpx.AsyncClient, provider: Provider) -> dict[str, s
 
 
 def _report_response(response: ModelResponse, diag: Diagnostic, attempt: int, step: int, started: float) -> None:
-    event: dict[str, Any] = {"type": "transport.response", "attempt": attempt, "status": response.status_code,
+    event: dict[str, object] = {"type": "transport.response", "attempt": attempt, "status": response.status_code,
                              "elapsedMs": int((time.monotonic() - started) * 1000), "step": step}
     request_id = response.headers.get("x-vercel-id") or response.headers.get("x-request-id")
     if request_id:
@@ -325,7 +340,7 @@ async def _refused(response: ModelResponse, secrets: list[str]) -> AttemptFailed
                          retryable=status == 429 or status >= 500, retry_after_s=_retry_after(response.headers))
 
 
-async def _decode(chunks: AsyncIterator[bytes], decoder: Any, out: StepOutput, *, on_delta: OnDelta,
+async def _decode(chunks: AsyncIterator[bytes], decoder: StreamDecoder, out: StepOutput, *, on_delta: OnDelta,
                   diag: Diagnostic, attempt: int, step: int, started: float) -> None:
     """Feeds the body to the decoder, passing text and reasoning on as they come, with a
     `transport.activity` diagnostic every `ACTIVITY_INTERVAL_S`."""
@@ -341,18 +356,17 @@ async def _decode(chunks: AsyncIterator[bytes], decoder: Any, out: StepOutput, *
             last_activity = now
             chunk_bytes = 0
         for event in decoder.feed(raw_chunk):
-            kind = event[0]
-            if kind == "text_delta":
+            if event[0] == "text_delta":
                 out.text.append(event[1])
                 out.emitted = True
                 await on_delta("text_delta", event[1])
-            elif kind == "reasoning_delta":
+            elif event[0] == "reasoning_delta":
                 out.reasoning.append(event[1])
                 out.emitted = True
                 await on_delta("reasoning_delta", event[1])
 
 
-def _settle(outcome: Any, out: StepOutput, secrets: list[str]) -> None:
+def _settle(outcome: StreamOutcome, out: StepOutput, secrets: list[str]) -> None:
     """What the finished stream said, into `out`; its in-band error or an early end as a failure."""
     if outcome.error is not None:
         detail = outcome.error.get("message") if isinstance(outcome.error, dict) else None
@@ -371,7 +385,7 @@ def _settle(outcome: Any, out: StepOutput, secrets: list[str]) -> None:
 async def model_step(
     client: httpx.AsyncClient,
     provider: Provider,
-    body: Mapping[str, Any],
+    body: Mapping[str, object],
     *,
     on_delta: OnDelta,
     diag: Diagnostic,

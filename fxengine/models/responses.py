@@ -11,20 +11,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .sse import StreamOutcome, ToolCallOut
+
+if TYPE_CHECKING:
+    from ._sse_py import StreamEvent
 
 # A reply's end: the Responses `incomplete_details.reason` -> a Chat Completions finish_reason.
 _INCOMPLETE = {"max_output_tokens": "length", "content_filter": "content_filter"}
 
 
-def _input_content(content: Any, role: str) -> list[dict[str, Any]]:
+def _input_content(content: object, role: str) -> list[dict[str, object]]:
     kind = "output_text" if role == "assistant" else "input_text"
     if isinstance(content, str):
         return [{"type": kind, "text": content}] if content else []
-    parts: list[dict[str, Any]] = []
-    for part in content or []:
+    parts: list[dict[str, object]] = []
+    for part in content if isinstance(content, list) else []:  # else None: no text
         if part.get("type") == "text":
             parts.append({"type": kind, "text": part["text"]})
         elif part.get("type") == "image_url":
@@ -32,10 +35,10 @@ def _input_content(content: Any, role: str) -> list[dict[str, Any]]:
     return parts
 
 
-def _input_items(messages: Sequence[Mapping[str, Any]]) -> tuple[str | None, list[dict[str, Any]]]:
+def _input_items(messages: Sequence[Mapping[str, object]]) -> tuple[str | None, list[dict[str, object]]]:
     """(instructions, input items) from Chat Completions messages."""
     instructions: list[str] = []
-    items: list[dict[str, Any]] = []
+    items: list[dict[str, object]] = []
     for message in messages:
         role = message.get("role")
         if role == "system":
@@ -47,20 +50,22 @@ def _input_items(messages: Sequence[Mapping[str, Any]]) -> tuple[str | None, lis
             content = _input_content(message.get("content"), str(role))
             if content:
                 items.append({"type": "message", "role": role, "content": content})
-            for call in message.get("tool_calls") or []:
+            calls = message.get("tool_calls")
+            for call in calls if isinstance(calls, list) else []:
                 items.append({"type": "function_call", "call_id": call["id"], "name": call["function"]["name"],
                               "arguments": call["function"]["arguments"]})
     return ("\n\n".join(instructions) if instructions else None), items
 
 
-def responses_body(chat: Mapping[str, Any]) -> dict[str, Any]:
-    """The Responses request for a Chat Completions request body."""
-    instructions, items = _input_items(chat.get("messages") or [])
-    body: dict[str, Any] = {"model": chat["model"], "input": items, "stream": True, "store": False}
+def responses_body(chat: Mapping[str, object]) -> dict[str, object]:
+    """The Responses request for a Chat Completions request body (`openai_chat.build_request`)."""
+    messages = chat.get("messages")
+    instructions, items = _input_items(messages if isinstance(messages, list) else [])
+    body: dict[str, object] = {"model": chat["model"], "input": items, "stream": True, "store": False}
     if instructions is not None:
         body["instructions"] = instructions
     tools = chat.get("tools")
-    if tools:
+    if isinstance(tools, list) and tools:
         body["tools"] = [{"type": "function", "name": t["function"]["name"],
                           "description": t["function"].get("description", ""),
                           "parameters": t["function"].get("parameters") or {"type": "object", "properties": {}}}
@@ -74,7 +79,7 @@ def responses_body(chat: Mapping[str, Any]) -> dict[str, Any]:
     return body
 
 
-def _usage(raw: Any) -> dict[str, int]:
+def _usage(raw: object) -> dict[str, int]:
     if not isinstance(raw, Mapping):
         return {}
     out: dict[str, int] = {}
@@ -97,13 +102,13 @@ class ResponsesDecoder:
         self._finish: str | None = None
         self._usage: dict[str, int] = {}
         self._done = False
-        self._error: Any = None
+        self._error: object = None  # the error of a failed response, as the server sent it
         self._model: str | None = None
         self._refusal: list[str] = []
 
-    def feed(self, data: bytes) -> list[tuple[str, str]]:
+    def feed(self, data: bytes) -> list[StreamEvent]:
         self._buf += data
-        events: list[tuple[str, str]] = []
+        events: list[StreamEvent] = []
         while b"\n" in self._buf:
             line, self._buf = self._buf.split(b"\n", 1)
             line = line.rstrip(b"\r")
@@ -111,7 +116,7 @@ class ResponsesDecoder:
                 self._event(line[5:].strip(), events)
         return events
 
-    def _event(self, payload: bytes, events: list[tuple[str, str]]) -> None:
+    def _event(self, payload: bytes, events: list[StreamEvent]) -> None:
         if not payload or payload == b"[DONE]":
             return
         try:

@@ -13,13 +13,12 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 from ..codes import Code
 from ..errors import FxInputError, FxProviderError
 from . import chatgpt, grok
-from .auth import CredentialSource
+from .auth import CredentialSource, CredentialsFn, OnCredentialsFn, RefreshLockFn
 from .base import ModelEntry, ModelSpec, Provider
 from .catalog import fetch_catalog, list_models, parse_catalog
 from .check import (
@@ -63,14 +62,14 @@ __all__ = [
 
 
 def resolve_provider(
-    provider: Mapping[str, Any] | Provider | str | None,
+    provider: Mapping[str, object] | Provider | str | None,
     *,
     api_key: str | None,
     env: Mapping[str, str] | None = None,
-    model_catalog: Any = None,
-    credentials: Callable[..., Any] | None = None,
-    on_credentials: Callable[..., Any] | None = None,
-    refresh_lock: Callable[..., Any] | None = None,
+    model_catalog: object = None,
+    credentials: CredentialsFn | None = None,
+    on_credentials: OnCredentialsFn | None = None,
+    refresh_lock: RefreshLockFn | None = None,
 ) -> Provider:
     """The `Provider` requests go to.
 

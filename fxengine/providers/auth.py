@@ -27,16 +27,16 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from typing import Protocol, cast
 
 import httpx
 
 from ..codes import Code
 from ..errors import FxProviderError
+from .credentials import Credentials
 
 REFRESH_MARGIN_S = 120.0
 
-Credentials = dict[str, Any]
 Refresher = Callable[[httpx.AsyncClient, Credentials], Awaitable[Credentials]]
 HeaderFn = Callable[[Credentials], dict[str, str]]
 
@@ -44,19 +44,19 @@ HeaderFn = Callable[[Credentials], dict[str, str]]
 class CredentialsFn(Protocol):
     """`credentials(ctx)`: the session's credentials (a dict, or an awaitable of one)."""
 
-    def __call__(self, ctx: dict[str, Any], /) -> Any: ...
+    def __call__(self, ctx: dict[str, object], /) -> object: ...
 
 
 class OnCredentialsFn(Protocol):
     """`on_credentials(creds, ctx)`: saves refreshed credentials (may be async)."""
 
-    def __call__(self, creds: Credentials, ctx: dict[str, Any], /) -> Any: ...
+    def __call__(self, creds: Credentials, ctx: dict[str, object], /) -> object: ...
 
 
 class RefreshLockFn(Protocol):
     """`refresh_lock(ctx, fn)`: awaits `fn()` while holding a lock on `ctx`'s account."""
 
-    def __call__(self, ctx: dict[str, Any], fn: Callable[[], Awaitable[Credentials]], /) -> Awaitable[Any]: ...
+    def __call__(self, ctx: dict[str, object], fn: Callable[[], Awaitable[Credentials]], /) -> Awaitable[Credentials]: ...
 
 # One refresh at a time per (loop, provider, refresh token): the sessions of a process
 # that hold the same credentials wait for the same token request.
@@ -68,7 +68,7 @@ def bearer_headers(creds: Credentials) -> dict[str, str]:
     return {"authorization": f"Bearer {creds['access_token']}"}
 
 
-def check_credentials(value: Any, provider: str) -> Credentials:
+def check_credentials(value: object, provider: str) -> Credentials:
     """A credentials mapping as the callbacks give it (`api_key` is an access token).
 
     Raises:
@@ -92,7 +92,7 @@ def check_credentials(value: Any, provider: str) -> Credentials:
     return creds
 
 
-async def call_back(fn: Callable[..., Any], *args: Any) -> Any:
+async def call_back(fn: Callable[..., object], *args: object) -> object:
     """Calls an application callback: a coroutine function is awaited, a plain one runs in
     a thread (its result awaited when it is awaitable)."""
     if inspect.iscoroutinefunction(fn):
@@ -146,7 +146,7 @@ class CredentialSource:
         )
 
     @property
-    def ctx(self) -> dict[str, Any]:
+    def ctx(self) -> dict[str, object]:
         """What the callbacks are called with."""
         return {"provider": self.provider, "session_id": self.session_id}
 
@@ -168,7 +168,8 @@ class CredentialSource:
     def expiring(self, creds: Credentials) -> bool:
         """Whether `creds` expire within `REFRESH_MARGIN_S` (never, without `expires_at`)."""
         expires_at = creds.get("expires_at")
-        return expires_at is not None and expires_at / 1000.0 - self._clock() <= REFRESH_MARGIN_S
+        # `check_credentials` lets only a number through (a refresh sets one too).
+        return isinstance(expires_at, (int, float)) and expires_at / 1000.0 - self._clock() <= REFRESH_MARGIN_S
 
     async def load(self) -> Credentials:
         """Calls `credentials(ctx)`.
@@ -238,5 +239,6 @@ class CredentialSource:
             return await refresh()
         ctx = {**self.ctx, "account_id": stale.get("account_id")}
         result = self._refresh_lock(ctx, refresh)
-        creds: Credentials = await result if inspect.isawaitable(result) else result
-        return creds
+        if inspect.isawaitable(result):
+            return await result
+        return cast(Credentials, result)  # a lock that ran `fn` to its end and gave its result

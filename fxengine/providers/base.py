@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .credentials import GATEWAY_BASE_URL, mask
 
@@ -96,8 +96,8 @@ class ModelSpec:
     ultrafast: bool = False
     entry: ModelEntry | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id}
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"id": self.id}
         if self.effort is not None:
             out["effort"] = self.effort
         if self.fast:

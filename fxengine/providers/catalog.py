@@ -32,7 +32,7 @@ CATALOG_TIMEOUT = httpx.Timeout(15.0)
 _SETTINGS = ("effort", "fast", "ultrafast")
 
 
-def _int(value: Any) -> int | None:
+def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
@@ -57,7 +57,7 @@ def gateway_entry(raw: Mapping[str, Any]) -> ModelEntry:
     )
 
 
-def _gateway_entries(data: Sequence[Any]) -> dict[str, ModelEntry]:
+def _gateway_entries(data: Sequence[object]) -> dict[str, ModelEntry]:
     out: dict[str, ModelEntry] = {}
     for raw in data:
         if not isinstance(raw, Mapping) or not isinstance(raw.get("id"), str):
@@ -68,7 +68,7 @@ def _gateway_entries(data: Sequence[Any]) -> dict[str, ModelEntry]:
     return out
 
 
-def parse_catalog(catalog: Any) -> dict[str, ModelEntry]:
+def parse_catalog(catalog: object) -> dict[str, ModelEntry]:
     """A catalog in either form the module docstring names (`FX_PROVIDER_INVALID` otherwise)."""
     if isinstance(catalog, Mapping) and isinstance(catalog.get("data"), list):
         return _gateway_entries(catalog["data"])
@@ -116,6 +116,6 @@ def list_models(api_key: str | None = None, *, base_url: str | None = None,
     return sorted(fetch_catalog(api_key=api_key, base_url=base_url, env=env))
 
 
-def names_setting(model: Any) -> bool:
+def names_setting(model: object) -> bool:
     """Whether `model` names an effort, fast or ultrafast that a catalog must confirm."""
     return isinstance(model, Mapping) and any(model.get(k) not in (None, False) for k in _SETTINGS)

@@ -20,13 +20,14 @@ user's access token and ChatGPT account id.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
 
 from . import oauth
-from .auth import CredentialSource, Credentials
+from .auth import CredentialSource, CredentialsFn, OnCredentialsFn, RefreshLockFn
+from .credentials import Credentials
 from .base import WIRE_RESPONSES, ModelEntry, Provider
 from .custom import check_base_url
 
@@ -39,7 +40,7 @@ CODEX_BASE_URL = "https://chatgpt.com/backend-api/codex"
 _AUTH_CLAIM = "https://api.openai.com/auth"
 
 
-def account_of(tokens: Mapping[str, Any]) -> str | None:
+def account_of(tokens: Mapping[str, object]) -> str | None:
     """The ChatGPT account id in a token response (the id or access token's auth claim)."""
     for key in ("id_token", "access_token"):
         auth = oauth.jwt_claims(tokens.get(key)).get(_AUTH_CLAIM)
@@ -76,30 +77,30 @@ def config(*, issuer: str = ISSUER, client_id: str = CLIENT_ID, redirect_uri: st
 DEFAULT = config()
 
 
-def start_sign_in(*, oauth_config: oauth.OAuthConfig | None = None) -> dict[str, Any]:
+def start_sign_in(*, oauth_config: oauth.OAuthConfig | None = None) -> dict[str, object]:
     """Starts a PKCE sign-in (see `oauth.start_sign_in`); no request is sent."""
     return oauth.start_sign_in(oauth_config or DEFAULT)
 
 
-async def finish_sign_in(sign_in: Mapping[str, Any], pasted_url: str, *, oauth_config: oauth.OAuthConfig | None = None,
+async def finish_sign_in(sign_in: Mapping[str, object], pasted_url: str, *, oauth_config: oauth.OAuthConfig | None = None,
                          http_client: httpx.AsyncClient | None = None) -> Credentials:
     """Credentials from the address the user pasted back (see `oauth.finish_sign_in`)."""
     return await oauth.finish_sign_in(oauth_config or DEFAULT, sign_in, pasted_url, http_client=http_client)
 
 
 async def start_device_sign_in(*, oauth_config: oauth.OAuthConfig | None = None,
-                               http_client: httpx.AsyncClient | None = None) -> dict[str, Any]:
+                               http_client: httpx.AsyncClient | None = None) -> dict[str, object]:
     """Starts a device-code sign-in, where the account or workspace allows it."""
     return await oauth.start_device_sign_in(oauth_config or DEFAULT, http_client=http_client)
 
 
-async def poll_device_sign_in(device: Mapping[str, Any], *, oauth_config: oauth.OAuthConfig | None = None,
+async def poll_device_sign_in(device: Mapping[str, object], *, oauth_config: oauth.OAuthConfig | None = None,
                               http_client: httpx.AsyncClient | None = None) -> Credentials | None:
     """Checks a device sign-in once: credentials, or None while the user has not entered the code."""
     return await oauth.poll_device_sign_in(oauth_config or DEFAULT, device, http_client=http_client)
 
 
-async def complete_device_sign_in(device: Mapping[str, Any], *, oauth_config: oauth.OAuthConfig | None = None,
+async def complete_device_sign_in(device: Mapping[str, object], *, oauth_config: oauth.OAuthConfig | None = None,
                                   http_client: httpx.AsyncClient | None = None,
                                   timeout_s: float | None = None) -> Credentials:
     """Waits until the user entered the device code; the credentials."""
@@ -107,7 +108,7 @@ async def complete_device_sign_in(device: Mapping[str, Any], *, oauth_config: oa
                                                timeout_s=timeout_s)
 
 
-async def refresh_credentials(creds: Mapping[str, Any], *, oauth_config: oauth.OAuthConfig | None = None,
+async def refresh_credentials(creds: Mapping[str, object], *, oauth_config: oauth.OAuthConfig | None = None,
                               http_client: httpx.AsyncClient | None = None) -> Credentials:
     """New credentials from `creds`' refresh token (the engine does this on its own)."""
     return await oauth.refresh_credentials(oauth_config or DEFAULT, creds, http_client=http_client)
@@ -125,9 +126,9 @@ def request_headers(creds: Credentials) -> dict[str, str]:
 
 def provider(
     *,
-    credentials: Callable[..., Any],
-    on_credentials: Callable[..., Any] | None = None,
-    refresh_lock: Callable[..., Any] | None = None,
+    credentials: CredentialsFn,
+    on_credentials: OnCredentialsFn | None = None,
+    refresh_lock: RefreshLockFn | None = None,
     base_url: str = CODEX_BASE_URL,
     oauth_config: oauth.OAuthConfig | None = None,
     models: Mapping[str, ModelEntry] | None = None,

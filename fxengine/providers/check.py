@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from typing import Any
 
 from ..codes import Code
 from ..errors import FxInputError, FxModelUnsupportedError, FxProviderError
@@ -22,14 +21,14 @@ PROVIDER_NAMES = ("gateway", *PLAN_PROVIDERS)
 _MODEL_KEYS = ("id", "effort", "fast", "ultrafast")
 
 
-def _parsed(catalog: Any) -> Mapping[str, ModelEntry]:
+def _parsed(catalog: object) -> Mapping[str, ModelEntry]:
     if isinstance(catalog, Mapping) and catalog and all(isinstance(v, ModelEntry) for v in catalog.values()):
         return catalog
     return parse_catalog(catalog)
 
 
 def catalog_of(
-    provider: Mapping[str, Any] | Provider | str | None, *, model_catalog: Any = None
+    provider: Mapping[str, object] | Provider | str | None, *, model_catalog: object = None
 ) -> Mapping[str, ModelEntry] | None:
     """The model catalog requests to `provider` are checked against, without credentials.
 
@@ -50,10 +49,10 @@ def catalog_of(
 
 
 def check_model(
-    model: Any,
-    provider: Mapping[str, Any] | Provider | None = None,
+    model: object,
+    provider: Mapping[str, object] | Provider | str | None = None,
     *,
-    model_catalog: Mapping[str, Any] | None = None,
+    model_catalog: object = None,
 ) -> ModelSpec:
     """Validates a model setting against the catalog the engine would use; the one check
     `create_engine` and the durable layer (`fxworker.Agent`, `Session`) share.
@@ -73,7 +72,7 @@ def check_model(
     """
     models = catalog_of(provider, model_catalog=model_catalog)
     if isinstance(model, str):
-        spec: dict[str, Any] = {"id": model}
+        spec: dict[object, object] = {"id": model}
     elif isinstance(model, Mapping):
         unknown = set(model) - set(_MODEL_KEYS)
         if unknown:
@@ -126,7 +125,7 @@ def _check_settings(model_id: str, entry: ModelEntry, effort: str | None, fast: 
                                       code=Code.MODEL_UNSUPPORTED_ULTRAFAST, model=model_id, capability="ultrafast")
 
 
-def resolve_model(model: str | Mapping[str, Any], provider: Provider) -> ModelSpec:
+def resolve_model(model: str | Mapping[str, object], provider: Provider) -> ModelSpec:
     """`check_model` against a resolved provider's catalog."""
     return check_model(model, provider)
 
@@ -139,7 +138,8 @@ class CatalogCache:
     any other provider has its own catalog (or none) and fetches nothing.
     """
 
-    def __init__(self, provider: Any, *, api_key: str | None = None, model_catalog: Any = None,
+    def __init__(self, provider: Mapping[str, object] | Provider | str | None, *, api_key: str | None = None,
+                 model_catalog: object = None,
                  env: Mapping[str, str] | None = None) -> None:
         self.provider = provider
         self._api_key = api_key
@@ -174,7 +174,7 @@ class CatalogCache:
             return False, None, None
         return True, key, base_url
 
-    def check(self, model: Any) -> ModelSpec:
+    def check(self, model: object) -> ModelSpec:
         """`check_model` against this catalog, fetching it first when `model` names a
         setting and the Gateway's catalog is not held yet."""
         spec = check_model(model, self.provider, model_catalog=self._catalog)  # the shape, offline first

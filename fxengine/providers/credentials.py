@@ -14,6 +14,10 @@ GATEWAY_BASE_URL = "https://ai-gateway.vercel.sh/v1"
 GATEWAY_KEY_VARIABLES = ("AI_GATEWAY_API_KEY", "VERCEL_OIDC_TOKEN")
 _PREFIX_CHARS = 6
 
+# Credentials as every step and callback passes them: `{"access_token", "refresh_token"?,
+# "id_token"?, "expires_at"? (epoch ms), "account_id"?}` and whatever else a callback keeps.
+Credentials = dict[str, object]
+
 
 def gateway_key(api_key: str | None, env: Mapping[str, str] | None = None) -> str:
     """The AI Gateway key: `api_key`, then `AI_GATEWAY_API_KEY`, then `VERCEL_OIDC_TOKEN`.

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from typing import Any
 from urllib.parse import urlsplit
 
 from ..codes import Code
@@ -33,7 +32,7 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def check_base_url(url: Any) -> str:
+def check_base_url(url: object) -> str:
     """A provider base URL: HTTPS, or HTTP on loopback only (`FX_PROVIDER_INVALID`)."""
     if not isinstance(url, str) or not url or len(url) > URL_MAX_CHARS:
         raise FxInputError("provider base_url must be a URL string", code=Code.PROVIDER_INVALID)
@@ -51,7 +50,7 @@ def check_base_url(url: Any) -> str:
     )
 
 
-def _positive_int(value: Any, what: str) -> int | None:
+def _positive_int(value: object, what: str) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -59,7 +58,7 @@ def _positive_int(value: Any, what: str) -> int | None:
     return value
 
 
-def _bool(value: Any, what: str, default: bool) -> bool:
+def _bool(value: object, what: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
@@ -67,7 +66,7 @@ def _bool(value: Any, what: str, default: bool) -> bool:
     return value
 
 
-def parse_models(models: Any) -> dict[str, ModelEntry]:
+def parse_models(models: object) -> dict[str, ModelEntry]:
     """Validates a `models` mapping of id -> entry."""
     if not isinstance(models, Mapping) or not models:
         raise FxInputError("provider models must be a non-empty object of model id -> entry", code=Code.PROVIDER_INVALID)
@@ -92,7 +91,7 @@ def parse_models(models: Any) -> dict[str, ModelEntry]:
     return out
 
 
-def custom_provider(spec: Any, *, api_key: str | None = None) -> Provider:
+def custom_provider(spec: object, *, api_key: str | None = None) -> Provider:
     """A `Provider` from a custom-provider dict; `api_key` overrides the dict's own key."""
     if not isinstance(spec, Mapping):
         raise FxInputError("provider must be a dict {name, base_url, models}", code=Code.PROVIDER_INVALID)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from .base import ModelEntry, Provider
 from .catalog import parse_catalog
@@ -17,7 +16,7 @@ def gateway_provider(
     *,
     api_key: str | None,
     env: Mapping[str, str] | None = None,
-    model_catalog: Any = None,
+    model_catalog: object = None,
     base_url: str | None = None,
 ) -> Provider:
     """AI Gateway with the key from `api_key`, `AI_GATEWAY_API_KEY` or `VERCEL_OIDC_TOKEN`.

@@ -20,7 +20,7 @@ Chat Completions API (`XAI_BASE_URL`) with the user's access token.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -28,7 +28,8 @@ import httpx
 from ..codes import Code
 from ..errors import FxInputError
 from . import oauth
-from .auth import CredentialSource, Credentials, bearer_headers
+from .auth import CredentialSource, CredentialsFn, OnCredentialsFn, RefreshLockFn, bearer_headers
+from .credentials import Credentials
 from .base import WIRE_CHAT, ModelEntry, Provider
 from .custom import check_base_url
 
@@ -41,7 +42,7 @@ SCOPE = "openid profile email offline_access grok-cli:access api:access"
 XAI_BASE_URL = "https://api.x.ai/v1"
 
 
-def account_of(tokens: Mapping[str, Any]) -> str | None:
+def account_of(tokens: Mapping[str, object]) -> str | None:
     """The xAI account of a token response: the `sub` of its id token (else of its access token)."""
     for key in ("id_token", "access_token"):
         sub = oauth.jwt_claims(tokens.get(key)).get("sub")
@@ -77,37 +78,37 @@ def config(*, client_id: str = CLIENT_ID, issuer: str = ISSUER, redirect_uri: st
 DEFAULT = config()
 
 
-def start_sign_in(*, oauth_config: oauth.OAuthConfig | None = None) -> dict[str, Any]:
+def start_sign_in(*, oauth_config: oauth.OAuthConfig | None = None) -> dict[str, object]:
     """Starts a PKCE sign-in (see `oauth.start_sign_in`); no request is sent."""
     return oauth.start_sign_in(oauth_config or DEFAULT)
 
 
-async def finish_sign_in(sign_in: Mapping[str, Any], pasted_url: str, *, oauth_config: oauth.OAuthConfig | None = None,
+async def finish_sign_in(sign_in: Mapping[str, object], pasted_url: str, *, oauth_config: oauth.OAuthConfig | None = None,
                          http_client: httpx.AsyncClient | None = None) -> Credentials:
     """Credentials from the address the user pasted back."""
     return await oauth.finish_sign_in(oauth_config or DEFAULT, sign_in, pasted_url, http_client=http_client)
 
 
 async def start_device_sign_in(*, oauth_config: oauth.OAuthConfig | None = None,
-                               http_client: httpx.AsyncClient | None = None) -> dict[str, Any]:
+                               http_client: httpx.AsyncClient | None = None) -> dict[str, object]:
     """Starts a device-code sign-in (RFC 8628)."""
     return await oauth.start_device_sign_in(oauth_config or DEFAULT, http_client=http_client)
 
 
-async def poll_device_sign_in(device: Mapping[str, Any], *, oauth_config: oauth.OAuthConfig | None = None,
+async def poll_device_sign_in(device: Mapping[str, object], *, oauth_config: oauth.OAuthConfig | None = None,
                               http_client: httpx.AsyncClient | None = None) -> Credentials | None:
     """Checks a device sign-in once: credentials, or None while it is pending."""
     return await oauth.poll_device_sign_in(oauth_config or DEFAULT, device, http_client=http_client)
 
 
-async def complete_device_sign_in(device: Mapping[str, Any], *, oauth_config: oauth.OAuthConfig | None = None,
+async def complete_device_sign_in(device: Mapping[str, object], *, oauth_config: oauth.OAuthConfig | None = None,
                                   http_client: httpx.AsyncClient | None = None,
                                   timeout_s: float | None = None) -> Credentials:
     """Waits until the user entered the device code; the credentials."""
     return await oauth.complete_device_sign_in(oauth_config or DEFAULT, device, http_client=http_client, timeout_s=timeout_s)
 
 
-async def refresh_credentials(creds: Mapping[str, Any], *, oauth_config: oauth.OAuthConfig | None = None,
+async def refresh_credentials(creds: Mapping[str, object], *, oauth_config: oauth.OAuthConfig | None = None,
                               http_client: httpx.AsyncClient | None = None) -> Credentials:
     """New credentials of the same xAI account (`FX_PROVIDER_ACCOUNT_MISMATCH` otherwise)."""
     return await oauth.refresh_credentials(oauth_config or DEFAULT, creds, http_client=http_client)
@@ -115,10 +116,10 @@ async def refresh_credentials(creds: Mapping[str, Any], *, oauth_config: oauth.O
 
 def provider(
     *,
-    credentials: Callable[..., Any],
+    credentials: CredentialsFn,
     oauth_config: oauth.OAuthConfig | None = None,
-    on_credentials: Callable[..., Any] | None = None,
-    refresh_lock: Callable[..., Any] | None = None,
+    on_credentials: OnCredentialsFn | None = None,
+    refresh_lock: RefreshLockFn | None = None,
     base_url: str = XAI_BASE_URL,
     models: Mapping[str, ModelEntry] | None = None,
 ) -> Provider:

@@ -26,14 +26,13 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx
 
 from ..codes import Code
 from ..errors import FxProviderError
-from .credentials import mask_secrets
+from .credentials import Credentials, mask_secrets
 
 DEVICE_RFC8628 = "rfc8628"
 DEVICE_OPENAI = "openai"
@@ -41,10 +40,10 @@ DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 HTTP_TIMEOUT = httpx.Timeout(15.0)
 DEVICE_TIMEOUT_S = 15 * 60.0
 
-AccountOf = Callable[[Mapping[str, Any]], "str | None"]
+AccountOf = Callable[[Mapping[str, object]], "str | None"]
 
 
-def _no_account(tokens: Mapping[str, Any]) -> str | None:
+def _no_account(tokens: Mapping[str, object]) -> str | None:
     return None
 
 
@@ -90,7 +89,7 @@ def _b64url(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
-def jwt_claims(token: Any) -> dict[str, Any]:
+def jwt_claims(token: object) -> dict[str, object]:
     """The payload of a JWT, unverified (it came straight from the token endpoint over
     TLS); {} for anything that is not one."""
     if not isinstance(token, str) or token.count(".") != 2:
@@ -111,9 +110,9 @@ def _client(http_client: httpx.AsyncClient | None) -> tuple[httpx.AsyncClient, b
 
 async def _request(
     config: OAuthConfig, method: str, url: str, *, what: str, form: Mapping[str, str] | None = None,
-    json_body: Any = None, headers: Mapping[str, str] | None = None, http_client: httpx.AsyncClient | None,
-    hide: list[str],
-) -> tuple[int, Any, str]:
+    json_body: Mapping[str, object] | None = None, headers: Mapping[str, str] | None = None,
+    http_client: httpx.AsyncClient | None, hide: list[str],
+) -> tuple[int, object, str]:
     """One request to `config`'s `what` (an OAuth endpoint): (status, parsed JSON or None,
     error text masked of `hide`); `FX_PROVIDER_UNREACHABLE` when it cannot be reached."""
     client, own = _client(http_client)
@@ -128,23 +127,23 @@ async def _request(
         if own:
             await client.aclose()
     try:
-        body = json.loads(raw) if raw else None
+        body: object = json.loads(raw) if raw else None
     except ValueError:
         body = None
     return response.status_code, body, mask_secrets(raw[:500], hide)
 
 
 async def _post(
-    config: OAuthConfig, url: str, *, form: Mapping[str, str] | None = None, json_body: Any = None,
-    http_client: httpx.AsyncClient | None, hide: list[str],
-) -> tuple[int, Any, str]:
+    config: OAuthConfig, url: str, *, form: Mapping[str, str] | None = None,
+    json_body: Mapping[str, object] | None = None, http_client: httpx.AsyncClient | None, hide: list[str],
+) -> tuple[int, object, str]:
     """POSTs to an OAuth endpoint of the sign-in server (see `_request`)."""
     return await _request(config, "POST", url, what="sign-in server", form=form, json_body=json_body,
                           http_client=http_client, hide=hide)
 
 
-async def _with_account(config: OAuthConfig, creds: dict[str, Any], http_client: httpx.AsyncClient | None,
-                        code: str) -> dict[str, Any]:
+async def _with_account(config: OAuthConfig, creds: Credentials, http_client: httpx.AsyncClient | None,
+                        code: str) -> Credentials:
     """`creds` with their `account_id` from the user info endpoint when the tokens named none.
 
     Raises:
@@ -153,7 +152,7 @@ async def _with_account(config: OAuthConfig, creds: dict[str, Any], http_client:
     """
     if "account_id" in creds or config.userinfo_url is None:
         return creds
-    token = creds["access_token"]
+    token = str(creds["access_token"])  # a string: `credentials_from` took only one
     status, body, text = await _request(config, "GET", config.userinfo_url, what="user info endpoint",
                                         headers={"authorization": f"Bearer {token}"}, http_client=http_client,
                                         hide=[token])
@@ -164,7 +163,7 @@ async def _with_account(config: OAuthConfig, creds: dict[str, Any], http_client:
     return {**creds, "account_id": sub}
 
 
-def _error_name(body: Any) -> str | None:
+def _error_name(body: object) -> str | None:
     if isinstance(body, Mapping):
         error = body.get("error")
         if isinstance(error, str):
@@ -175,13 +174,13 @@ def _error_name(body: Any) -> str | None:
     return None
 
 
-def credentials_from(config: OAuthConfig, tokens: Any, *, now_s: float | None = None) -> dict[str, Any]:
+def credentials_from(config: OAuthConfig, tokens: object, *, now_s: float | None = None) -> Credentials:
     """Credentials from a token endpoint's answer (`FX_SIGN_IN_FAILED` when it has no token)."""
     if not isinstance(tokens, Mapping) or not isinstance(tokens.get("access_token"), str):
         raise FxProviderError(f"{config.provider}'s token endpoint answered without an access token",
                               code=Code.SIGN_IN_FAILED)
     now_s = time.time() if now_s is None else now_s
-    creds: dict[str, Any] = {"access_token": tokens["access_token"]}
+    creds: Credentials = {"access_token": tokens["access_token"]}
     for key in ("refresh_token", "id_token"):
         if isinstance(tokens.get(key), str):
             creds[key] = tokens[key]
@@ -199,7 +198,7 @@ def credentials_from(config: OAuthConfig, tokens: Any, *, now_s: float | None = 
 
 
 async def _token_request(config: OAuthConfig, form: dict[str, str], http_client: httpx.AsyncClient | None,
-                         hide: list[str]) -> dict[str, Any]:
+                         hide: list[str]) -> Credentials:
     status, body, text = await _post(config, config.token_url, form=form, http_client=http_client, hide=hide)
     if status != 200:
         raise FxProviderError(f"{config.provider}'s token endpoint answered HTTP {status}: {text}",
@@ -210,7 +209,7 @@ async def _token_request(config: OAuthConfig, form: dict[str, str], http_client:
 # ------------------------------------------------------------------- authorization code
 
 
-def start_sign_in(config: OAuthConfig) -> dict[str, Any]:
+def start_sign_in(config: OAuthConfig) -> dict[str, object]:
     """Starts a PKCE sign-in: send the user to `url`, keep the whole dict on the server.
 
     Returns:
@@ -238,8 +237,8 @@ def start_sign_in(config: OAuthConfig) -> dict[str, Any]:
     }
 
 
-async def finish_sign_in(config: OAuthConfig, sign_in: Mapping[str, Any], pasted_url: str, *,
-                         http_client: httpx.AsyncClient | None = None) -> dict[str, Any]:
+async def finish_sign_in(config: OAuthConfig, sign_in: Mapping[str, object], pasted_url: str, *,
+                         http_client: httpx.AsyncClient | None = None) -> Credentials:
     """Exchanges the code in the address the user pasted back for credentials.
 
     Raises:
@@ -247,7 +246,8 @@ async def finish_sign_in(config: OAuthConfig, sign_in: Mapping[str, Any], pasted
             is not this sign-in's, an error the server put in the address, or a refused
             exchange.
     """
-    if not isinstance(sign_in, Mapping) or not isinstance(sign_in.get("code_verifier"), str):
+    verifier = sign_in.get("code_verifier") if isinstance(sign_in, Mapping) else None
+    if not isinstance(verifier, str):
         raise FxProviderError("finish_sign_in needs the dict start_sign_in returned", code=Code.SIGN_IN_FAILED)
     if not isinstance(pasted_url, str):
         raise FxProviderError("the pasted address must be a string", code=Code.SIGN_IN_FAILED)
@@ -266,15 +266,16 @@ async def finish_sign_in(config: OAuthConfig, sign_in: Mapping[str, Any], pasted
         "code": code,
         "redirect_uri": str(sign_in.get("redirect_uri") or config.redirect_uri),
         "client_id": config.client_id,
-        "code_verifier": sign_in["code_verifier"],
+        "code_verifier": verifier,
     }
-    return await _token_request(config, form, http_client, [code, sign_in["code_verifier"]])
+    return await _token_request(config, form, http_client, [code, verifier])
 
 
 # ------------------------------------------------------------------------- device code
 
 
-async def start_device_sign_in(config: OAuthConfig, *, http_client: httpx.AsyncClient | None = None) -> dict[str, Any]:
+async def start_device_sign_in(config: OAuthConfig, *,
+                               http_client: httpx.AsyncClient | None = None) -> dict[str, object]:
     """Starts a device sign-in: show `user_code` and a link to `verification_url`.
 
     Returns:
@@ -295,10 +296,11 @@ async def start_device_sign_in(config: OAuthConfig, *, http_client: httpx.AsyncC
     if status != 200 or not isinstance(device_code, str) or not isinstance(user_code, str):
         raise FxProviderError(f"{config.provider} did not start a device sign-in (HTTP {status}): {text}",
                               code=Code.SIGN_IN_FAILED)
+    assert isinstance(body, Mapping)  # a device code came in it
     interval = body.get("interval")
     try:
-        interval_s = max(1.0, float(interval)) if interval is not None else 5.0
-    except (TypeError, ValueError):
+        interval_s = max(1.0, float(interval)) if isinstance(interval, (int, float, str)) else 5.0
+    except ValueError:
         interval_s = 5.0
     expires_in = body.get("expires_in")
     lifetime_s = float(expires_in) if isinstance(expires_in, (int, float)) and not isinstance(expires_in, bool) \
@@ -314,24 +316,25 @@ async def start_device_sign_in(config: OAuthConfig, *, http_client: httpx.AsyncC
     }
 
 
-async def poll_device_sign_in(config: OAuthConfig, device: Mapping[str, Any], *,
-                              http_client: httpx.AsyncClient | None = None) -> dict[str, Any] | None:
+async def poll_device_sign_in(config: OAuthConfig, device: Mapping[str, object], *,
+                              http_client: httpx.AsyncClient | None = None) -> Credentials | None:
     """Checks a device sign-in once: credentials when the user entered the code, else None.
 
     Raises:
         FxProviderError: `FX_SIGN_IN_EXPIRED` once the code expired, `FX_SIGN_IN_FAILED`
             when the user or the server refused.
     """
-    if not isinstance(device, Mapping) or not isinstance(device.get("device_code"), str):
+    device_code = device.get("device_code") if isinstance(device, Mapping) else None
+    if not isinstance(device_code, str):
         raise FxProviderError("poll_device_sign_in needs the dict start_device_sign_in returned",
                               code=Code.SIGN_IN_FAILED)
-    if time.time() * 1000 >= float(device.get("expires_at") or 0):
+    if time.time() * 1000 >= _number(device.get("expires_at") or 0):
         raise FxProviderError(f"the {config.provider} device code expired", code=Code.SIGN_IN_EXPIRED)
     if config.device_style == DEVICE_OPENAI:
-        return await _poll_openai(config, device, http_client)
-    form = {"grant_type": DEVICE_GRANT, "device_code": device["device_code"], "client_id": config.client_id}
+        return await _poll_openai(config, device_code, device["user_code"], http_client)
+    form = {"grant_type": DEVICE_GRANT, "device_code": device_code, "client_id": config.client_id}
     status, body, text = await _post(config, config.token_url, form=form, http_client=http_client,
-                                     hide=[device["device_code"]])
+                                     hide=[device_code])
     if status == 200:
         return await _with_account(config, credentials_from(config, body), http_client, Code.SIGN_IN_FAILED)
     error = _error_name(body)
@@ -342,14 +345,20 @@ async def poll_device_sign_in(config: OAuthConfig, device: Mapping[str, Any], *,
     raise FxProviderError(f"{config.provider} device sign-in failed (HTTP {status}): {text}", code=Code.SIGN_IN_FAILED)
 
 
-async def _poll_openai(config: OAuthConfig, device: Mapping[str, Any],
-                       http_client: httpx.AsyncClient | None) -> dict[str, Any] | None:
+def _number(value: object) -> float:
+    """A number of a device dict (as `float()` reads it; a TypeError for anything else)."""
+    if isinstance(value, (int, float, str)):
+        return float(value)
+    raise TypeError(f"not a number: {type(value).__name__}")
+
+
+async def _poll_openai(config: OAuthConfig, device_code: str, user_code: object,
+                       http_client: httpx.AsyncClient | None) -> Credentials | None:
     """The Codex device flow: a pending code answers 403 or 404; a confirmed one an
     authorization code and its PKCE verifier, exchanged at the token endpoint."""
     url = config.device_token_url or config.token_url
-    status, body, text = await _post(config, url, json_body={"device_auth_id": device["device_code"],
-                                                             "user_code": device["user_code"]},
-                                     http_client=http_client, hide=[device["device_code"]])
+    status, body, text = await _post(config, url, json_body={"device_auth_id": device_code, "user_code": user_code},
+                                     http_client=http_client, hide=[device_code])
     if status in (403, 404):
         return None
     code = body.get("authorization_code") if isinstance(body, Mapping) else None
@@ -367,9 +376,9 @@ async def _poll_openai(config: OAuthConfig, device: Mapping[str, Any],
     return await _token_request(config, form, http_client, [code, verifier])
 
 
-async def complete_device_sign_in(config: OAuthConfig, device: Mapping[str, Any], *,
+async def complete_device_sign_in(config: OAuthConfig, device: Mapping[str, object], *,
                                   http_client: httpx.AsyncClient | None = None,
-                                  timeout_s: float | None = None) -> dict[str, Any]:
+                                  timeout_s: float | None = None) -> Credentials:
     """Polls a device sign-in at its interval until the user entered the code.
 
     Raises:
@@ -377,7 +386,7 @@ async def complete_device_sign_in(config: OAuthConfig, device: Mapping[str, Any]
             `timeout_s` passes first.
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    interval_s = float(device.get("interval_s") or 5.0) if isinstance(device, Mapping) else 5.0
+    interval_s = _number(device.get("interval_s") or 5.0) if isinstance(device, Mapping) else 5.0
     while True:
         creds = await poll_device_sign_in(config, device, http_client=http_client)
         if creds is not None:
@@ -391,8 +400,8 @@ async def complete_device_sign_in(config: OAuthConfig, device: Mapping[str, Any]
 # ----------------------------------------------------------------------------- refresh
 
 
-async def refresh_credentials(config: OAuthConfig, creds: Mapping[str, Any], *,
-                              http_client: httpx.AsyncClient | None = None) -> dict[str, Any]:
+async def refresh_credentials(config: OAuthConfig, creds: Mapping[str, object], *,
+                              http_client: httpx.AsyncClient | None = None) -> Credentials:
     """New credentials from `creds`' refresh token (a refresh token not rotated is kept).
 
     Raises:

@@ -8,8 +8,9 @@ waits for `ScriptedModel.release(name)`, ``("cut",)`` drops the connection.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Literal, Union
 
 __all__ = [
     "Cut",
@@ -66,8 +67,8 @@ class Usage:
     cache_write_tokens: int | None = None
     reasoning_tokens: int | None = None
 
-    def to_wire(self) -> dict[str, Any]:
-        wire: dict[str, Any] = {
+    def to_wire(self) -> dict[str, object]:
+        wire: dict[str, object] = {
             "prompt_tokens": self.input_tokens,
             "completion_tokens": self.output_tokens,
             "total_tokens": self.input_tokens + self.output_tokens,
@@ -102,6 +103,11 @@ class Cut:
 
 Part = Union[Text, Reasoning, ToolCall, Usage, Delay, Hold, Cut]
 
+# One thing a reply plays, in order: a chunk (its JSON), a pause (ms), a hold (its name),
+# a cut, the end of the stream.
+Step = Union[tuple[Literal["chunk"], dict[str, object]], tuple[Literal["delay"], float],
+             tuple[Literal["hold"], str], tuple[Literal["cut"]], tuple[Literal["done"]]]
+
 
 def text(*pieces: str) -> Text:
     """Visible text; each string is sent as its own chunk."""
@@ -113,7 +119,7 @@ def reasoning(*pieces: str) -> Reasoning:
     return Reasoning(tuple(pieces))
 
 
-def tool_call(id: str, name: str, arguments: dict[str, Any] | str | None = None, *, pieces: int = 1) -> ToolCall:
+def tool_call(id: str, name: str, arguments: Mapping[str, object] | str | None = None, *, pieces: int = 1) -> ToolCall:
     """A tool call whose arguments JSON is streamed in `pieces` chunks after the name.
 
     `arguments` may be a dict (sent as JSON) or a string sent verbatim (to test
@@ -191,18 +197,18 @@ class Reply:
             return self.finish_reason
         return "tool_calls" if any(isinstance(p, ToolCall) for p in self.parts) else "stop"
 
-    def error_body(self) -> dict[str, Any]:
+    def error_body(self) -> dict[str, object]:
         kind = "rate_limit_error" if self.status == 429 else "api_error"
         return {"error": {"message": self.error_message, "type": kind, "code": str(self.status)}}
 
-    def steps(self, completion_id: str, created_s: int) -> list[tuple[Any, ...]]:
+    def steps(self, completion_id: str, created_s: int) -> list[Step]:
         """The chunks and pauses this reply plays, in order."""
         base = {"id": completion_id, "object": "chat.completion.chunk", "created": created_s, "model": self.model}
 
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> tuple[str, dict[str, Any]]:
+        def chunk(delta: dict[str, object], finish: str | None = None) -> tuple[Literal["chunk"], dict[str, object]]:
             return ("chunk", {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
 
-        steps: list[tuple[Any, ...]] = [chunk({"role": "assistant", "content": ""})]
+        steps: list[Step] = [chunk({"role": "assistant", "content": ""})]
         usage_part: Usage | None = None
         tool_index = 0
         pending_calls: list[tuple[int, ToolCall]] = []
@@ -238,10 +244,10 @@ class Reply:
         steps.append(("done",))
         return _with_chunk_delay(steps, self.chunk_delay_ms)
 
-    def message(self) -> dict[str, Any]:
+    def message(self) -> dict[str, object]:
         """The whole assistant message, for a non-streaming request."""
         content = "".join(p for part in self.parts if isinstance(part, Text) for p in part.pieces)
-        message: dict[str, Any] = {"role": "assistant", "content": content or None}
+        message: dict[str, object] = {"role": "assistant", "content": content or None}
         calls = [p for p in self.parts if isinstance(p, ToolCall)]
         if calls:
             message["tool_calls"] = [
@@ -249,7 +255,7 @@ class Reply:
             ]
         return message
 
-    def usage_wire(self) -> dict[str, Any] | None:
+    def usage_wire(self) -> dict[str, object] | None:
         found = [p for p in self.parts if isinstance(p, Usage)]
         return found[-1].to_wire() if found else None
 
@@ -269,26 +275,26 @@ def _split(text_: str, pieces: int) -> list[str]:
     return out + [""] * (pieces - len(out)) if len(out) < pieces else out
 
 
-def _tool_call_steps(calls: list[tuple[int, ToolCall]], interleave: bool) -> list[tuple[int, dict[str, Any]]]:
+def _tool_call_steps(calls: list[tuple[int, ToolCall]], interleave: bool) -> list[tuple[int, dict[str, object]]]:
     """The `delta.tool_calls[0]` entries of a run of adjacent tool calls."""
-    per_call: list[list[tuple[int, dict[str, Any]]]] = []
+    per_call: list[list[tuple[int, dict[str, object]]]] = []
     for index, call in calls:
         entries = [(index, {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}})]
         entries += [(index, {"index": index, "function": {"arguments": p}}) for p in _split(call.arguments, call.pieces)]
         per_call.append(entries)
     if not interleave:
         return [e for entries in per_call for e in entries]
-    out: list[tuple[int, dict[str, Any]]] = []
+    out: list[tuple[int, dict[str, object]]] = []
     longest = max((len(e) for e in per_call), default=0)
     for i in range(longest):
         out.extend(entries[i] for entries in per_call if i < len(entries))
     return out
 
 
-def _with_chunk_delay(steps: list[tuple[Any, ...]], chunk_delay_ms: float) -> list[tuple[Any, ...]]:
+def _with_chunk_delay(steps: list[Step], chunk_delay_ms: float) -> list[Step]:
     if chunk_delay_ms <= 0:
         return steps
-    out: list[tuple[Any, ...]] = []
+    out: list[Step] = []
     for step in steps:
         if out and step[0] in ("chunk", "done"):
             out.append(("delay", chunk_delay_ms))

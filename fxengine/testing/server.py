@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -171,7 +171,7 @@ class ScriptedModel:
         return f"http://{self._host}:{self.port}/v1"
 
     @property
-    def provider(self) -> dict[str, Any]:
+    def provider(self) -> dict[str, object]:
         """A custom-provider dict for `create_engine(provider=...)`."""
         return {
             "name": "scripted",
@@ -318,7 +318,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._stream(reply, completion_id)
 
-    def _send_json(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+    def _send_json(self, status: int, body: Mapping[str, object], headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -329,7 +329,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _send_whole(self, reply: Reply, completion_id: str) -> None:
-        body: dict[str, Any] = {
+        body: dict[str, object] = {
             "id": completion_id,
             "object": "chat.completion",
             "created": int(time.time()),
@@ -349,19 +349,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         try:
             for step in reply.steps(completion_id, int(time.time())):
-                kind = step[0]
-                if kind == "chunk":
+                if step[0] == "chunk":
                     self._write_event(json.dumps(step[1], separators=(",", ":")).encode())
-                elif kind == "done":
+                elif step[0] == "done":
                     self._write_event(b"[DONE]")
                     self.wfile.write(b"0\r\n\r\n")
-                elif kind == "delay":
+                elif step[0] == "delay":
                     if self._pause(step[1] / 1000.0, None):
                         return
-                elif kind == "hold":
+                elif step[0] == "hold":
                     if self._pause(None, self.server.exchange.reach_hold(step[1])):
                         return
-                elif kind == "cut":
+                elif step[0] == "cut":
                     self.close_connection = True
                     return
         except OSError:  # the client went away

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import inspect
 import typing
 from collections.abc import Callable
@@ -12,23 +13,29 @@ import pydantic
 from ..errors import FxToolDefinitionError
 from .definition import Tool, ToolContext
 
-_MISSING: Any = object()
+class _Missing(enum.Enum):
+    """`idempotent` not given (it has no default: every tool must say)."""
+
+    MISSING = enum.auto()
 
 
-def _is_ctx(name: str, annotation: Any) -> bool:
+_MISSING = _Missing.MISSING
+
+
+def _is_ctx(name: str, annotation: object) -> bool:
     return name == "ctx" or annotation is ToolContext
 
 
-def _build(fn: Callable[..., Any], *, idempotent: bool, writes: bool | None, name: str | None, description: str | None) -> Tool:
+def _build(fn: Callable[..., object], *, idempotent: bool, writes: bool | None, name: str | None, description: str | None) -> Tool:
     tool_name = name or fn.__name__
     try:
         hints = typing.get_type_hints(fn)
     except Exception as exc:  # an unresolvable annotation is a definition error, not a crash later
         raise FxToolDefinitionError(f"tool {tool_name}: cannot read its type hints ({exc})") from exc
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = {}  # name -> (annotation, default), as pydantic takes them
     ctx_param: str | None = None
     for param in inspect.signature(fn).parameters.values():
-        annotation = hints.get(param.name, Any)
+        annotation = hints.get(param.name, Any)  # unannotated: any JSON value
         if _is_ctx(param.name, annotation):
             ctx_param = param.name
             continue
@@ -40,23 +47,24 @@ def _build(fn: Callable[..., Any], *, idempotent: bool, writes: bool | None, nam
     schema = model.model_json_schema()
     schema.pop("title", None)
 
-    def arguments(input: Any, ctx: ToolContext) -> dict[str, Any]:
+    def arguments(input: object, ctx: ToolContext) -> dict[str, object]:
         validated = model.model_validate(input if input is not None else {})
         kwargs = {key: getattr(validated, key) for key in fields}
         if ctx_param is not None:
             kwargs[ctx_param] = ctx
         return kwargs
 
-    execute: Callable[[Any, ToolContext], Any]
+    execute: Callable[[object, ToolContext], object]
     if inspect.iscoroutinefunction(fn):
 
-        async def execute_async(input: Any, ctx: ToolContext) -> Any:
-            return await fn(**arguments(input, ctx))
+        async def execute_async(input: object, ctx: ToolContext) -> object:
+            result: object = await fn(**arguments(input, ctx))
+            return result
 
         execute = execute_async
     else:
 
-        def execute_sync(input: Any, ctx: ToolContext) -> Any:
+        def execute_sync(input: object, ctx: ToolContext) -> object:
             return fn(**arguments(input, ctx))
 
         execute = execute_sync
@@ -65,19 +73,19 @@ def _build(fn: Callable[..., Any], *, idempotent: bool, writes: bool | None, nam
 
 
 @overload
-def tool(fn: Callable[..., Any], *, idempotent: bool = ..., writes: bool | None = ..., name: str | None = ...,
+def tool(fn: Callable[..., object], *, idempotent: bool = ..., writes: bool | None = ..., name: str | None = ...,
          description: str | None = ...) -> Tool: ...
 @overload
 def tool(fn: None = None, *, idempotent: bool = ..., writes: bool | None = ..., name: str | None = ...,
-         description: str | None = ...) -> Callable[[Callable[..., Any]], Tool]: ...
+         description: str | None = ...) -> Callable[[Callable[..., object]], Tool]: ...
 def tool(
-    fn: Callable[..., Any] | None = None,
+    fn: Callable[..., object] | None = None,
     *,
-    idempotent: bool = _MISSING,
+    idempotent: bool | _Missing = _MISSING,
     writes: bool | None = None,
     name: str | None = None,
     description: str | None = None,
-) -> Tool | Callable[[Callable[..., Any]], Tool]:
+) -> Tool | Callable[[Callable[..., object]], Tool]:
     """Makes a `Tool` of a function; its parameters become the input schema.
 
     A parameter named `ctx` (or annotated `ToolContext`) receives the call's context.
@@ -93,7 +101,9 @@ def tool(
     if idempotent is _MISSING:
         raise FxToolDefinitionError("@tool needs idempotent=True or idempotent=False")
 
-    def wrap(f: Callable[..., Any]) -> Tool:
-        return _build(f, idempotent=idempotent, writes=writes, name=name, description=description)
+    flag = idempotent
+
+    def wrap(f: Callable[..., object]) -> Tool:
+        return _build(f, idempotent=flag, writes=writes, name=name, description=description)
 
     return wrap(fn) if fn is not None else wrap

@@ -5,16 +5,18 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..errors import FxToolDefinitionError
+from ..limits import JSONValue
 
 _NAME = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 TOOLS_MAX = 64
 
-Execute = Callable[[Any, "ToolContext"], Any]
+# `execute(input, ctx)`: the call's input (its JSON arguments, an object) and context in,
+# the result out (or an awaitable of it); see `runner.format_result`.
+Execute = Callable[[object, "ToolContext"], object]
 
 
 class Signal:
@@ -69,7 +71,7 @@ class ToolContext:
     signal: Signal
     execution_id: str
     session_id: str | None = None
-    context: Any = None
+    context: JSONValue = None
     epoch: int | None = None
 
 
@@ -92,12 +94,12 @@ class Tool:
 
     name: str
     description: str
-    input_schema: Mapping[str, Any]
+    input_schema: Mapping[str, object]
     idempotent: bool
     writes: bool | None = None
     execute: Execute | None = field(default=None, repr=False)
     provider_executed: bool = False
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
@@ -126,7 +128,7 @@ class Tool:
         """True when the call overlaps no other call of its response."""
         return bool(self.writes)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """The tool as a Chat Completions `tools` entry (``{"type": <name>, **options}`` for
         a provider-executed one)."""
         if self.provider_executed:
@@ -137,11 +139,11 @@ class Tool:
         }
 
 
-def _runs_at_provider(input: Any, ctx: ToolContext) -> Any:
+def _runs_at_provider(input: object, ctx: ToolContext) -> object:
     raise RuntimeError("this tool runs at the model provider, not in this process")
 
 
-def provider_tool(name: str, **options: Any) -> Tool:
+def provider_tool(name: str, **options: object) -> Tool:
     """A tool the provider runs, such as AI Gateway's web search (``provider_tool("web_search")``).
 
     It goes to the model in the request's `tools` as ``{"type": name, **options}``; a call
@@ -151,7 +153,7 @@ def provider_tool(name: str, **options: Any) -> Tool:
                 provider_executed=True, options=dict(options))
 
 
-def _from_mapping(spec: Mapping[str, Any]) -> Tool:
+def _from_mapping(spec: Mapping[str, object]) -> Tool:
     """A tool given as a dict: only ``{"name", "provider_executed": True, **options}``."""
     options = dict(spec)
     name = options.pop("name", None)
@@ -162,7 +164,7 @@ def _from_mapping(spec: Mapping[str, Any]) -> Tool:
     return provider_tool(name, **options)
 
 
-def check_tools(tools: Any) -> dict[str, Tool]:
+def check_tools(tools: Iterable[object] | Mapping[str, object] | None) -> dict[str, Tool]:
     """Validates a tool list (or a dict keyed by name) and returns it keyed by name.
 
     An item is a `Tool`, or ``{"name": "web_search", "provider_executed": True}`` for a

@@ -20,7 +20,7 @@ import json
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from ..limits import sniff_image_type
 from .definition import Tool, ToolContext
@@ -56,6 +56,14 @@ def execution_id(session_id: str | None, turn_id: str, step: int, call_id: str) 
     return f"{session_id}:{turn_id}:{step}:{call_id}"
 
 
+class ToolCall(TypedDict):
+    """A call as a model response carries it: `{id, name, arguments}` (the JSON text)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
 @dataclass(frozen=True, slots=True)
 class PlannedCall:
     """One call of a response, as the runner gets it.
@@ -66,7 +74,7 @@ class PlannedCall:
 
     id: str
     name: str
-    input: Any
+    input: object  # the parsed arguments (an object), or their text when `error` is set
     execution_id: str
     error: str | None = None
 
@@ -82,7 +90,7 @@ class ToolOutcome:
     images: list[dict[str, str]] = field(default_factory=list)
 
 
-def parse_arguments(arguments: str) -> tuple[Any, str | None]:
+def parse_arguments(arguments: str) -> tuple[dict[str, object] | None, str | None]:
     """The call's input from its JSON arguments text, or an error message."""
     if not arguments.strip():
         return {}, None
@@ -95,7 +103,7 @@ def parse_arguments(arguments: str) -> tuple[Any, str | None]:
     return value, None
 
 
-def _image(entry: Any, index: int) -> dict[str, str]:
+def _image(entry: object, index: int) -> dict[str, str]:
     if not isinstance(entry, Mapping):
         raise ValueError(f"tool result image {index} must be an object")
     data = entry.get("data")
@@ -124,7 +132,7 @@ def _image(entry: Any, index: int) -> dict[str, str]:
 TOOL_RESULT_TYPES = ("fx.tool-result", "libfx.tool-result")
 
 
-def format_result(value: Any) -> tuple[str, list[dict[str, str]], bool]:
+def format_result(value: object) -> tuple[str, list[dict[str, str]], bool]:
     """(content, images, is_error) of a tool's return value.
 
     A string is sent as is; ``{"type": "fx.tool-result", "text", "images", "isError"?}``
