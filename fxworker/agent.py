@@ -47,6 +47,7 @@ from fxengine.limits import (
 )
 from fxengine.lines import TURN_OPENS, Idle, Line, ModelEvent, StoredLine, TurnEnd, is_model_event
 from fxengine.providers import CatalogCache, ModelSpec, Provider, resolve_provider
+from fxengine.providers.auth import RefreshLockFn
 from fxengine.providers.check import PROVIDER_NAMES
 from fxengine.tools import Tool, check_tools
 from fxengine.turn import TurnResult
@@ -165,7 +166,7 @@ class Agent:
         resize_image: ResizeImage | None = None,
         credentials: Callable[..., object] | None = None,
         on_credentials: Callable[..., object] | None = None,
-        refresh_lock: Callable[..., object] | None = None,
+        refresh_lock: RefreshLockFn | None = None,
         model_catalog: object = None,
     ) -> None:
         if not isinstance(name, str) or not _AGENT_NAME.fullmatch(name):
