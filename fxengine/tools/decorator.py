@@ -11,7 +11,7 @@ from typing import Any, overload
 import pydantic
 
 from ..errors import FxToolDefinitionError
-from .definition import Tool, ToolContext
+from .definition import ApprovalFn, Tool, ToolContext
 
 class _Missing(enum.Enum):
     """`idempotent` not given (it has no default: every tool must say)."""
@@ -26,7 +26,8 @@ def _is_ctx(name: str, annotation: object) -> bool:
     return name == "ctx" or annotation is ToolContext
 
 
-def _build(fn: Callable[..., object], *, idempotent: bool, writes: bool | None, name: str | None, description: str | None) -> Tool:
+def _build(fn: Callable[..., object], *, idempotent: bool, writes: bool | None, name: str | None,
+           description: str | None, approval: bool | ApprovalFn, external: bool) -> Tool:
     tool_name = name or fn.__name__
     try:
         hints = typing.get_type_hints(fn)
@@ -69,15 +70,16 @@ def _build(fn: Callable[..., object], *, idempotent: bool, writes: bool | None, 
 
         execute = execute_sync
     doc = description if description is not None else inspect.cleandoc(fn.__doc__ or "")
-    return Tool(tool_name, doc, schema, idempotent, writes, execute)
+    return Tool(tool_name, doc, schema, idempotent, writes, execute, approval=approval, external=external)
 
 
 @overload
 def tool(fn: Callable[..., object], *, idempotent: bool = ..., writes: bool | None = ..., name: str | None = ...,
-         description: str | None = ...) -> Tool: ...
+         description: str | None = ..., approval: bool | ApprovalFn = ..., external: bool = ...) -> Tool: ...
 @overload
 def tool(fn: None = None, *, idempotent: bool = ..., writes: bool | None = ..., name: str | None = ...,
-         description: str | None = ...) -> Callable[[Callable[..., object]], Tool]: ...
+         description: str | None = ..., approval: bool | ApprovalFn = ...,
+         external: bool = ...) -> Callable[[Callable[..., object]], Tool]: ...
 def tool(
     fn: Callable[..., object] | None = None,
     *,
@@ -85,11 +87,16 @@ def tool(
     writes: bool | None = None,
     name: str | None = None,
     description: str | None = None,
+    approval: bool | ApprovalFn = False,
+    external: bool = False,
 ) -> Tool | Callable[[Callable[..., object]], Tool]:
     """Makes a `Tool` of a function; its parameters become the input schema.
 
     A parameter named `ctx` (or annotated `ToolContext`) receives the call's context.
-    The docstring is the description unless `description` is given.
+    The docstring is the description unless `description` is given. `approval=True` (or
+    `approval=fn(input, ctx) -> bool`) makes a call wait for a person's decision;
+    `external=True` declares a tool the client runs: the signature gives its schema and
+    the body is never run here (docs/design.md §6, paused turns).
 
         @tool(idempotent=True)
         async def lookup(query: str, limit: int = 5) -> list[str]:
@@ -104,6 +111,7 @@ def tool(
     flag = idempotent
 
     def wrap(f: Callable[..., object]) -> Tool:
-        return _build(f, idempotent=flag, writes=writes, name=name, description=description)
+        return _build(f, idempotent=flag, writes=writes, name=name, description=description, approval=approval,
+                      external=external)
 
     return wrap(fn) if fn is not None else wrap

@@ -17,6 +17,9 @@ TOOLS_MAX = 64
 # `execute(input, ctx)`: the call's input (its JSON arguments, an object) and context in,
 # the result out (or an awaitable of it); see `runner.format_result`.
 Execute = Callable[[object, "ToolContext"], object]
+# `approval(input, ctx)`: whether this call waits for a person's decision (a bool, or an
+# awaitable of one); the input is the call's parsed arguments.
+ApprovalFn = Callable[[dict[str, object], "ToolContext"], object]
 
 
 class Signal:
@@ -90,6 +93,11 @@ class Tool:
         provider_executed: the provider runs it (AI Gateway's `web_search`); it is passed
             through in the request and never runs here (`provider_tool`).
         options: for a provider-executed tool, the settings passed with it.
+        approval: True when every call waits for a person's decision before it runs, or
+            `approval(input, ctx) -> bool` to ask only for some calls (a refund above a
+            limit); a call that waits parks its turn `paused` (docs/design.md §6).
+        external: the client runs it: no `execute` here, and its result is the one a
+            client submits (`engine.resume(decisions=...)`); a call parks its turn too.
     """
 
     name: str
@@ -100,6 +108,8 @@ class Tool:
     execute: Execute | None = field(default=None, repr=False)
     provider_executed: bool = False
     options: Mapping[str, object] = field(default_factory=dict)
+    approval: bool | ApprovalFn = field(default=False, repr=False)
+    external: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
@@ -115,8 +125,21 @@ class Tool:
         schema = self.input_schema
         if not isinstance(schema, Mapping) or schema.get("type", "object") != "object":
             raise FxToolDefinitionError(f"tool {self.name}: input_schema must be a JSON schema of type object")
-        if not callable(self.execute):
+        self._check_waiting()
+        if self.external:
+            object.__setattr__(self, "execute", None)  # answered only by a submitted result
+        elif not callable(self.execute):
             raise FxToolDefinitionError(f"tool {self.name}: execute must be callable")
+
+    def _check_waiting(self) -> None:
+        """`approval` and `external`: what makes a call of this tool wait for a decision."""
+        if not isinstance(self.approval, bool) and not callable(self.approval):
+            raise FxToolDefinitionError(f"tool {self.name}: approval must be a bool or a function (input, ctx) -> bool")
+        if not isinstance(self.external, bool):
+            raise FxToolDefinitionError(f"tool {self.name}: external must be a bool")
+        if self.external and (self.approval is not False or self.provider_executed):
+            raise FxToolDefinitionError(
+                f"tool {self.name}: an external tool's submitted result is its decision (no approval, not provider-run)")
 
     @property
     def needs_barrier(self) -> bool:

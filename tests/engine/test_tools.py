@@ -55,6 +55,34 @@ def test_tool_sets_are_checked() -> None:
         check_tools([{"name": "a"}])
 
 
+def test_tools_declare_approval_and_external() -> None:
+    assert Tool("a", "d", SCHEMA, idempotent=True, execute=noop).approval is False
+    assert Tool("b", "d", SCHEMA, idempotent=False, execute=noop, approval=True).approval is True
+    client = Tool("c", "d", SCHEMA, idempotent=False, external=True)
+    assert client.external and client.execute is None
+    for bad in ({"approval": "yes"}, {"external": 1}, {"external": True, "approval": True}):
+        with pytest.raises(FxToolDefinitionError) as refused:
+            Tool("d", "d", SCHEMA, idempotent=True, execute=noop, **bad)
+        assert refused.value.code == "FX_TOOL_INVALID"
+    with pytest.raises(FxToolDefinitionError):
+        Tool("e", "d", SCHEMA, idempotent=True)  # only an external tool goes without execute
+
+    @tool(idempotent=False, approval=lambda input, ctx: input["amount"] > 100)
+    def refund(amount: int) -> str:
+        """Refunds."""
+        return "ok"
+
+    assert callable(refund.approval) and not refund.external
+
+    @tool(idempotent=False, external=True)
+    def pick_file(pattern: str) -> str:
+        """Lets the user pick a file on their machine."""
+        raise AssertionError("an external tool's body never runs")
+
+    assert pick_file.external and pick_file.execute is None
+    assert pick_file.input_schema["required"] == ["pattern"]
+
+
 def test_the_decorator_derives_the_schema_with_pydantic() -> None:
     @tool(idempotent=True)
     def search(query: str, limit: int = 5, ctx: ToolContext | None = None) -> list[str]:
