@@ -6,6 +6,8 @@
     {"type": "tool_start", "id", "name", "input" | ("inputPreview", "inputTruncated"), "step"}
     {"type": "tool_end", "id", "name", "isError", "content"?, "step"}
     {"type": "user_message", "text", "id"}
+    {"type": "approval_request", "id", "name", "kind": "approval" | "external",
+     "input" | ("inputPreview", "inputTruncated"), "step"}
 
 Diagnostics (`transport.*`, `tool.rerun`, `checkpoint.*`, `output.backpressure`) go to
 `on_event` instead and are never stored.
@@ -16,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .lines import MODEL_EVENT_TYPES as MODEL_EVENT_TYPES
+from .lines import approval_request as approval_request
 from .lines import EndBody as EndBody
 from .lines import Event as Event
 from .lines import ModelEvent as ModelEvent

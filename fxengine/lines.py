@@ -6,8 +6,8 @@ Each line is a `TypedDict` whose `type` is a `Literal`, like pydantic-ai's `mess
 `MODEL_EVENT_TYPES` the same for what a turn's iteration yields (docs/design.md §4,
 docs/reference.md "Stream lines"):
 
-    model events   text_delta, reasoning_delta, tool_start, tool_end, user_message
-                   (built by the functions here, emitted by the engine's turn loop)
+    model events   text_delta, reasoning_delta, tool_start, tool_end, user_message,
+                   approval_request (built by the functions here, emitted by the engine's turn loop)
     control lines  turn_start, turn_resume, turn_yield, turn_end, session_error
                    (built here, written by the worker around the engine's events)
     store lines    session_waiting (written by claim.lua); idle (an HTTP answer, never stored)
@@ -114,6 +114,35 @@ class ToolEnd(_Stored):
     messageId: NotRequired[str | None]
 
 
+class ApprovalRequest(_Stored):
+    """A tool call waits for a decision: a person's approval, or a client's result for an
+    external tool (`kind`); its turn parks `paused` until `resume(decisions=...)`."""
+
+    type: Literal["approval_request"]
+    id: str
+    name: str
+    kind: Literal["approval", "external"]
+    input: NotRequired[object]
+    inputPreview: NotRequired[str]
+    inputTruncated: NotRequired[bool]
+    step: int
+    messageId: NotRequired[str | None]
+
+
+class PendingCall(TypedDict):
+    """A call a paused turn waits on (`TurnResult.pending_calls`, `Engine.pending_calls`):
+    what a person or a client needs to decide it."""
+
+    id: str
+    executionId: str
+    name: str
+    kind: Literal["approval", "external"]
+    step: int
+    input: NotRequired[object]
+    inputPreview: NotRequired[str]
+    inputTruncated: NotRequired[bool]
+
+
 class UserMessage(_Stored):
     """A steer the running turn took."""
 
@@ -177,10 +206,11 @@ class Idle(TypedDict):
     requestId: str
 
 
-ModelEvent = TextDelta | ReasoningDelta | ToolStart | ToolEnd | UserMessage
-ModelEventType = Literal["text_delta", "reasoning_delta", "tool_start", "tool_end", "user_message"]
+ModelEvent = TextDelta | ReasoningDelta | ToolStart | ToolEnd | UserMessage | ApprovalRequest
+ModelEventType = Literal["text_delta", "reasoning_delta", "tool_start", "tool_end", "user_message",
+                         "approval_request"]
 MODEL_EVENT_TYPES: Final[tuple[ModelEventType, ...]] = (
-    "text_delta", "reasoning_delta", "tool_start", "tool_end", "user_message")
+    "text_delta", "reasoning_delta", "tool_start", "tool_end", "user_message", "approval_request")
 
 ControlLine = TurnStart | TurnResume | TurnYield | TurnEnd | SessionError
 ControlLineType = Literal["turn_start", "turn_resume", "turn_yield", "turn_end", "session_error"]
@@ -228,16 +258,36 @@ def reasoning_delta(delta: str, step: int) -> Event:
     return {**event}
 
 
+def input_preview(input: object) -> str | None:
+    """None for an input of at most 64 KiB of JSON, else the truncated preview a line
+    carries instead (with `inputTruncated`)."""
+    encoded = json.dumps(input, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    if len(encoded) <= TOOL_INPUT_PREVIEW_MAX_BYTES:
+        return None
+    return encoded[:TOOL_INPUT_PREVIEW_MAX_BYTES].decode("utf-8", "ignore")
+
+
 def tool_start(call_id: str, name: str, input: object, step: int) -> Event:
     """A `tool_start`; an input over 64 KiB of JSON becomes a truncated preview."""
-    encoded = json.dumps(input, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    preview = input_preview(input)
     event: ToolStart
-    if len(encoded) <= TOOL_INPUT_PREVIEW_MAX_BYTES:
+    if preview is None:
         event = {"type": "tool_start", "id": call_id, "name": name, "input": input, "step": step}
     else:
-        preview = encoded[:TOOL_INPUT_PREVIEW_MAX_BYTES].decode("utf-8", "ignore")
         event = {"type": "tool_start", "id": call_id, "name": name, "inputPreview": preview, "inputTruncated": True,
                  "step": step}
+    return {**event}
+
+
+def approval_request(call: PendingCall) -> Event:
+    """An `approval_request` for a call a turn parks on (its input as `tool_start` has it)."""
+    event: ApprovalRequest = {"type": "approval_request", "id": call["id"], "name": call["name"],
+                              "kind": call["kind"], "step": call["step"]}
+    if "input" in call:
+        event["input"] = call["input"]
+    else:
+        event["inputPreview"] = call.get("inputPreview", "")
+        event["inputTruncated"] = True
     return {**event}
 
 

@@ -141,6 +141,18 @@ function render(line) {
       t.lastText = null;
       break;
     }
+    case "approval_request": {
+      // A call the turn parks on until a person approves it (or a client submits its result).
+      const box = el("div", "tool waiting");
+      box.dataset.toolId = line.id;
+      box.appendChild(el("div", "", "→ " + line.name));
+      box.appendChild(el("pre", "", line.inputTruncated ? line.inputPreview + "…" : JSON.stringify(line.input)));
+      box.appendChild(el("div", "note", line.kind === "external" ? "waiting for the client's result" : "waiting for approval"));
+      t.body.appendChild(box);
+      t.tools.set(line.id, box);
+      t.lastText = null;
+      break;
+    }
     case "tool_end": {
       const box = t.tools.get(line.id) || t.body.appendChild(el("div", "tool"));
       if (line.isError) box.classList.add("error");
