@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .approvals import Decision, approve, deny, submit_result
 from .engine import Engine, create_engine
 from .errors import (
     FxError,
@@ -17,6 +18,7 @@ from .errors import (
     FxToolDefinitionError,
 )
 from .limits import check_prompt_input
+from .lines import PendingCall
 from .models.sse import BUILD
 from .persistence import JournalRecord, Loaded, MemoryPersistence, Persistence, StoredCheckpoint
 from .providers import list_models
@@ -41,6 +43,12 @@ __all__ = [
     "ToolContext",
     "provider_tool",
     "tool",
+    # paused turns: the calls they wait on and the decisions that resume them
+    "Decision",
+    "PendingCall",
+    "approve",
+    "deny",
+    "submit_result",
     # input checks
     "check_prompt_input",
     # errors

@@ -35,6 +35,9 @@ class Code(StrEnum):
     TURN_RUNNING = "FX_TURN_RUNNING"
     ENGINE_CLOSED = "FX_ENGINE_CLOSED"
     DETACHED = "FX_DETACHED"
+    DECISION_INVALID = "FX_DECISION_INVALID"
+    DECISION_UNKNOWN_CALL = "FX_DECISION_UNKNOWN_CALL"
+    DECISION_REPEATED = "FX_DECISION_REPEATED"
 
     # -- limits ------------------------------------------------------------------------------
     LIMIT = "FX_LIMIT"

@@ -11,13 +11,18 @@ Messages are kept provider-neutral:
 Tool results reach the history in the order the model called them, once every call of
 the response is answered; user text that arrives meanwhile (a steer, the resume notice)
 waits behind them, because a Chat Completions history must answer every call first.
+
+A call that waits for a decision (a tool with `approval`, or an `external` one) is
+`awaiting` from its `tool_wait` record until a `tool_approved` or a `tool_result` (a
+denial, a submitted result) decides it; a `turn_pause` parks the turn until then, and a
+turn that ends first answers its awaiting calls as denied.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NotRequired, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 from .errors import FxJournalError
 from .limits import Block
@@ -27,6 +32,11 @@ from .tools.runner import ToolCall
 from .usage import add_usage, clean_usage
 
 ENDED_UNANSWERED = "The turn ended before this call finished."
+
+
+def denied(reason: str) -> str:
+    """What the model reads for a call a person (or the turn's end) denied."""
+    return f"The user denied this tool call: {reason}"
 
 
 # The bodies of the journal events the fold reads (see `fxengine.journal.records`).
@@ -56,6 +66,24 @@ class ModelResponseBody(TypedDict):
 
 class ToolResultBody(ToolResult):
     step: int
+
+
+class AwaitingCall(TypedDict):
+    """A call that waits for a decision: a person's (`approval`) or a client's result (`external`)."""
+
+    id: str
+    name: str
+    kind: Literal["approval", "external"]
+
+
+class ToolWaitBody(TypedDict):
+    step: int
+    calls: list[AwaitingCall]
+
+
+class ToolApprovedBody(TypedDict):
+    step: int
+    id: str
 
 
 class AcceptedBody(TypedDict):
@@ -106,6 +134,9 @@ class OpenTurn:
     responded: list[int] = field(default_factory=list)
     pending: Pending | None = None
     deferred: list[Message] = field(default_factory=list)
+    awaiting: list[AwaitingCall] = field(default_factory=list)  # calls of `pending` waiting for a decision
+    decided: list[str] = field(default_factory=list)  # ids of `pending`'s calls a decision answered
+    paused: bool = False  # parked until its awaiting calls are decided (`turn_pause`)
 
     def to_dict(self) -> OpenTurnState:
         return {
@@ -118,6 +149,9 @@ class OpenTurn:
             "responded": list(self.responded),
             "pending": self.pending,
             "deferred": list(self.deferred),
+            "awaiting": list(self.awaiting),
+            "decided": list(self.decided),
+            "paused": self.paused,
         }
 
     @classmethod
@@ -132,6 +166,9 @@ class OpenTurn:
             responded=list(raw.get("responded") or []),
             pending=raw.get("pending"),
             deferred=list(raw.get("deferred") or []),
+            awaiting=list(raw.get("awaiting") or []),
+            decided=list(raw.get("decided") or []),
+            paused=bool(raw.get("paused", False)),
         )
 
     @property
@@ -141,6 +178,13 @@ class OpenTurn:
             return []
         results = self.pending["results"]
         return [c for c in self.pending["calls"] if c["id"] not in results]
+
+    @property
+    def left_running(self) -> list[ToolCall]:
+        """Unanswered calls that do not wait for a decision: those a stopped engine left
+        running (or never started), in call order."""
+        waiting = {call["id"] for call in self.awaiting}
+        return [c for c in self.unanswered if c["id"] not in waiting]
 
     @property
     def retract(self) -> list[int]:
@@ -168,6 +212,9 @@ class OpenTurnState(TypedDict):
     responded: NotRequired[list[int]]
     pending: NotRequired[Pending | None]
     deferred: NotRequired[list[Message]]
+    awaiting: NotRequired[list[AwaitingCall]]
+    decided: NotRequired[list[str]]
+    paused: NotRequired[bool]
 
 
 class ConversationState(TypedDict, total=False):
@@ -259,6 +306,7 @@ class Conversation:
             self.messages.append({"role": "assistant", "content": content, "tool_calls": calls})
         if calls:
             turn.pending = {"step": step, "calls": calls, "results": {}}
+            turn.awaiting, turn.decided = [], []
 
     def _on_tool_result(self, body: ToolResultBody) -> None:
         turn = self._require_open()
@@ -269,14 +317,33 @@ class Conversation:
         if body.get("images"):
             result["images"] = body["images"]
         turn.pending["results"][body["id"]] = result
+        self._decide(turn, body["id"])
         self._settle()
+
+    def _decide(self, turn: OpenTurn, call_id: str) -> None:
+        """A decision (or a result) answered an awaiting call."""
+        if any(call["id"] == call_id for call in turn.awaiting):
+            turn.awaiting = [call for call in turn.awaiting if call["id"] != call_id]
+            turn.decided.append(call_id)
+
+    def _on_tool_wait(self, body: ToolWaitBody) -> None:
+        turn = self._require_open()
+        unanswered = {call["id"] for call in turn.unanswered}
+        turn.awaiting = [{"id": c["id"], "name": c["name"], "kind": c["kind"]} for c in body["calls"]
+                         if c["id"] in unanswered]
+
+    def _on_tool_approved(self, body: ToolApprovedBody) -> None:
+        self._decide(self._require_open(), body["id"])
+
+    def _on_turn_pause(self, body: Mapping[str, object]) -> None:
+        self._require_open().paused = True
 
     def _on_accepted(self, body: AcceptedBody) -> None:
         self._user({"role": "user", "blocks": [{"type": "text", "text": body["text"]}]})
 
     def _on_resumed(self, body: ResumedBody) -> None:
         turn = self._require_open()
-        turn.yielded = False
+        turn.yielded = turn.paused = False
         if body.get("interrupted"):
             self._user({"role": "user", "blocks": [{"type": "text", "text": RESUME_NOTICE}]})
 
@@ -288,9 +355,13 @@ class Conversation:
         if turn is None:
             return
         if turn.pending is not None:
+            waiting = {call["id"] for call in turn.awaiting}
+            reason = body.get("stopReason") or "the turn ended"
             for call in turn.unanswered:
+                content = denied(reason) if call["id"] in waiting else ENDED_UNANSWERED
                 turn.pending["results"][call["id"]] = {
-                    "id": call["id"], "name": call["name"], "content": ENDED_UNANSWERED, "isError": True}
+                    "id": call["id"], "name": call["name"], "content": content, "isError": True}
+            turn.awaiting = []
             self._settle()
         self.messages.extend(turn.deferred)
         self.last_turn_id = turn.id

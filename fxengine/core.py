@@ -176,6 +176,13 @@ class EngineCore:
             self.report_end("turn_end", turn_id, dict(body))
             self.commit("turn_end", dict(body), marks=[{"end": True}])
 
+    def pause_turn(self) -> None:
+        """Parks the open turn until its awaiting calls are decided (`turn_pause`), unless
+        it is parked already: a resume with no decision records nothing."""
+        turn = self.conversation.open
+        if turn is not None and not turn.paused:
+            self.commit("turn_pause", {})
+
     def commit(self, kind: str, body: dict[str, object], *, marks: list[Mark] | None = None, barrier: bool = False,
                want_ack: bool = False) -> asyncio.Future[str | None] | None:
         """Applies one event to the conversation and queues it for the journal."""

@@ -21,11 +21,13 @@ from typing import Unpack
 
 import httpx
 
+from .approvals import check_decisions, pending_calls
 from .codes import Code
 from .core import EngineCore, EventSink, OnEvent
 from .errors import FxError, FxInputError, FxJournalAppendError
 from .events import end_body
 from .ids import new_turn_id
+from .lines import PendingCall
 from .limits import (
     INSTRUCTIONS_MAX_BYTES,
     Block,
@@ -242,8 +244,17 @@ class Engine:
         yield_at: float | None = None,
         no_rerun: bool = False,
         next_step: int | None = None,
+        decisions: Mapping[str, object] | None = None,
     ) -> Turn | None:
         """Continues the turn the last engine left open, or returns None when there is none.
+
+        A `paused` turn continues with `decisions`, ``{call id: decision}`` for the calls
+        it waits on (`pending_calls`): ``{"type": "approve"}``, ``{"type": "deny",
+        "reason"?}``, or for an external tool ``{"type": "result", "result", "isError"?}``
+        (`fxengine.approvals`). Every decision is journaled before anything runs; an
+        approved call then runs once under the rules below. Calls not decided keep
+        waiting: the turn ends `paused` again without a model request (with no decision
+        at all it records nothing).
 
         A call that finished keeps its result; an idempotent call left running is rerun
         with the same `execution_id` (`tool.rerun` on `on_event`); any other is answered
@@ -252,6 +263,11 @@ class Engine:
         `no_rerun=True` answers every call left running that way. The model is told
         "Resuming from unexpected session interruption." unless the turn had yielded.
         `next_step` sets the number of the next model step.
+
+        Raises:
+            FxInputError: `FX_DECISION_INVALID`, `FX_DECISION_UNKNOWN_CALL` or
+                `FX_DECISION_REPEATED` for a decision that cannot apply (nothing is
+                journaled); `FX_INVALID_INPUT` for a bad option.
         """
         self._check_usable()
         if on_ambiguous is not None and not callable(on_ambiguous):
@@ -260,10 +276,11 @@ class Engine:
             raise FxInputError("next_step must be a positive integer")
         yield_at = _check_yield_at(yield_at)
         open_turn = self.core.conversation.open
+        decided = check_decisions(open_turn, decisions) if decisions is not None else []
         if open_turn is None:
             return None
         runner = self._runner(open_turn.id, yield_at=yield_at, resume=True, on_ambiguous=on_ambiguous,
-                             no_rerun=no_rerun, next_step=next_step)
+                             no_rerun=no_rerun, next_step=next_step, decisions=decided)
         self._running = runner
         runner.start()
         return Turn(runner)
@@ -271,7 +288,9 @@ class Engine:
     async def end_open_turn(self, stop_reason: str = "cancelled", error: dict[str, object] | None = None) -> TurnResult | None:
         """Closes the open turn without running it (e.g. after 3 cut-offs of a model request).
 
-        Calls it left running are answered as unfinished. Returns None when no turn is open.
+        Calls it left running are answered as unfinished; calls a paused turn waits on are
+        answered as denied (the model reads "The user denied this tool call: <stop reason>").
+        Returns None when no turn is open.
         """
         self._check_usable()
         open_turn = self.core.conversation.open
@@ -296,13 +315,20 @@ class Engine:
 
     @property
     def open_turn(self) -> dict[str, object] | None:
-        """The turn that started and has not ended: ``{turnId, yielded, step, responses,
-        running, inFlight}``, or None."""
+        """The turn that started and has not ended: ``{turnId, yielded, paused, step,
+        responses, running, inFlight, usage, pendingCalls}``, or None."""
         turn = self.core.conversation.open
         if turn is None:
             return None
-        return {"turnId": turn.id, "yielded": turn.yielded, "step": turn.step, "responses": turn.responses,
-                "running": self._running is not None, "inFlight": self.in_flight, "usage": dict(turn.usage)}
+        return {"turnId": turn.id, "yielded": turn.yielded, "paused": turn.paused, "step": turn.step,
+                "responses": turn.responses, "running": self._running is not None, "inFlight": self.in_flight,
+                "usage": dict(turn.usage), "pendingCalls": self.pending_calls}
+
+    @property
+    def pending_calls(self) -> list[PendingCall]:
+        """The calls the open turn waits on for a decision (`TurnResult.pending_calls`), in
+        call order; empty when none waits."""
+        return pending_calls(self.core)
 
     @property
     def in_flight(self) -> dict[str, object] | None:
@@ -314,7 +340,7 @@ class Engine:
         turn = self.core.conversation.open
         if turn is None:
             return None
-        unanswered = turn.unanswered
+        unanswered = turn.left_running  # a call waiting for a decision is not in flight
         if unanswered and turn.pending is not None:
             return {"kind": "tool", "step": int(turn.pending["step"]),
                     "calls": [{"id": c["id"], "name": c["name"]} for c in unanswered]}

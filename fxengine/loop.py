@@ -13,8 +13,10 @@ callbacks (`on_finish`, `on_detach`); the runner never touches its owner's state
 
 The runner keeps the phase, the halt and the order of steps; the work of each part is a
 collaborator's: the start of a new turn (`opening.TurnOpening`), the steers waiting for
-the next safe point (`steering.SteerQueue`), one model step (`streaming.ModelStream`) and
-a step's tool calls, or those a crashed turn left running (`tool_calls.ToolCalls`).
+the next safe point (`steering.SteerQueue`), one model step (`streaming.ModelStream`), a
+step's tool calls, or those a crashed turn left running (`tool_calls.ToolCalls`), and the
+calls that wait for a person's or a client's decision (`approvals.Approvals`): a turn with
+such calls undecided stops `paused` and stays open.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypedDict
 
 from . import events as ev
+from .approvals import Approvals, Decided, pending_calls
 from .codes import Code
 from .errors import FxError, FxInputError, FxJournalAppendError, FxSteerDeferredError
 from .ids import now_ms
@@ -76,6 +79,7 @@ class TurnOptions(TypedDict, total=False):
     on_ambiguous: OnAmbiguous | None
     no_rerun: bool
     next_step: int | None
+    decisions: list[Decided] | None
 
 
 class TurnRunner:
@@ -100,6 +104,7 @@ class TurnRunner:
         on_ambiguous: OnAmbiguous | None = None,
         no_rerun: bool = False,
         next_step: int | None = None,
+        decisions: list[Decided] | None = None,
     ) -> None:
         self.core = core
         self.turn_id = turn_id
@@ -126,6 +131,7 @@ class TurnRunner:
         self._stream = ModelStream(core, events=self.events, halted=lambda: self._halt is not None)
         self._calls = ToolCalls(core, turn_id, signal=self.signal, events=self.events,
                                 raise_if_halted=self._raise_if_halted, on_ambiguous=on_ambiguous, no_rerun=no_rerun)
+        self._approvals = Approvals(core, turn_id, signal=self.signal, events=self.events, decisions=decisions)
 
     def __repr__(self) -> str:
         halt = f" halt={self._halt.name}" if self._halt is not None else ""
@@ -289,11 +295,14 @@ class TurnRunner:
             elif (result := self._halted_result(usage)) is None:
                 stop, error = outcome if outcome is not None else ("cancelled", None)
                 self._record_partial()
-                core.end_turn(self.turn_id, None if stop == "yielded" else ev.end_body(stop, usage, error))
+                if stop == "paused":
+                    core.pause_turn()
+                else:
+                    core.end_turn(self.turn_id, None if stop == "yielded" else ev.end_body(stop, usage, error))
                 await core.journal.flush()
                 result = self._halted_result(usage)  # a failure or detach during the flush
                 if result is None:
-                    result = TurnResult(stop, usage, error)
+                    result = TurnResult(stop, usage, error, pending_calls=pending_calls(core) if stop == "paused" else [])
                     await core.save_checkpoint()
         except Exception as exc:  # never leave a caller waiting on result()
             result = TurnResult("error", usage, {"code": Code.ERROR, "message": f"internal error: {exc!r}"})
@@ -317,7 +326,8 @@ class TurnRunner:
     async def _run(self) -> Stop:
         """The turn: opened (or resumed), then model steps and their tools until it stops."""
         if self._resume:
-            await self._reopen()
+            if not await self._reopen():
+                return ("paused", None)
             first_barrier, requested = None, None
         else:
             if not await self._opening.prepared():
@@ -368,15 +378,26 @@ class TurnRunner:
         asked of the turn before that request yet."""
         return not self._steers and not self._yield_requested and self._next_step is None
 
-    async def _reopen(self) -> None:
-        """Journals the resume and settles the tool calls the crashed turn left running."""
+    async def _reopen(self) -> bool:
+        """Journals the resume and its decisions, settles the tool calls the crashed turn
+        left running and runs the approved ones; False when calls still wait for a decision.
+
+        A paused turn resumed with no decision records nothing and stays paused. A paused
+        turn was not interrupted: the model is not told so."""
         turn = self.core.conversation.open
         assert turn is not None
-        unanswered = turn.unanswered
+        if turn.paused and not self._approvals.decisions:
+            return False
+        left_running = turn.left_running  # before the decisions: an approved call is not one of them
         pending_step = int(turn.pending["step"]) if turn.pending else 0
-        self.core.commit("resumed", {"interrupted": not turn.yielded, "retract": self.retract_candidates})
-        if unanswered:
-            await self._calls.resume(pending_step, unanswered)
+        interrupted = not turn.yielded and not turn.paused
+        self.core.commit("resumed", {"interrupted": interrupted, "retract": self.retract_candidates})
+        approved, barrier = await self._approvals.decide(pending_step, self._calls)
+        if left_running:
+            await self._calls.resume(pending_step, left_running)
+        if approved:
+            await self._calls.run(pending_step, approved, barrier)
+        return not self._approvals.waiting
 
     def _stop_before_request(self, first: bool) -> Stop | None:
         """Why the turn stops before its next model request, if it does."""
@@ -401,6 +422,7 @@ class TurnRunner:
                                        "finishReason": finish, "usage": out.usage, "cut": cut}
         if out.reasoning:
             response["reasoning"] = "".join(out.reasoning)
+        held = await self._approvals.classify(step, calls)
         barrier = self._calls.needs_barrier(calls)
         self._stream.forget()
         response_future = core.commit("model_response", response, marks=[DONE], barrier=barrier,
@@ -416,5 +438,7 @@ class TurnRunner:
                 return None
             self._phase = Phase.ENDING
             return ("end_turn", None)
-        await self._calls.run(step, calls, response_future)
-        return None
+        runnable = await self._approvals.hold(step, calls, held)
+        if runnable:
+            await self._calls.run(step, runnable, response_future)
+        return ("paused", None) if self._approvals.waiting else None

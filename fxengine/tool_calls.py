@@ -128,8 +128,7 @@ class ToolCalls:
             tracing.end_tool_span(spans.pop(call.id, None), is_error=outcome.is_error)
             if self._signal.aborted:
                 return  # a late result after a cancel is dropped (the turn end answers the call)
-            content = self._content(outcome)
-            self._record(step, call, outcome, content)
+            content = self.record(step, outcome)
             await self._events.put(ev.tool_end(call.id, call.name, is_error=outcome.is_error, content=content,
                                                step=step))
 
@@ -152,13 +151,16 @@ class ToolCalls:
                                       f"model {core.spec.id} does not take images, so they were not sent]")
         return outcome.content
 
-    def _record(self, step: int, call: PlannedCall, outcome: ToolOutcome, content: str) -> None:
+    def record(self, step: int, outcome: ToolOutcome) -> str:
+        """Records a call's result (`tool_result`); the text the model reads."""
+        content = self._content(outcome)
         images = outcome.images if self._core.takes_images else []
-        body: dict[str, object] = {"step": step, "id": call.id, "name": call.name, "content": content,
+        body: dict[str, object] = {"step": step, "id": outcome.id, "name": outcome.name, "content": content,
                                    "isError": outcome.is_error}
         if images:
             body["images"] = images
         self._core.commit("tool_result", body, marks=[DONE])
+        return content
 
     async def resume(self, step: int, unanswered: list[ToolCall]) -> None:
         """Decides each call the crashed turn left running: rerun it or answer it as ambiguous."""

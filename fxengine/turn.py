@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from .events import Event, event_size
+from .lines import PendingCall
 
 # An unread turn pauses production at this many events or bytes (backpressure).
 BUFFER_MAX_EVENTS = 256
@@ -22,14 +23,18 @@ class TurnResult:
 
     Attributes:
         stop_reason: `end_turn`, `max_output_tokens`, `max_model_turns`, `refused`,
-            `cancelled`, `error`, `yielded`, or `unknown` (the turn was detached: it
-            stays open in the journal).
+            `cancelled`, `error`, `yielded`, `paused` (tool calls wait for a decision:
+            the turn stays open in the journal, see `pending_calls`), or `unknown` (the
+            turn was detached: it stays open in the journal).
         usage: tokens summed over the turn's steps (camelCase keys, only those reported).
         error: ``{"code", "message", "cause"?}`` when `stop_reason` is `error`.
         repeated: True when the result is that of a turn that had already ended.
         detached: True when `detach()` stopped the turn and nothing more was written.
         message_id: the turn's id (its prompt's message id), when known.
         epoch: for a session turn, the lease epoch of the worker that ended it.
+        pending_calls: for a `paused` turn, the calls it waits on (``{id, executionId,
+            name, kind: "approval" | "external", step, input | inputPreview}``), to be
+            decided by `engine.resume(decisions=...)`.
     """
 
     stop_reason: str
@@ -39,6 +44,7 @@ class TurnResult:
     detached: bool = False
     message_id: str | None = None
     epoch: int | None = None
+    pending_calls: list[PendingCall] = field(default_factory=list)
 
 
 class TurnDriver(Protocol):

@@ -38,7 +38,7 @@ LAYERS: list[list[str]] = [
     ["fxengine.conversation"],
     ["fxengine.core"],
     ["fxengine.turn"],
-    ["fxengine.opening", "fxengine.steering", "fxengine.streaming", "fxengine.tool_calls"],
+    ["fxengine.opening", "fxengine.steering", "fxengine.streaming", "fxengine.tool_calls", "fxengine.approvals"],
     ["fxengine.loop"],
     ["fxengine.engine"],
     ["fxengine"],

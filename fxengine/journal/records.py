@@ -8,6 +8,11 @@ the previous append was in flight, in order. Each event is ``[kind, body]``:
     model_response {step, content, reasoning?, toolCalls: [{id, name, arguments}],
                     finishReason, usage, cut}              cut: steered or cancelled mid-stream
     tool_result    {step, id, name, content, isError, images?}
+                                                           also a denial or an external tool's submitted result
+    tool_wait      {step, calls: [{id, name, kind}]}       calls of the step that wait for a decision
+                                                           (kind "approval" or "external")
+    tool_approved  {step, id}                              a waiting call was approved: it runs next
+    turn_pause     {}                                      the turn parked until its calls are decided
     accepted       {id, text}                              marks {accepted: id}: a steer joined
     resumed        {interrupted, retract: [step]}          a later engine continued the turn
     turn_yield     {}                                      marks {yield: True}
@@ -35,10 +40,12 @@ ENGINE_VERSION = "0.1.0"
 CHECKPOINT_MAX_BYTES = 4 * 1024 * 1024
 
 EventKind = Literal[
-    "turn_start", "model_request", "model_response", "tool_result", "accepted", "resumed", "turn_yield", "turn_end"
+    "turn_start", "model_request", "model_response", "tool_result", "tool_wait", "tool_approved", "accepted",
+    "resumed", "turn_yield", "turn_pause", "turn_end"
 ]
 EVENT_KINDS: frozenset[str] = frozenset(
-    ("turn_start", "model_request", "model_response", "tool_result", "accepted", "resumed", "turn_yield", "turn_end")
+    ("turn_start", "model_request", "model_response", "tool_result", "tool_wait", "tool_approved", "accepted",
+     "resumed", "turn_yield", "turn_pause", "turn_end")
 )
 JournalEvent = tuple[str, dict[str, object]]
 
