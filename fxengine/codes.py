@@ -38,6 +38,7 @@ class Code(StrEnum):
     DECISION_INVALID = "FX_DECISION_INVALID"
     DECISION_UNKNOWN_CALL = "FX_DECISION_UNKNOWN_CALL"
     DECISION_REPEATED = "FX_DECISION_REPEATED"
+    TOOL_WAITS_UNSUPPORTED = "FX_TOOL_WAITS_UNSUPPORTED"
 
     # -- limits ------------------------------------------------------------------------------
     LIMIT = "FX_LIMIT"

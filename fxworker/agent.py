@@ -34,7 +34,7 @@ from typing import NotRequired, TypedDict, TypeVar
 
 from fxengine.codes import Code
 from fxengine.engine import check_max_model_turns
-from fxengine.errors import FxInputError
+from fxengine.errors import FxInputError, FxToolDefinitionError
 from fxengine.limits import (
     Block,
     ResizeImage,
@@ -107,6 +107,17 @@ def check_cursor(cursor: object) -> int:
     return cursor
 
 
+def _check_no_waiting_tools(tools: Sequence[Tool]) -> None:
+    """Raises `FX_TOOL_WAITS_UNSUPPORTED` for a tool whose calls wait for a decision: the
+    engine parks such a turn (`paused`), but a worker does not yet park its session."""
+    waiting = [tool.name for tool in tools if tool.external or tool.approval is not False]
+    if waiting:
+        raise FxToolDefinitionError(
+            f"tool(s) {', '.join(waiting)} wait for a decision (approval= or external=True); in this release a turn "
+            "that waits runs on the engine alone (fxengine.create_engine, then engine.resume(decisions=...)), not on "
+            "an Agent's workers", code=Code.TOOL_WAITS_UNSUPPORTED)
+
+
 class Agent:
     """Configuration of one agent: name, model, instructions, tools, provider, store, limits.
 
@@ -138,7 +149,8 @@ class Agent:
 
     Raises:
         FxAgentExistsError: this process already has an agent of this name.
-        FxToolDefinitionError: a tool does not declare `idempotent`.
+        FxToolDefinitionError: a tool does not declare `idempotent`, or its calls wait for a
+            decision (`FX_TOOL_WAITS_UNSUPPORTED`: such turns run on the engine alone for now).
         FxInputError: a bad model (`FX_INVALID_INPUT`, `FX_MODEL_UNKNOWN`,
             `FX_MODEL_UNSUPPORTED_EFFORT` / `_FAST` / `_ULTRAFAST`), provider
             (`FX_PROVIDER_INVALID`), instructions (`FX_INVALID_INPUT`,
@@ -196,6 +208,7 @@ class Agent:
         self.model = model
         self.instructions = instructions
         self.tools = list(check_tools(tools).values())
+        _check_no_waiting_tools(self.tools)
         self.provider = resolved
         self.api_key = api_key
         self.on_event = on_event
