@@ -5,6 +5,7 @@ Everything module-scoped: worker processes are started once per test module and 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -94,6 +95,23 @@ def embedded_agent(
     finally:
         embedded.stop_embedded_workers()
         a.close()
+
+
+async def wait_idle(agent: Any, session_id: str, *, timeout_s: float, drained: bool = True) -> Any:
+    """The session's state once it is idle (and, when `drained`, with no input waiting);
+    fails after `timeout_s`. Reads the store every 20 ms: nothing signals an idle session."""
+    async def idle() -> Any:
+        while True:
+            state = await agent.store.state(session_id)
+            if state is not None and state.status == "idle" and (not drained or state.pending == 0):
+                return state
+            await asyncio.sleep(0.02)
+    return await asyncio.wait_for(idle(), timeout_s)
+
+
+async def stored_lines(agent: Any, session_id: str) -> list[dict[str, Any]]:
+    """Every line of the session's stream, as the store holds them."""
+    return list(await agent.store.read_lines(session_id, 0, count=10_000))
 
 
 @pytest.fixture(scope="module")

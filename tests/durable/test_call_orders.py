@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from fxengine.testing import ScriptedModel
 from fxworker import Agent, embedded
-from tests.durable.conftest import embedded_agent
+from tests.durable.conftest import embedded_agent, stored_lines, wait_idle
 
 IDLE_TIMEOUT_S = 10.0
 
@@ -26,21 +25,6 @@ def agent(model: ScriptedModel) -> Iterator[Agent]:
         yield a
 
 
-async def _idle(agent: Agent, session_id: str) -> Any:
-    """The session's state once it is idle; fails after IDLE_TIMEOUT_S."""
-    async def idle() -> Any:
-        while True:
-            state = await agent.store.state(session_id)
-            if state is not None and state.status == "idle":
-                return state
-            await asyncio.sleep(0.02)
-    return await asyncio.wait_for(idle(), IDLE_TIMEOUT_S)
-
-
-async def _lines(agent: Agent, session_id: str) -> list[dict[str, Any]]:
-    return list(await agent.store.read_lines(session_id, 0, count=10_000))
-
-
 async def test_a_cancel_before_any_worker_ends_the_prompt_once(agent: Agent, model: ScriptedModel) -> None:
     session = agent.session()
     turn = await session.prompt("never run")
@@ -49,8 +33,8 @@ async def test_a_cancel_before_any_worker_ends_the_prompt_once(agent: Agent, mod
     embedded.start_embedded_workers(1)
     result = await asyncio.wait_for(turn.result(), IDLE_TIMEOUT_S)
     assert result.stop_reason == "cancelled"
-    state = await _idle(agent, session.id)
-    lines = await _lines(agent, session.id)
+    state = await wait_idle(agent, session.id, timeout_s=IDLE_TIMEOUT_S, drained=False)
+    lines = await stored_lines(agent, session.id)
     assert [line["type"] for line in lines] == ["turn_start", "turn_end"], lines
     assert lines[-1]["stopReason"] == "cancelled" and lines[-1]["messageId"] == turn.message_id
     assert state.epoch == 1 and state.pending == 0, state
@@ -69,8 +53,8 @@ async def test_a_steer_then_a_cancel_before_any_worker_end_once_each(agent: Agen
     await session.cancel()
     embedded.start_embedded_workers(1)
     assert (await asyncio.wait_for(turn.result(), IDLE_TIMEOUT_S)).stop_reason == "cancelled"
-    state = await _idle(agent, session.id)
-    lines = await _lines(agent, session.id)
+    state = await wait_idle(agent, session.id, timeout_s=IDLE_TIMEOUT_S, drained=False)
+    lines = await stored_lines(agent, session.id)
     ends = [line for line in lines if line["type"] == "turn_end"]
     assert len(ends) == 2 and ends[0]["stopReason"] == "cancelled" and ends[1]["stopReason"] == "end_turn", lines
     assert len(lines) <= 12 and state.epoch <= 2 and state.pending == 0, (state, lines)
@@ -81,8 +65,8 @@ async def test_a_cancel_of_a_steer_alone_before_any_worker_ends_it_once(agent: A
     await session.steer("a steer with no turn to join")
     await session.cancel()
     embedded.start_embedded_workers(1)
-    state = await _idle(agent, session.id)
-    lines = await _lines(agent, session.id)
+    state = await wait_idle(agent, session.id, timeout_s=IDLE_TIMEOUT_S, drained=False)
+    lines = await stored_lines(agent, session.id)
     ends = [line for line in lines if line["type"] == "turn_end"]
     assert [e["stopReason"] for e in ends] == ["cancelled"], lines
     assert len(lines) <= 4 and state.epoch == 1 and state.pending == 0, (state, lines)
@@ -106,6 +90,6 @@ async def test_a_session_claimed_again_and_again_without_progress_ends_its_head(
     assert result.stop_reason == "error" and result.error["code"] == "FX_NO_PROGRESS", result
     assert (await asyncio.wait_for(behind.result(), IDLE_TIMEOUT_S)).stop_reason == "end_turn"
     # The count restarted with that progress: the next claims start from one again.
-    state = await _idle(agent, session.id)
+    state = await wait_idle(agent, session.id, timeout_s=IDLE_TIMEOUT_S, drained=False)
     claim = await agent.store.claim(session.id, holder="after", lease_ms=5000)
     assert claim is not None and claim.futile == 1, (state, claim)

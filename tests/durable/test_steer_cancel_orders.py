@@ -18,7 +18,7 @@ import pytest
 from fxengine.testing import Reply, ScriptedModel, text, tool_call
 from fxengine.tools import Tool
 from fxworker import Agent
-from tests.durable.conftest import embedded_agent, last_message_text
+from tests.durable.conftest import embedded_agent, last_message_text, stored_lines, wait_idle
 
 IDLE_TIMEOUT_S = 10.0
 
@@ -58,16 +58,6 @@ def agent(model: ScriptedModel) -> Iterator[Agent]:
         yield a
 
 
-async def _idle(agent: Agent, session_id: str) -> Any:
-    async def idle() -> Any:
-        while True:
-            state = await agent.store.state(session_id)
-            if state is not None and state.status == "idle" and state.pending == 0:
-                return state
-            await asyncio.sleep(0.02)
-    return await asyncio.wait_for(idle(), IDLE_TIMEOUT_S)
-
-
 async def test_steers_a_cancelled_turn_never_placed_run_next_before_later_prompts(agent: Agent) -> None:
     session = agent.session()
     first = await session.prompt("wait", message_id="p1")
@@ -80,8 +70,8 @@ async def test_steers_a_cancelled_turn_never_placed_run_next_before_later_prompt
     await session.prompt("p3", message_id="p3")
     assert await first.cancel()
     assert (await asyncio.wait_for(first.result(), IDLE_TIMEOUT_S)).stop_reason == "cancelled"
-    await _idle(agent, session.id)
-    lines = list(await agent.store.read_lines(session.id, 0, count=10_000))
+    await wait_idle(agent, session.id, timeout_s=IDLE_TIMEOUT_S)
+    lines = await stored_lines(agent, session.id)
     starts = [line["messageId"] for line in lines if line["type"] == "turn_start"]
     ends = [(line["messageId"], line["stopReason"]) for line in lines if line["type"] == "turn_end"]
     # One turn at a time, in acceptance order: x2 runs next (x3 joins it), then p2, then p3.

@@ -16,23 +16,9 @@ import pytest
 
 from fxengine.testing import ScriptedModel
 from fxworker import Agent, embedded
-from tests.durable.conftest import embedded_agent
+from tests.durable.conftest import embedded_agent, stored_lines, wait_idle
 
 IDLE_TIMEOUT_S = 15.0
-
-
-async def _idle(agent: Agent, session_id: str) -> Any:
-    async def idle() -> Any:
-        while True:
-            state = await agent.store.state(session_id)
-            if state is not None and state.status == "idle" and state.pending == 0:
-                return state
-            await asyncio.sleep(0.02)
-    return await asyncio.wait_for(idle(), IDLE_TIMEOUT_S)
-
-
-async def _lines(agent: Agent, session_id: str) -> list[dict[str, Any]]:
-    return list(await agent.store.read_lines(session_id, 0, count=10_000))
 
 
 async def _stop_workers() -> None:
@@ -60,11 +46,11 @@ async def test_a_stop_during_the_first_record_writes_nothing_and_the_prompt_runs
         assert await asyncio.to_thread(in_flight.wait, IDLE_TIMEOUT_S)
         await _stop_workers()
         # The stopped worker's epoch wrote nothing: no start line without its record, no end.
-        assert await _lines(agent, session.id) == []
+        assert await stored_lines(agent, session.id) == []
         embedded.start_embedded_workers(1)  # the next claim, once the lease expired
-        await _idle(agent, session.id)
+        await wait_idle(agent, session.id, timeout_s=IDLE_TIMEOUT_S)
         assert (await asyncio.wait_for(turn.result(), IDLE_TIMEOUT_S)).stop_reason == "end_turn"
-        lines = await _lines(agent, session.id)
+        lines = await stored_lines(agent, session.id)
         ends = [(line["messageId"], line["stopReason"]) for line in lines if line["type"] == "turn_end"]
         assert ends == [("p1", "end_turn")], lines
         assert Counter(line["messageId"] for line in lines if line["type"] == "turn_start") == {"p1": 1}, lines
@@ -78,13 +64,13 @@ async def test_a_stop_during_a_model_request_leaves_the_turn_to_the_next_worker(
         turn = await session.prompt("hold:stop", message_id="p1")
         await asyncio.to_thread(model.wait_held, "stop", IDLE_TIMEOUT_S)
         await _stop_workers()
-        lines = await _lines(agent, session.id)
+        lines = await stored_lines(agent, session.id)
         assert [line["type"] for line in lines if line["type"] in ("turn_end", "turn_yield")] == [], lines
         model.release("stop")
         embedded.start_embedded_workers(1)
-        await _idle(agent, session.id)
+        await wait_idle(agent, session.id, timeout_s=IDLE_TIMEOUT_S)
         assert (await asyncio.wait_for(turn.result(), IDLE_TIMEOUT_S)).stop_reason == "end_turn"
-        lines = await _lines(agent, session.id)
+        lines = await stored_lines(agent, session.id)
         ends = [(line["messageId"], line["stopReason"]) for line in lines if line["type"] == "turn_end"]
         assert ends == [("p1", "end_turn")], lines
         assert [line["type"] for line in lines if line["type"] in ("turn_start", "turn_resume")] == [
