@@ -27,7 +27,7 @@ from fxengine.codes import Code
 from fxengine.engine import Engine
 from fxengine.errors import FxError, FxInputError
 from fxengine.limits import prompt_text
-from fxengine.lines import LineType, line_type
+from fxengine.lines import LineType
 from fxengine.providers.credentials import mask_secret
 from fxengine.turn import Turn
 
@@ -303,7 +303,7 @@ class TurnRun:
         """The engine's `event_sink` for this turn: every event becomes a UI line of it; the
         turn's end (or yield) rides in the call of the record that ends (or yields) it."""
         delivery = self.delivery
-        kind = line_type(event)
+        kind: LineType | None = event.get("type")  # per event: the plain read; the engine writes declared types
         if kind == "user_message":
             delivery.waiting.placed(str(event.get("id")))  # its `accepted` record went before it
         if delivery.stopped & (Stopped.CUT_OFF | Stopped.FENCED | Stopped.CLOSED):

@@ -53,7 +53,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from fxengine.lines import DELTA_TYPES, line_type
+from fxengine.lines import DELTA_TYPES
 from fxengine.persistence import Loaded, Mark
 
 from ..errors import FxLeaseLostError, FxStoreUnavailableError
@@ -154,7 +154,7 @@ class LineWriter:
             return
         line = {**line, "epoch": self.epoch}
         last = self._queue[-1] if self._queue else None
-        kind = line_type(line)
+        kind = line.get("type")  # per delta: the plain read (DELTA_TYPES are declared types)
         if (
             last is not None
             and kind in _MERGEABLE
@@ -162,7 +162,7 @@ class LineWriter:
             and last.get("step") == line.get("step")
             and last.get("messageId") == line.get("messageId")
         ):
-            last["delta"] = f"{last['delta']}{line['delta']}"
+            last["delta"] = str(last["delta"]) + str(line["delta"])
         else:
             self._queue.append(line)
         self.push_pending()
