@@ -86,7 +86,7 @@ class Runner:
         self.closing = closing  # set as the worker's loop closes (`LoopThread.close`)
         self.holder = new_holder_id()
         self.lease_ms = int(agent.lease_s * 1000)
-        self.claim: Claim = None  # type: ignore[assignment]  # set by the claim, before any use
+        self._claimed: Claim | None = None
         self.epoch = 0
         self.waiting = Waiting()
         self.work: Work | None = None  # what the claim runs, and the turn it is on
@@ -95,6 +95,13 @@ class Runner:
         self.released: Released | None = None  # the store's answer to this delivery's release
         self.owner: str | None = None  # the owning agent, when run() answers MISROUTED
         self.unserved: Unserved | None = None  # and the store's backoff, when nothing was claimed
+
+    @property
+    def claim(self) -> Claim:
+        """What the claim found (the work and its turns read it once the lease is held)."""
+        if self._claimed is None:
+            raise RuntimeError(f"{self.session_id} is not claimed yet")
+        return self._claimed
 
     @property
     def current(self) -> TurnRun | None:
@@ -130,7 +137,7 @@ class Runner:
         claim = await self._claim()
         if isinstance(claim, Outcome):
             return claim
-        self.claim = claim
+        self._claimed = claim
         self.epoch = claim.epoch
         if claim.taken_over:
             metrics.TAKEOVERS.inc()

@@ -166,11 +166,13 @@ class Delivery(Protocol):
     holder: str
     agent: WorkerAgent
     store: RedisStore
-    claim: Claim
     deadline: Deadline
     stopped: Stopped
     released: Released | None
     waiting: Waiting
+
+    @property
+    def claim(self) -> Claim: ...
 
     def emit(self, type_: str, **fields: Any) -> None: ...
 
