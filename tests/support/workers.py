@@ -36,6 +36,19 @@ def wait_until(cond: Callable[[], object], timeout_s: float, *, interval_s: floa
         time.sleep(interval_s)
 
 
+def terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> int | None:
+    """SIGTERM (a warm shutdown, a deploy's stop), then SIGKILL if `proc` does not exit
+    within `timeout_s`; its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    return proc.returncode
+
+
 class CeleryWorker:
     """One Celery worker child process on the test Redis."""
 
@@ -139,16 +152,7 @@ class CeleryWorker:
 
     def stop(self, *, timeout_s: float = 20.0) -> int | None:
         """SIGTERM (warm shutdown), then SIGKILL if it does not exit in time."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.proc.returncode
+        return terminate(self.proc, timeout_s) if self.proc is not None else None
 
     def close(self) -> None:
         self.kill()

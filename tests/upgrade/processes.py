@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -20,7 +19,7 @@ import httpx
 
 from fxworker.keys import queue_name
 from tests.support.redis_server import free_port
-from tests.support.workers import CeleryWorker, wait_until
+from tests.support.workers import CeleryWorker, terminate, wait_until
 from tests.upgrade.previous import Tree
 
 # What a log line of trouble looks like in either release's logs (Celery's and ours).
@@ -90,14 +89,7 @@ class TreeWeb:
 
     def stop(self, timeout_s: float = 20.0) -> int | None:
         """SIGTERM (a deploy's stop), then SIGKILL if it does not exit in time."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.proc.returncode
+        return terminate(self.proc, timeout_s)
 
     def close(self) -> None:
         self.stop()

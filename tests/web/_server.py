@@ -6,7 +6,6 @@ Readiness is polled on `/healthz` with a bound; the log is kept for failure mess
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -15,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from tests.support.redis_server import free_port
-from tests.support.workers import wait_until
+from tests.support.workers import terminate, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 FX = str(Path(sys.executable).parent / "fx")
@@ -58,11 +57,5 @@ class WebProcess:
         os.kill(self.proc.pid, sig)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        terminate(self.proc, 10)
         self.log_path.unlink(missing_ok=True)
