@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -55,67 +56,62 @@ def _serve(url: str, **settings: Any) -> tuple[Agent, Any]:
     return agent, create_app(agents={"default": agent}, settings=Settings(prefix="fxhealth", **settings))
 
 
-def test_a_store_turned_replica_is_unhealthy_until_it_is_a_primary_again(
-        servers: tuple[RedisServer, RedisServer]) -> None:
-    store, other = servers
+@contextmanager
+def _served(store: RedisServer) -> Iterator[tuple[httpx.Client, redis.Redis]]:
+    """An HTTP client of the app on `store`, and an admin connection to that server."""
     agent, app = _serve(store.url, redis_url=store.url)
     admin = redis.Redis(port=store.port)
     try:
         with ThreadServer(app) as url, httpx.Client(base_url=url, timeout=10.0) as client:
-            assert client.get("/healthz").status_code == 200
-            admin.replicaof("127.0.0.1", str(other.port))  # a failover without Sentinel, seen from here
-            wait_until(_status(client, "read-only replica"), 5, what="/healthz 503 on a replica")
-            unhealthy = client.get("/healthz")
-            assert unhealthy.headers["Retry-After"] == "1"
-            assert f"{other.port}" not in unhealthy.text and f"{store.port}" not in unhealthy.text
-            created = client.post("/v1/sessions", json={"input": "hi"})
-            assert created.status_code == 503 and created.json()["error"]["code"] == "FX_STORE_UNAVAILABLE"
-            admin.replicaof("NO", "ONE")
-            wait_until(_status(client, "ok"), 5, what="/healthz 200 on a primary again")
-            assert client.post("/v1/sessions", json={"input": "hi"}).status_code == 202
+            yield client, admin
     finally:
         admin.close()
         agent.close()
+
+
+def test_a_store_turned_replica_is_unhealthy_until_it_is_a_primary_again(
+        servers: tuple[RedisServer, RedisServer]) -> None:
+    store, other = servers
+    with _served(store) as (client, admin):
+        assert client.get("/healthz").status_code == 200
+        admin.replicaof("127.0.0.1", str(other.port))  # a failover without Sentinel, seen from here
+        wait_until(_status(client, "read-only replica"), 5, what="/healthz 503 on a replica")
+        unhealthy = client.get("/healthz")
+        assert unhealthy.headers["Retry-After"] == "1"
+        assert f"{other.port}" not in unhealthy.text and f"{store.port}" not in unhealthy.text
+        created = client.post("/v1/sessions", json={"input": "hi"})
+        assert created.status_code == 503 and created.json()["error"]["code"] == "FX_STORE_UNAVAILABLE"
+        admin.replicaof("NO", "ONE")
+        wait_until(_status(client, "ok"), 5, what="/healthz 200 on a primary again")
+        assert client.post("/v1/sessions", json={"input": "hi"}).status_code == 202
 
 
 def test_a_primary_short_of_its_min_replicas_is_unhealthy(servers: tuple[RedisServer, RedisServer]) -> None:
     store, _ = servers
-    agent, app = _serve(store.url, redis_url=store.url)
-    admin = redis.Redis(port=store.port)
-    try:
-        with ThreadServer(app) as url, httpx.Client(base_url=url, timeout=10.0) as client:
-            assert client.get("/healthz").status_code == 200
-            admin.config_set("min-replicas-max-lag", 10)
-            admin.config_set("min-replicas-to-write", 1)  # and no replica: NOREPLICAS to every write
-            wait_until(_status(client, "NOREPLICAS"), 5, what="/healthz 503 under min-replicas-to-write")
-            admin.config_set("min-replicas-to-write", 0)
-            wait_until(_status(client, "ok"), 5, what="/healthz 200 again")
-    finally:
-        admin.close()
-        agent.close()
+    with _served(store) as (client, admin):
+        assert client.get("/healthz").status_code == 200
+        admin.config_set("min-replicas-max-lag", 10)
+        admin.config_set("min-replicas-to-write", 1)  # and no replica: NOREPLICAS to every write
+        wait_until(_status(client, "NOREPLICAS"), 5, what="/healthz 503 under min-replicas-to-write")
+        admin.config_set("min-replicas-to-write", 0)
+        wait_until(_status(client, "ok"), 5, what="/healthz 200 again")
 
 
 def test_healthz_reads_the_role_at_most_once_a_second(servers: tuple[RedisServer, RedisServer]) -> None:
     store, _ = servers
-    agent, app = _serve(store.url, redis_url=store.url)
-    admin = redis.Redis(port=store.port)
-    try:
-        with ThreadServer(app) as url, httpx.Client(base_url=url, timeout=10.0) as client:
-            admin.config_resetstat()
-            started_s = time.monotonic()
-            answers = [client.get("/healthz").status_code for _ in range(50)]
-            elapsed_s = time.monotonic() - started_s
-            stats = admin.info("commandstats")
-            infos = stats.get("cmdstat_info", {}).get("calls", 0)
-            assert answers == [200] * 50
-            assert 1 <= infos <= int(elapsed_s) + 2, (infos, elapsed_s)
-            assert stats["cmdstat_ping"]["calls"] >= 50
-            writes = sum(v["calls"] for k, v in stats.items() if k.split("|")[0] in (
-                "cmdstat_set", "cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall", "cmdstat_hset", "cmdstat_xadd"))
-            assert writes == 0, stats
-    finally:
-        admin.close()
-        agent.close()
+    with _served(store) as (client, admin):
+        admin.config_resetstat()
+        started_s = time.monotonic()
+        answers = [client.get("/healthz").status_code for _ in range(50)]
+        elapsed_s = time.monotonic() - started_s
+        stats = admin.info("commandstats")
+        infos = stats.get("cmdstat_info", {}).get("calls", 0)
+        assert answers == [200] * 50
+        assert 1 <= infos <= int(elapsed_s) + 2, (infos, elapsed_s)
+        assert stats["cmdstat_ping"]["calls"] >= 50
+        writes = sum(v["calls"] for k, v in stats.items() if k.split("|")[0] in (
+            "cmdstat_set", "cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall", "cmdstat_hset", "cmdstat_xadd"))
+        assert writes == 0, stats
 
 
 @pytest.mark.cluster
