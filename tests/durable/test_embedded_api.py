@@ -13,14 +13,6 @@ from fxworker import Agent, FxAgentExistsError, Settings, get_agent
 from fxworker import embedded
 from fxworker.embedded import InProcessWaker
 from tests.durable.tooling import provider, tools
-from tests.durable.conftest import responder
-
-
-@pytest.fixture(scope="module")
-def model() -> Iterator[ScriptedModel]:
-    with ScriptedModel() as m:
-        m.responder = responder
-        yield m
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ import pytest
 from fxengine.testing import ScriptedModel
 from fxworker import Agent, Settings, embedded
 from fxworker.embedded import InProcessWaker
-from tests.durable.conftest import responder
 from tests.durable.tooling import provider, tools
 from tests.support.workers import wait_until
 
@@ -40,13 +39,6 @@ class LineReads:
         if thread.startswith("fx-embedded"):
             self.reads.append((thread, cursor, len(lines)))
         return lines
-
-
-@pytest.fixture(scope="module")
-def model() -> Iterator[ScriptedModel]:
-    with ScriptedModel() as m:
-        m.responder = responder
-        yield m
 
 
 @pytest.fixture
