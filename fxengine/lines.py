@@ -245,17 +245,17 @@ def is_model_event(line: Line) -> TypeGuard[ModelEvent]:
 
 # What the engine's event buffer and sink carry: a `ModelEvent`, built below, or the turn's
 # end (`turn_end` / `turn_yield` with `turnId`, `EngineCore.report_end`).
-Event = dict[str, Any]
+Event = Mapping[str, Any]
 
 
 def text_delta(delta: str, step: int) -> Event:
     event: TextDelta = {"type": "text_delta", "delta": delta, "step": step}
-    return {**event}
+    return event
 
 
 def reasoning_delta(delta: str, step: int) -> Event:
     event: ReasoningDelta = {"type": "reasoning_delta", "delta": delta, "step": step}
-    return {**event}
+    return event
 
 
 def input_preview(input: object) -> str | None:
@@ -276,7 +276,7 @@ def tool_start(call_id: str, name: str, input: object, step: int) -> Event:
     else:
         event = {"type": "tool_start", "id": call_id, "name": name, "inputPreview": preview, "inputTruncated": True,
                  "step": step}
-    return {**event}
+    return event
 
 
 def approval_request(call: PendingCall) -> Event:
@@ -288,19 +288,19 @@ def approval_request(call: PendingCall) -> Event:
     else:
         event["inputPreview"] = call.get("inputPreview", "")
         event["inputTruncated"] = True
-    return {**event}
+    return event
 
 
 def tool_end(call_id: str, name: str, *, is_error: bool, content: str | None, step: int) -> Event:
     event: ToolEnd = {"type": "tool_end", "id": call_id, "name": name, "isError": is_error, "step": step}
     if content is not None:
         event["content"] = content
-    return {**event}
+    return event
 
 
 def user_message(text: str, message_id: str) -> Event:
     event: UserMessage = {"type": "user_message", "text": text, "id": message_id}
-    return {**event}
+    return event
 
 
 def turn_start(message_id: str | None, session_id: str, text: str | None) -> TurnStart:
