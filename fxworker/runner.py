@@ -307,10 +307,6 @@ class Runner:
     def _writer_fenced(self) -> None:
         self._lost(FxLeaseLostError(f"a write of epoch {self.epoch} was refused"))
 
-    def _fenced_stop(self) -> FxLeaseLostError:
-        """The stop of a runner whose epoch no longer heads the session: stop writing."""
-        return FxLeaseLostError(f"epoch {self.epoch} of {self.session_id} no longer heads the session")
-
     def _lost(self, exc: BaseException) -> None:
         """The lease keeper's renewal was refused: stop this turn here and now."""
         if self._let_go():
@@ -354,7 +350,6 @@ class Runner:
     def _on_input(self, entry: Input) -> None:
         """A new inbox entry while this runner holds the lease."""
         current = self.current
-        running = current is not None and current.turn is not None
         if entry.kind == "cancel":
             # A cancel names its turn (cancel.lua): the running one, or one waiting here,
             # which then ends `cancelled` as it starts. Any other turn is not this one's.
@@ -364,6 +359,6 @@ class Runner:
             else:
                 self.waiting.cancel(entry.message_id)
             return
-        if entry.kind == "steer" and running and current is not None and current.steer(entry):
+        if entry.kind == "steer" and current is not None and current.steer(entry):
             return
         self.waiting.add(entry)

@@ -142,6 +142,11 @@ def error_of(exc: BaseException, api_key: str | None) -> ErrorBody:
     return {"code": code, "message": mask_secret(message, api_key)}
 
 
+def fenced_stop(session_id: str, epoch: int) -> FxLeaseLostError:
+    """The stop of a delivery whose epoch no longer heads the session: stop writing."""
+    return FxLeaseLostError(f"epoch {epoch} of {session_id} no longer heads the session")
+
+
 def check_readable(entry: Input) -> None:
     """Raises `FxInputError` (`FX_INVALID_INPUT`) for an input the store could not decode."""
     if entry.unreadable:
@@ -277,15 +282,11 @@ class TurnRun:
 
     def join_waiting_steers(self) -> None:
         """Steers accepted while this turn waited to start (or to resume) join it (§6)."""
-        assert self.turn is not None
         waiting = self.delivery.waiting
         for later in waiting.steers():
-            try:
-                self.turn.steer(later.input, id=later.message_id)
-            except FxInputError:
+            if not self.steer(later):
                 return
             waiting.remove(later)
-            waiting.hand(later)
 
     def steer(self, entry: Input) -> bool:
         """Hands a steer from the inbox to the running turn; False when it is ending (the
@@ -301,7 +302,7 @@ class TurnRun:
 
     # ------------------------------------------------------------------ lines
 
-    def sink(self, event: dict[str, Any]) -> None:
+    def sink(self, event: Mapping[str, Any]) -> None:
         """The engine's `event_sink` for this turn: every event becomes a UI line of it; the
         turn's end (or yield) rides in the call of the record that ends (or yields) it."""
         delivery = self.delivery
@@ -362,12 +363,12 @@ class TurnRun:
         if delivery.released is None and self.let_go:
             delivery.released = Released(released=True, cutoffs=0, pending=0)
         if Stopped.FENCED in delivery.stopped:
-            raise self.fenced_stop()
+            raise fenced_stop(self.delivery.session_id, self.delivery.epoch)
         error = result.error
         if error and error.get("code") == Code.JOURNAL_APPEND_FAILED:
             cause = error.get("cause")
             if isinstance(cause, dict) and cause.get("code") == Code.FENCED:
-                raise self.fenced_stop()
+                raise fenced_stop(self.delivery.session_id, self.delivery.epoch)
             if isinstance(cause, dict) and cause.get("code") in (Code.STORE_UNAVAILABLE, Code.STORE_FULL):
                 # Redis went away (or is full) mid-turn: the turn stays open in the journal and the
                 # next delivery resumes it; nothing to write here.
@@ -445,11 +446,6 @@ class TurnRun:
         steers waiting behind it run as the next turn (§6)."""
         self.writer.push(dict(protocol.turn_start(self.turn_id, self.delivery.session_id, _text(entry))))
         return await self.end("cancelled")
-
-    def fenced_stop(self) -> FxLeaseLostError:
-        """The stop of a delivery whose epoch no longer heads the session: stop writing."""
-        delivery = self.delivery
-        return FxLeaseLostError(f"epoch {delivery.epoch} of {delivery.session_id} no longer heads the session")
 
     # ------------------------------------------------------------------ reading and tracing
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import httpx
@@ -21,11 +21,12 @@ from fxengine.codes import Code
 from fxengine.engine import Engine, create_engine
 from fxengine.errors import FxJournalVersionError
 
-from .errors import FxLeaseLostError
 from .protocol import ErrorBody, Outcome
 from .store.persistence import LineWriter, StorePersistence
 from .store.types import LAYOUT_LEVEL, Claim, Input
-from .turns import STOPS, Closed, Delivery, Stopped, TurnRun, Unsettled, check_readable, error_of, rule
+from .turns import (
+    STOPS, Closed, Delivery, Stopped, TurnRun, Unsettled, check_readable, error_of, fenced_stop, rule,
+)
 
 log = logging.getLogger("fxworker.runner")
 
@@ -56,10 +57,6 @@ class Work:
     def __repr__(self) -> str:
         return f"<Work session={self.session_id} epoch={self.epoch} current={self.current!r}>"
 
-    def fenced_stop(self) -> FxLeaseLostError:
-        """The stop of a delivery whose epoch no longer heads the session: stop writing."""
-        return FxLeaseLostError(f"epoch {self.epoch} of {self.session_id} no longer heads the session")
-
     async def run(self) -> Outcome:
         """Runs the claim's open turn, then the waiting inputs in order, until none is left,
         the deadline's soft stop comes, or the delivery stops."""
@@ -76,7 +73,7 @@ class Work:
         first = True
         while True:
             if Stopped.FENCED in self.delivery.stopped:
-                raise self.fenced_stop()
+                raise fenced_stop(self.session_id, self.epoch)
             if Stopped.CLOSED in self.delivery.stopped:
                 raise Closed(self.session_id)
             if self.delivery.released is not None:
@@ -113,9 +110,14 @@ class Work:
         return outcome
 
     async def _after_end(self) -> None:
-        """An engine that could not end its turn is suspect, and another engine of this
-        claim would load a stale snapshot: the rest of the session goes to a new delivery."""
-        if self.current is not None and self.current.engine_broken and self.engine is not None:
+        """An engine that could not end its turn is suspect (`_requeue_rest`)."""
+        if self.current is not None and self.current.engine_broken:
+            await self._requeue_rest()
+
+    async def _requeue_rest(self) -> None:
+        """Closes an engine whose state is suspect: another engine of this claim would load
+        a stale snapshot, so the rest of the session goes to a new delivery."""
+        if self.engine is not None:
             await self.close_engine()
             self.delivery.stopped |= Stopped.REQUEUE
 
@@ -168,11 +170,7 @@ class Work:
         try:
             return await self._settled(turn.end("error", error))
         finally:
-            if self.engine is not None:
-                # Its state is suspect, and another engine of this claim would load a
-                # stale snapshot: the rest of the session goes to a new delivery.
-                await self.close_engine()
-                self.delivery.stopped |= Stopped.REQUEUE
+            await self._requeue_rest()
 
     async def _end_unstarted(self, entry: Input, error: ErrorBody | None) -> Outcome:
         """Ends an input without opening a turn for it (`drop`): its `turn_end` says why."""
@@ -192,9 +190,7 @@ class Work:
             self.delivery.waiting.put_back(entry)
             self.delivery.stopped |= Stopped.REQUEUE
             return Outcome.YIELDED
-        turn = self._turn(entry.message_id, entry=entry)
-        # Steers accepted after this prompt and waiting join it (§6).
-        return await turn.start(entry)
+        return await self._turn(entry.message_id, entry=entry).start(entry)
 
     async def _continue_open_turn(self) -> Outcome:
         self.current = None
@@ -287,7 +283,7 @@ class Work:
         self.persistence = StorePersistence(self.store, self.claim, writer=self.writer)
         return self.persistence
 
-    def _sink(self, event: dict[str, Any]) -> None:
+    def _sink(self, event: Mapping[str, Any]) -> None:
         """The engine's `event_sink`: the events of the turn this delivery is on."""
         if self.current is not None:
             self.current.sink(event)

@@ -70,7 +70,6 @@ T = TypeVar("T")
 Line = dict[str, object]
 log = logging.getLogger("fxworker.lines")
 
-_MERGEABLE = DELTA_TYPES
 RETRY_FIRST_MS = 50
 RETRY_MAX_MS = 500
 RETRY_MARGIN_MS = 100  # the last try starts this long before `due_ms`
@@ -157,7 +156,7 @@ class LineWriter:
         kind = line.get("type")  # per delta: the plain read (DELTA_TYPES are declared types)
         if (
             last is not None
-            and kind in _MERGEABLE
+            and kind in DELTA_TYPES
             and last.get("type") == kind
             and last.get("step") == line.get("step")
             and last.get("messageId") == line.get("messageId")
