@@ -32,6 +32,7 @@ from .codes import Code
 from .conversation import AwaitingCall, OpenTurn, denied
 from .errors import FxInputError
 from .lines import PendingCall, input_preview
+from .persistence import Mark
 from .tools.definition import Signal, ToolContext
 from .tools.runner import TOOL_RESULT_MAX_BYTES, ToolCall, ToolOutcome, execution_id, format_result, parse_arguments
 from .turn import EventBuffer
@@ -89,6 +90,15 @@ class Decided:
 
     call: ToolCall
     outcome: ToolOutcome | None
+    input_id: str | None = None  # the store's input that carried it (marked taken with it)
+
+    @property
+    def marks(self) -> list[Mark]:
+        """The store marks of the record that takes this decision."""
+        marks: list[Mark] = [{"decided": self.call["id"]}]
+        if self.input_id is not None:
+            marks.append({"accepted": self.input_id})
+        return marks
 
 
 def _invalid(message: str) -> FxInputError:
@@ -257,10 +267,10 @@ class Approvals:
             if decided.outcome is None:
                 last = decided.call is approved[-1]
                 future = core.commit("tool_approved", {"step": step, "id": decided.call["id"]},
-                                     barrier=needs_barrier and last)
+                                     marks=decided.marks, barrier=needs_barrier and last)
                 barrier = future if last else barrier
             else:
-                answered.append((decided.outcome, calls.record(step, decided.outcome)))
+                answered.append((decided.outcome, calls.record(step, decided.outcome, marks=decided.marks)))
         for outcome, content in answered:
             await self._events.put(ev.tool_end(outcome.id, outcome.name, is_error=outcome.is_error, content=content,
                                                step=step))

@@ -156,7 +156,8 @@ class EngineCore:
 
     def report_end(self, kind: str, turn_id: str, body: Mapping[str, object]) -> None:
         """Tells the event sink that turn `turn_id` ends (`turn_end {turnId, stopReason,
-        usage, error?}`) or yields (`turn_yield {turnId}`). Called just before the record
+        usage, error?}`), yields (`turn_yield {turnId}`) or parks (`turn_pause {turnId}`).
+        Called just before the record
         that says so is committed, so a sink that stores lines can store this one in the
         same write as that record (the turn's own iteration never yields it)."""
         if self.event_sink is None:
@@ -181,7 +182,9 @@ class EngineCore:
         it is parked already: a resume with no decision records nothing."""
         turn = self.conversation.open
         if turn is not None and not turn.paused:
-            self.commit("turn_pause", {})
+            self.report_end("turn_pause", turn.id, {})
+            self.commit("turn_pause", {}, marks=[{"pause": "\n".join(
+                ("e:" if call["kind"] == "external" else "a:") + call["id"] for call in turn.awaiting)}])
 
     def commit(self, kind: str, body: dict[str, object], *, marks: list[Mark] | None = None, barrier: bool = False,
                want_ack: bool = False) -> asyncio.Future[str | None] | None:

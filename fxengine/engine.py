@@ -245,6 +245,7 @@ class Engine:
         no_rerun: bool = False,
         next_step: int | None = None,
         decisions: Mapping[str, object] | None = None,
+        decision_inputs: Mapping[str, str] | None = None,
     ) -> Turn | None:
         """Continues the turn the last engine left open, or returns None when there is none.
 
@@ -254,7 +255,9 @@ class Engine:
         (`fxengine.approvals`). Every decision is journaled before anything runs; an
         approved call then runs once under the rules below. Calls not decided keep
         waiting: the turn ends `paused` again without a model request (with no decision
-        at all it records nothing).
+        at all it records nothing). `decision_inputs` (``{call id: input id}``) names the
+        store's input that carried each decision: the record that takes the decision marks
+        it taken (`{"accepted": id}`), so a store consumes it in the same append.
 
         A call that finished keeps its result; an idempotent call left running is rerun
         with the same `execution_id` (`tool.rerun` on `on_event`); any other is answered
@@ -277,6 +280,8 @@ class Engine:
         yield_at = _check_yield_at(yield_at)
         open_turn = self.core.conversation.open
         decided = check_decisions(open_turn, decisions) if decisions is not None else []
+        if decision_inputs:
+            decided = [dataclasses.replace(d, input_id=decision_inputs.get(d.call["id"])) for d in decided]
         if open_turn is None:
             return None
         runner = self._runner(open_turn.id, yield_at=yield_at, resume=True, on_ambiguous=on_ambiguous,

@@ -8,7 +8,7 @@ docs/reference.md "Stream lines"):
 
     model events   text_delta, reasoning_delta, tool_start, tool_end, user_message,
                    approval_request (built by the functions here, emitted by the engine's turn loop)
-    control lines  turn_start, turn_resume, turn_yield, turn_end, session_error
+    control lines  turn_start, turn_resume, turn_yield, turn_pause, turn_end, session_error
                    (built here, written by the worker around the engine's events)
     store lines    session_waiting (written by claim.lua); idle (an HTTP answer, never stored)
 
@@ -172,6 +172,14 @@ class TurnYield(_Stored):
     messageId: str | None
 
 
+class TurnPause(_Stored):
+    """The turn parked: its `pendingCalls` wait for decisions, and no worker holds it."""
+
+    type: Literal["turn_pause"]
+    messageId: str | None
+    pendingCalls: list[PendingCall]
+
+
 class TurnEnd(_Stored, EndBody):
     type: Literal["turn_end"]
     messageId: str | None
@@ -212,10 +220,10 @@ ModelEventType = Literal["text_delta", "reasoning_delta", "tool_start", "tool_en
 MODEL_EVENT_TYPES: Final[tuple[ModelEventType, ...]] = (
     "text_delta", "reasoning_delta", "tool_start", "tool_end", "user_message", "approval_request")
 
-ControlLine = TurnStart | TurnResume | TurnYield | TurnEnd | SessionError
-ControlLineType = Literal["turn_start", "turn_resume", "turn_yield", "turn_end", "session_error"]
+ControlLine = TurnStart | TurnResume | TurnYield | TurnPause | TurnEnd | SessionError
+ControlLineType = Literal["turn_start", "turn_resume", "turn_yield", "turn_pause", "turn_end", "session_error"]
 CONTROL_LINE_TYPES: Final[tuple[ControlLineType, ...]] = (
-    "turn_start", "turn_resume", "turn_yield", "turn_end", "session_error")
+    "turn_start", "turn_resume", "turn_yield", "turn_pause", "turn_end", "session_error")
 
 StoredLine = ModelEvent | ControlLine | SessionWaiting  # what a session's stream holds
 Line = StoredLine | Idle
@@ -226,6 +234,9 @@ LINE_TYPES: Final[tuple[LineType, ...]] = (*MODEL_EVENT_TYPES, *CONTROL_LINE_TYP
 DELTA_TYPES: Final[tuple[LineType, ...]] = ("text_delta", "reasoning_delta")
 # The lines that end a turn's following: it ended, or it stays open for the next delivery.
 TURN_ENDS: Final[tuple[LineType, ...]] = ("turn_end",)
+# The lines a follower of one turn stops at: its end, or its pause (it waits, parked, for
+# decisions; the decision's own follower reads on from there).
+TURN_STOPS: Final[tuple[LineType, ...]] = ("turn_end", "turn_pause")
 # The lines a turn is opened or continued by (a resume follows the first after its cursor).
 TURN_OPENS: Final[tuple[LineType, ...]] = ("turn_start", "turn_resume")
 
@@ -319,6 +330,10 @@ def turn_yield(message_id: str | None) -> TurnYield:
     return {"type": "turn_yield", "messageId": message_id}
 
 
+def turn_pause(message_id: str | None, pending_calls: list[PendingCall]) -> TurnPause:
+    return {"type": "turn_pause", "messageId": message_id, "pendingCalls": pending_calls}
+
+
 def turn_end(message_id: str | None, body: EndBody) -> TurnEnd:
     line: TurnEnd = {"type": "turn_end", "messageId": message_id, "stopReason": body["stopReason"],
                      "usage": body["usage"]}
@@ -364,9 +379,19 @@ class DropMark(TypedDict):
     drop: str  # consumes an input no turn takes (cancelled, or refused before it started)
 
 
-Mark = StartMark | EndMark | YieldMark | AcceptedMark | StepMark | DoneMark | DropMark
-MarkName = Literal["start", "end", "yield", "accepted", "step", "done", "drop"]
-MARK_NAMES: Final[tuple[MarkName, ...]] = ("start", "end", "yield", "accepted", "step", "done", "drop")
+class PauseMark(TypedDict):
+    pause: str  # the open turn parks until these calls are decided (`a:<id>` approvals, `e:<id>`
+    # external tools' results, `\n`-separated)
+
+
+class DecidedMark(TypedDict):
+    decided: str  # the turn took the decision of this call
+
+
+Mark = StartMark | EndMark | YieldMark | AcceptedMark | StepMark | DoneMark | DropMark | PauseMark | DecidedMark
+MarkName = Literal["start", "end", "yield", "accepted", "step", "done", "drop", "pause", "decided"]
+MARK_NAMES: Final[tuple[MarkName, ...]] = ("start", "end", "yield", "accepted", "step", "done", "drop", "pause",
+                                           "decided")
 # Added to a call by the store's `append` arguments, never by an engine (append.lua's header).
 CALL_MARK_NAMES: Final = ("release", "checkpoint", "pack")
 

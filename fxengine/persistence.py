@@ -13,6 +13,9 @@ declared in `fxengine.lines`, `Mark`, `MARK_NAMES`):
     {"step": name}          names the step the turn is at (cut-off counting)
     {"done": True}          the record finishes something: a model response or a tool
                             result (progress, for poison-turn counting)
+    {"pause": "id\nid"}     the open turn parks until these calls are decided (`turn_pause`)
+    {"decided": call_id}    the turn took that call's decision (with `accepted`: the input
+                            that carried it)
 """
 
 from __future__ import annotations

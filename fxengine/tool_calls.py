@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal, NotRequired, TypedDict
 
 from . import events as ev
 from . import tracing
+from .persistence import Mark
 from .tools.definition import Signal, ToolContext
 from .tools.runner import PlannedCall, ToolCall, ToolOutcome, execution_id, parse_arguments, run_calls
 from .turn import EventBuffer
@@ -151,15 +152,16 @@ class ToolCalls:
                                       f"model {core.spec.id} does not take images, so they were not sent]")
         return outcome.content
 
-    def record(self, step: int, outcome: ToolOutcome) -> str:
-        """Records a call's result (`tool_result`); the text the model reads."""
+    def record(self, step: int, outcome: ToolOutcome, *, marks: Sequence[Mark] = ()) -> str:
+        """Records a call's result (`tool_result`, with `marks` besides its own); the text
+        the model reads."""
         content = self._content(outcome)
         images = outcome.images if self._core.takes_images else []
         body: dict[str, object] = {"step": step, "id": outcome.id, "name": outcome.name, "content": content,
                                    "isError": outcome.is_error}
         if images:
             body["images"] = images
-        self._core.commit("tool_result", body, marks=[DONE])
+        self._core.commit("tool_result", body, marks=[DONE, *marks])
         return content
 
     async def resume(self, step: int, unanswered: list[ToolCall]) -> None:

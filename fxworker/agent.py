@@ -32,9 +32,10 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import NotRequired, TypedDict, TypeVar
 
+from fxengine import approvals
 from fxengine.codes import Code
 from fxengine.engine import check_max_model_turns
-from fxengine.errors import FxInputError, FxToolDefinitionError
+from fxengine.errors import FxError, FxInputError, FxToolDefinitionError
 from fxengine.limits import (
     Block,
     ResizeImage,
@@ -45,7 +46,7 @@ from fxengine.limits import (
     prepare_prompt_input,
     prompt_text,
 )
-from fxengine.lines import TURN_OPENS, Idle, Line, ModelEvent, StoredLine, TurnEnd, is_model_event
+from fxengine.lines import TURN_OPENS, Idle, Line, ModelEvent, StoredLine, TurnEnd, TurnPause, is_model_event
 from fxengine.providers import CatalogCache, ModelSpec, Provider, resolve_provider
 from fxengine.providers.auth import RefreshLockFn
 from fxengine.providers.check import PROVIDER_NAMES
@@ -66,11 +67,11 @@ from .ids import (
     validate_message_id,
     validate_session_id,
 )
-from .liveness import SENDER_TRUST_MS
+from .liveness import SENDER_TRUST_MS, layout_all_read
 from .runtime import LoopThread, SharedLoop
 from .settings import Settings
 from .store import RedisStore, close_default_store, default_store
-from .store.types import Accepted, InputKind, SessionStatus
+from .store.types import LAYOUT_LEVEL, Accepted, InputKind, SessionStatus
 from .wakers import CeleryWaker, Waker, wake_failures
 
 log = logging.getLogger("fxworker.agent")
@@ -80,6 +81,11 @@ _AGENT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 FOLLOW_BLOCK_MS = 1000
 
 OnEvent = Callable[[dict[str, object]], object]
+
+# A decision's call id as providers write them (no newline: the store frames ids with it).
+CALL_ID = re.compile(r"[^\x00-\x1f\x7f]{1,256}")
+MAX_REASON_CHARS = 4096  # a denial's reason, and who decided
+_DECISION_CODE = {"approve": "a", "deny": "d", "result": "r"}  # accept.lua's ARGV 17
 
 
 class NoWorker(TypedDict):
@@ -98,6 +104,7 @@ class SessionInfo(TypedDict):
     turns: int
     epoch: int
     noWorker: NotRequired[NoWorker]
+    pendingCalls: NotRequired[list[str]]  # the calls a parked (`paused`) turn waits on
 
 
 def check_cursor(cursor: object) -> int:
@@ -105,17 +112,6 @@ def check_cursor(cursor: object) -> int:
     if isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 0:
         raise FxInvalidCursorError(f"a stream cursor is a non-negative integer, got {cursor!r}")
     return cursor
-
-
-def _check_no_waiting_tools(tools: Sequence[Tool]) -> None:
-    """Raises `FX_TOOL_WAITS_UNSUPPORTED` for a tool whose calls wait for a decision: the
-    engine parks such a turn (`paused`), but a worker does not yet park its session."""
-    waiting = [tool.name for tool in tools if tool.external or tool.approval is not False]
-    if waiting:
-        raise FxToolDefinitionError(
-            f"tool(s) {', '.join(waiting)} wait for a decision (approval= or external=True); in this release a turn "
-            "that waits runs on the engine alone (fxengine.create_engine, then engine.resume(decisions=...)), not on "
-            "an Agent's workers", code=Code.TOOL_WAITS_UNSUPPORTED)
 
 
 class Agent:
@@ -149,8 +145,7 @@ class Agent:
 
     Raises:
         FxAgentExistsError: this process already has an agent of this name.
-        FxToolDefinitionError: a tool does not declare `idempotent`, or its calls wait for a
-            decision (`FX_TOOL_WAITS_UNSUPPORTED`: such turns run on the engine alone for now).
+        FxToolDefinitionError: a tool does not declare `idempotent`.
         FxInputError: a bad model (`FX_INVALID_INPUT`, `FX_MODEL_UNKNOWN`,
             `FX_MODEL_UNSUPPORTED_EFFORT` / `_FAST` / `_ULTRAFAST`), provider
             (`FX_PROVIDER_INVALID`), instructions (`FX_INVALID_INPUT`,
@@ -208,7 +203,6 @@ class Agent:
         self.model = model
         self.instructions = instructions
         self.tools = list(check_tools(tools).values())
-        _check_no_waiting_tools(self.tools)
         self.provider = resolved
         self.api_key = api_key
         self.on_event = on_event
@@ -457,6 +451,80 @@ class Session:
             span.set_attribute("fx.repeated", accepted.repeated)
             return accepted
 
+    async def approve(self, call_id: str, *, message_id: str | None = None, by: str | None = None) -> Accepted:
+        """Approves call `call_id`, which the session's parked turn waits on (an
+        `approval_request` line, `state()["pendingCalls"]`): the decision is stored and the
+        session woken; a worker resumes the turn and runs the call once. Idempotent by
+        `message_id`; `by` names who decided (kept with the decision). Returns the store's
+        acknowledgement (`turn`: the turn it resumes; `follow()` reads on from it).
+
+        Raises `FX_DECISION_UNKNOWN_CALL` (no such call waits), `FX_DECISION_REPEATED`
+        (another decision came first), `FX_DECISION_EXPIRED` (its wait timed out),
+        `FX_DECISION_INVALID` (the call is an external tool's: `submit_tool_result`),
+        `FX_UPGRADE_IN_PROGRESS` (a live process of an older release cannot read decisions).
+        """
+        return await self._decide(call_id, approvals.approve(), message_id=message_id, by=by)
+
+    async def deny(self, call_id: str, *, reason: str = "", message_id: str | None = None,
+                   by: str | None = None) -> Accepted:
+        """Denies call `call_id` of the parked turn: the model reads the denial (with
+        `reason`) as the call's result. As `approve` otherwise."""
+        if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS:
+            raise FxInputError(f"reason must be a string of at most {MAX_REASON_CHARS} characters",
+                               code=Code.DECISION_INVALID)
+        return await self._decide(call_id, approvals.deny(reason), message_id=message_id, by=by)
+
+    async def submit_tool_result(self, call_id: str, result: object, *, is_error: bool = False,
+                                 message_id: str | None = None, by: str | None = None) -> Accepted:
+        """Gives call `call_id` of an external tool (`@tool(external=True)`) its result, as
+        the client ran it: the model reads it as the tool's. As `approve` otherwise."""
+        if not isinstance(is_error, bool):
+            raise FxInputError("is_error must be a bool", code=Code.DECISION_INVALID)
+        return await self._decide(call_id, approvals.submit_result(result, is_error=is_error),
+                                  message_id=message_id, by=by)
+
+    async def _decide(self, call_id: str, decision: approvals.Decision, *, message_id: str | None,
+                      by: str | None, expired: bool = False) -> Accepted:
+        """Stores one decision for `call_id` (checked at the door, accept.lua) and wakes the
+        session, as a prompt is."""
+        if not isinstance(call_id, str) or not CALL_ID.fullmatch(call_id):
+            raise FxInputError(f"call id must be 1-256 printable characters, got {call_id!r}",
+                               code=Code.DECISION_UNKNOWN_CALL)
+        if by is not None and (not isinstance(by, str) or len(by) > MAX_REASON_CHARS):
+            raise FxInputError(f"by must be a string of at most {MAX_REASON_CHARS} characters",
+                               code=Code.DECISION_INVALID)
+        message_id = validate_message_id(message_id) if message_id is not None else new_message_id()
+        await self._check_layout()
+        body: dict[str, object] = {"callId": call_id, "decision": decision}
+        if by:
+            body["by"] = by
+        accepted = await self.store.accept(
+            self.id, agent=self.agent.name, kind="decision", message_id=message_id, input=body, now_ms=now_ms(),
+            create=False, call_id=call_id, decision=_DECISION_CODE[decision["type"]], expired=expired,
+        )
+        metrics.DECISIONS.labels(decision["type"]).inc()
+        owner = self._forwarded(accepted.agent)
+        if accepted.wake:
+            await self._wake(owner, "decision")
+        return accepted
+
+    async def _check_layout(self) -> None:
+        """`FX_UPGRADE_IN_PROGRESS` while a live process of an older release runs: it could
+        not read a decision, nor the parked turn's journal."""
+        level = layout_all_read(await self.store.live_workers())
+        if level < LAYOUT_LEVEL:
+            raise FxError(
+                f"a live worker or web process reads stored layout {level}, older than the {LAYOUT_LEVEL} decisions "
+                "need: an upgrade is in progress; send the decision again once every process runs this release",
+                code=Code.UPGRADE_IN_PROGRESS,
+            )
+
+    def follow(self, accepted: Accepted) -> Turn:
+        """The turn an input acknowledged by `accepted` continues (a decision's parked turn, a
+        steer's running one), read from the moment of its acceptance: to its end, or to its
+        next pause."""
+        return Turn(self, message_id=accepted.turn or accepted.message_id, repeated=False, cursor=accepted.cursor)
+
     async def cancel(self) -> None:
         """Cancels the running or waiting turn; the running worker sees it within a second."""
         await self._cancel(None)
@@ -516,6 +584,8 @@ class Session:
             "turns": state.turns,
             "epoch": state.epoch,
         }
+        if state.paused_calls:
+            out["pendingCalls"] = list(state.paused_calls)
         if state.unserved_since_ms is not None and state.status == "waiting":
             out["noWorker"] = {
                 "agent": state.agent, "sinceMs": state.unserved_since_ms, "nextWakeMs": state.unserved_next_ms,
@@ -554,7 +624,7 @@ class Turn:
         self.repeated = repeated
         self.cursor = cursor
         self._idle = idle
-        self._end: TurnEnd | Idle | None = None
+        self._end: TurnEnd | TurnPause | Idle | None = None
         self._lines: AsyncIterator[Line] | None = None
 
     def __repr__(self) -> str:
@@ -582,6 +652,10 @@ class Turn:
                     continue
             if mid != self.message_id:
                 continue
+            if line["type"] == "turn_pause" and not self.repeated:
+                self._end = line  # parked: its decisions' followers read on (`Session.follow`)
+                yield line
+                return
             if line["type"] == "turn_end":
                 if self.repeated:
                     line = line.copy()
@@ -623,6 +697,9 @@ class Turn:
         end = self._end
         if end is not None and end["type"] == "idle":
             return TurnResult("idle", {}, None, False)
+        if end is not None and end["type"] == "turn_pause":
+            return TurnResult("paused", {}, None, False, message_id=self.message_id, epoch=end.get("epoch"),
+                              pending_calls=list(end["pendingCalls"]))
         return TurnResult(
             stop_reason=end.get("stopReason", "unknown") if end else "unknown",
             usage=(end.get("usage") if end else None) or {},
@@ -713,6 +790,21 @@ class BlockingSession:
 
     def steer(self, input: str | list[Block], *, message_id: str | None = None) -> Accepted:
         return _loop().run(self._session.steer(input, message_id=message_id))
+
+    def approve(self, call_id: str, *, message_id: str | None = None, by: str | None = None) -> Accepted:
+        return _loop().run(self._session.approve(call_id, message_id=message_id, by=by))
+
+    def deny(self, call_id: str, *, reason: str = "", message_id: str | None = None,
+             by: str | None = None) -> Accepted:
+        return _loop().run(self._session.deny(call_id, reason=reason, message_id=message_id, by=by))
+
+    def submit_tool_result(self, call_id: str, result: object, *, is_error: bool = False,
+                           message_id: str | None = None, by: str | None = None) -> Accepted:
+        return _loop().run(self._session.submit_tool_result(call_id, result, is_error=is_error,
+                                                            message_id=message_id, by=by))
+
+    def follow(self, accepted: Accepted) -> BlockingTurn:
+        return BlockingTurn(self._session.follow(accepted))
 
     def cancel(self) -> None:
         _loop().run(self._session.cancel())

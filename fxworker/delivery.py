@@ -143,7 +143,7 @@ async def _handle_wake(
         except Exception as exc:  # noqa: BLE001 - the broker is away too: the sweeper re-wakes it
             log.warning("requeueing %s failed (%s); the sweeper will wake it", session_id, exc)
         return Outcome.YIELDED
-    if result.outcome is Outcome.DONE:
+    if result.outcome is Outcome.DONE or result.outcome is Outcome.PAUSED:
         # An input accepted after the last look and before the release found the lease
         # held and its wake was a no-op: wake once more rather than wait for the sweeper.
         # The release counted what was waiting at that moment; only when it failed, look.

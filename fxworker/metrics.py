@@ -24,6 +24,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 __all__ = [
     "ACCEPTED",
+    "DECISIONS",
     "CONTENT_TYPE",
     "DEADLINE_CUTOFFS",
     "NO_AGENT_REFUSALS",
@@ -52,6 +53,13 @@ TURNS_RUNNING = Gauge(
 ACCEPTED = Counter(
     "fx_inputs_accepted",
     "Inputs (prompts and steers) this process stored.",
+    registry=REGISTRY,
+)
+# Decisions (approvals, denials, external tools' results) stored by this process.
+DECISIONS = Counter(
+    "fx_decisions_accepted",
+    "Decisions on waiting tool calls this process stored, by type (approve, deny, result).",
+    ["type"],
     registry=REGISTRY,
 )
 # Turns that stopped at the soft deadline (`turn_yield`) and were requeued.

@@ -26,12 +26,14 @@ from fxengine.lines import SessionError as SessionError
 from fxengine.lines import TurnEnd as TurnEnd
 from fxengine.lines import TurnResume as TurnResume
 from fxengine.lines import TurnStart as TurnStart
+from fxengine.lines import TurnPause as TurnPause
 from fxengine.lines import TurnYield as TurnYield
 from fxengine.lines import end_body as end_body
 from fxengine.lines import session_error as session_error
 from fxengine.lines import turn_end as turn_end
 from fxengine.lines import turn_resume as turn_resume
 from fxengine.lines import turn_start as turn_start
+from fxengine.lines import turn_pause as turn_pause
 from fxengine.lines import turn_yield as turn_yield
 
 if TYPE_CHECKING:
@@ -59,6 +61,7 @@ class Outcome(StrEnum):
     NOOP = "noop"  # nothing to run, or a live lease elsewhere
     FENCED = "fenced"  # another epoch heads the session: this one stopped writing
     UNSETTLED = "unsettled"  # an end could not be stored: left to the lease's expiry
+    PAUSED = "paused"  # the open turn parked: its calls wait for decisions, nothing is held
 
 
 @dataclass(frozen=True, slots=True)

@@ -356,6 +356,8 @@ class Runner:
             if current is not None and current.turn is not None and entry.message_id == current.turn_id:
                 log.info("cancel of %s reached turn %s", self.session_id, current.turn_id)
                 current.turn.cancel()
+            elif current is not None and entry.message_id == current.turn_id:
+                self.waiting.cancelled_open = True  # the turn is parked: it ends as it would resume
             else:
                 self.waiting.cancel(entry.message_id)
             return

@@ -95,8 +95,13 @@ def accept(
     session_id: str = "",
     steer_bytes: int | None = None,
     traceparent: str = "",
+    call_id: str = "",
+    expired: bool = False,
+    decision: str = "",
 ) -> Call:
-    """accept.lua: store a prompt (`kind="p"`) or steer (`"s"`) once per message id.
+    """accept.lua: store a prompt (`kind="p"`), steer (`"s"`) or decision (`"d"`, for
+    `call_id`; `expired`: the wait's timeout; `decision`: "a" approve, "d" deny, "r" a
+    result) once per message id.
 
     `steer_bytes` is what a steer counts against its limits: the UTF-8 bytes of its text
     (the script checks it and keeps the queued totals); without it, its JSON's length.
@@ -108,7 +113,10 @@ def accept(
     args: list[Arg] = [kind, message_id, input_json, agent, now_ms, "1" if create else "0", session_id]
     # Trailing arguments are sent only when needed: most prompts carry no context or
     # settings, and only a steer is checked against the limits.
-    if kind == "s" or traceparent:
+    if kind == "d":
+        args += (context_json, settings_json, "", "", "", "", traceparent, call_id, "1" if expired else "0",
+                 decision)
+    elif kind == "s" or traceparent:
         args += (context_json, settings_json, steer_max_bytes, steer_max_count, steer_max_total_bytes,
                  steer_bytes if steer_bytes is not None else "")
         if traceparent:

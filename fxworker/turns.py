@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,7 +27,9 @@ from fxengine.codes import Code
 from fxengine.engine import Engine
 from fxengine.errors import FxError, FxInputError
 from fxengine.limits import prompt_text
-from fxengine.lines import LineType
+from fxengine import approvals
+from fxengine.approvals import check_decisions
+from fxengine.lines import LineType, PendingCall
 from fxengine.providers.credentials import mask_secret
 from fxengine.turn import Turn
 
@@ -241,30 +243,63 @@ class TurnRun:
                                            turn_id=self.turn_id)
         return await self._traced(span, self._run())
 
-    async def resume(self) -> Outcome:
+    async def resume(self, decisions: Sequence[Input] = ()) -> Outcome:
         """Resumes the claim's open turn: `turn_resume {interrupted, retract}`, then the
-        claim's rule with what it had in flight, then its end or yield."""
+        claim's rule with what it had in flight, then its end, yield or pause. A parked
+        turn resumes with `decisions` (inputs of kind `decision`, each for one of its calls)."""
         engine, claim = self.engine, self.delivery.claim
         assert engine is not None and claim.open_turn is not None
+        parked = bool(engine.pending_calls)
         in_flight = engine.in_flight
         steps_seen = await self._steps_seen()
         recorded = engine.recorded_steps(self.turn_id)
         retract = sorted(s for s in steps_seen if s not in recorded)
         next_step = max([*steps_seen, *recorded, 0]) + 1
         self.writer.push(dict(protocol.turn_resume(self.turn_id, self.delivery.session_id,
-                                                   interrupted=not claim.open_turn.yielded, retract=retract)))
+                                                   interrupted=not (claim.open_turn.yielded or parked),
+                                                   retract=retract)))
         await self.writer.flush()
         ruling = rule(claim, in_flight=in_flight, loaded=True)
         if ruling.stop_reason is not None:
             return await self.end(ruling.stop_reason, ruling.error)
         turn_input = claim.open_turn.input
         span = self._trace(turn_input.traceparent if turn_input is not None else None, resumed=True)
+        decided, taken, stale = self._decisions(decisions)
+        if stale:
+            await self.writer.flush(marks=[protocol.drop(message_id) for message_id in stale])
         with _current(span):
             self.turn = engine.resume(yield_at=self.delivery.deadline.yield_at(), no_rerun=ruling.no_rerun,
-                                      next_step=next_step)
+                                      next_step=next_step, decisions=decided or None, decision_inputs=taken or None)
         if self.turn is None:
             return await self._traced(span, self.end("unknown"))
         return await self._traced(span, self._run(cancel=claim.cancel_requested))
+
+    def _decisions(self, inputs: Sequence[Input]) -> tuple[dict[str, object], dict[str, str], list[str]]:
+        """The engine's `{call id: decision}` and `{call id: input id}` for `inputs`, and
+        the inputs whose call the journal has decided already (a crash came between; they
+        are dropped). The
+        door checked each against the calls waiting (accept.lua); one the engine still
+        refuses (its result too large, say) is a denial that says why, so no call waits
+        for ever on an answer that cannot apply."""
+        engine = self.engine
+        assert engine is not None
+        waiting = {call["id"] for call in engine.pending_calls}
+        decided: dict[str, object] = {}
+        taken: dict[str, str] = {}
+        stale: list[str] = []
+        for entry in inputs:
+            body = entry.input if isinstance(entry.input, Mapping) else {}
+            call_id, decision = body.get("callId"), body.get("decision")
+            if not isinstance(call_id, str) or call_id not in waiting or call_id in decided:
+                stale.append(entry.message_id)
+                continue
+            try:
+                check_decisions(engine.core.conversation.open, {call_id: decision})
+            except FxInputError as exc:
+                log.warning("decision %s of %s cannot apply: %s", entry.message_id, self.delivery.session_id, exc)
+                decision = approvals.deny(f"the decision could not apply ({exc.code}: {exc})")
+            decided[call_id], taken[call_id] = decision, entry.message_id
+        return decided, taken, stale
 
     async def _run(self, *, cancel: bool = False) -> Outcome:
         self.yield_if_stopping()
@@ -311,13 +346,17 @@ class TurnRun:
             delivery.waiting.placed(str(event.get("id")))  # its `accepted` record went before it
         if delivery.stopped & (Stopped.CUT_OFF | Stopped.FENCED | Stopped.CLOSED):
             return
-        if kind == "turn_end" or kind == "turn_yield":
+        if kind == "turn_end" or kind == "turn_yield" or kind == "turn_pause":
             if event.get("turnId") != self.turn_id:
                 return  # an older turn the engine closed before starting this one: not ours
             persistence = self.persistence
             assert persistence is not None and self.engine is not None
             if kind == "turn_yield":
                 self.ride = persistence.ride_with_end(dict(protocol.turn_yield(self.turn_id)))
+                return
+            if kind == "turn_pause":
+                self.ride = persistence.ride_with_end(dict(protocol.turn_pause(self.turn_id,
+                                                                               self.engine.pending_calls)))
                 return
             self.ride = persistence.ride_with_end(self._end_line(event["stopReason"], event.get("usage"),
                                                                  event.get("error")),
@@ -376,6 +415,8 @@ class TurnRun:
                 self.turn = None
                 delivery.stopped |= Stopped.STORE_LOST
                 return Outcome.YIELDED
+        if result.stop_reason == "paused" and Stopped.CUT_OFF not in delivery.stopped:
+            return await self.park(result.pending_calls)
         if not self._rode("turn_end") and (Stopped.CUT_OFF in delivery.stopped or result.stop_reason == "yielded"):
             # The turn stays open in the journal; the next delivery continues it.
             if not self._rode("turn_yield"):
@@ -384,6 +425,18 @@ class TurnRun:
             self.turn = None
             return Outcome.YIELDED
         return await self.end(result.stop_reason, error, usage=result.usage, by_engine=True)
+
+    async def park(self, pending_calls: list[PendingCall]) -> Outcome:
+        """The turn waits, parked, for decisions on `pending_calls` (§6 "Paused turns"): its
+        `turn_pause` line (stored with the record that parked it, or now: a resume whose
+        decisions leave calls waiting records no second pause), then nothing more here.
+        The release lets the session rest (release.lua): no worker holds it until a
+        decision or a cancel comes."""
+        if not self._rode("turn_pause"):
+            self.writer.push(dict(protocol.turn_pause(self.turn_id, pending_calls)))
+        await self.writer.flush()
+        self.turn = None
+        return Outcome.PAUSED
 
     async def end(
         self,

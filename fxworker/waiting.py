@@ -16,12 +16,15 @@ from .store.types import Input
 
 
 class Waiting:
-    """The prompts and steers waiting in this delivery, and the steers handed to its turn."""
+    """The prompts, steers and decisions waiting in this delivery, and the steers handed to
+    its turn."""
 
     def __init__(self, inputs: Iterable[Input] = ()) -> None:
         self.pending: deque[Input] = deque(inputs)
         # Steers handed to the running turn that it has not placed yet, by message id.
         self.handed: dict[str, Input] = {}
+        # A cancel of the open turn came while it was parked here (fxworker/work.py).
+        self.cancelled_open = False
 
     def __repr__(self) -> str:
         return f"<Waiting pending={len(self.pending)} handed={len(self.handed)}>"
@@ -68,6 +71,13 @@ class Waiting:
     def steers(self) -> list[Input]:
         """The steers waiting here, in order (they join a turn as it starts or resumes)."""
         return [entry for entry in self.pending if entry.kind == "steer"]
+
+    def take_decisions(self) -> list[Input]:
+        """The decisions waiting here (for the calls of the parked turn), taken out."""
+        taken = [entry for entry in self.pending if entry.kind == "decision"]
+        if taken:
+            self.pending = deque(entry for entry in self.pending if entry.kind != "decision")
+        return taken
 
     def remove(self, entry: Input) -> None:
         self.pending.remove(entry)

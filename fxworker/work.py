@@ -69,7 +69,7 @@ class Work:
         if claim.open_turn is not None:
             outcome = await self._step(self._continue_open_turn(), None)
             if outcome != Outcome.ENDED:
-                return outcome
+                return outcome  # yielded, stopped, or parked (the inputs behind it wait)
         first = True
         while True:
             if Stopped.FENCED in self.delivery.stopped:
@@ -207,7 +207,25 @@ class Work:
             getattr(turn_input, "context", None), getattr(turn_input, "settings", None)
         )
         assert engine is not None
+        if engine.pending_calls:
+            return await self._resume_parked(open_turn.message_id)
         return await self._turn(open_turn.message_id).resume()
+
+    async def _resume_parked(self, turn_id: str) -> Outcome:
+        """The open turn is parked (§6 "Paused turns"): a cancel ends it (its waiting calls
+        denied); decisions resume it, again while more come during its run and calls still
+        wait; with none it stays parked, and the prompts behind it wait with it. Each
+        round takes decisions out of the store (bounded by the calls that wait)."""
+        while True:
+            turn = self._turn(turn_id)
+            if self.claim.cancel_requested or self.delivery.waiting.cancelled_open:
+                return await self._settled(turn.end("cancelled"))
+            decisions = self.delivery.waiting.take_decisions()
+            if not decisions:
+                return Outcome.PAUSED
+            outcome = await turn.resume(decisions)
+            if outcome != Outcome.PAUSED or self.delivery.stopped or self.delivery.deadline.past_soft():
+                return outcome
 
     async def _give_up(self) -> Outcome:
         """Ends the open turn and every waiting input `error` FX_NO_AGENT: no process ran

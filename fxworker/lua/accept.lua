@@ -1,9 +1,9 @@
--- accept.lua: store one prompt or steer in a session's inbox, once per message id.
+-- accept.lua: store one prompt, steer or decision in a session's inbox, once per message id.
 --
 -- KEYS  1 meta (HASH)  2 lease (HASH)  3 inbox (STREAM)  4 log (STREAM)  5 ui (STREAM)
 --       6 msgs (HASH)  7 pending (ZSET)  8 keys (HASH)  9 ckpt (HASH)  10 rest -- one session, one slot
 --       11 ready (ZSET)  12 sessions (ZSET)   -- optional: standalone Redis only ({~index} slot)
--- ARGV  1 kind ("p" prompt | "s" steer)   2 message id   3 input (JSON text)   4 agent name
+-- ARGV  1 kind ("p" prompt | "s" steer | "d" decision)   2 message id   3 input (JSON text)   4 agent name
 --       5 now_ms   6 create ("1" creates the session on first input, "0" refuses)
 --       7 session id (the ready set's member, with KEYS 11-12)
 --       8 context (JSON text, "" or absent: the session's, meta `context`, if it has one; a
@@ -11,13 +11,24 @@
 --       10 steer max bytes   11 steer max queued count   12 steer max queued bytes
 --       13 the steer's size: UTF-8 bytes of its text, not of its JSON (10-13: steers only)
 --       14 the W3C trace context of the request that sent it ("" or absent: none)
--- Returns {"ok", agent, state, seq, end_cursor, ui_cursor, created(0|1), wake(0|1)}
---         {"repeated", agent, state, seq, end_cursor, ui_cursor, 0, wake(0|1)}
+--       15 a decision's call id   16 "1": the decision is the wait's timeout
+--       17 the decision: "a" approve | "d" deny | "r" a result        (15-17: decisions only)
+-- Returns {"ok", agent, state, seq, end_cursor, ui_cursor, created(0|1), wake(0|1), open turn}
+--         {"repeated", agent, state, seq, end_cursor, ui_cursor, 0, wake(0|1), open turn}
 --   wake: 1 when the sender should send a wake now; 0 when one it or another sender sent
 --   less than WAKE_TRUST_MS ago is still outstanding (no claim took it), the session waits
 --   for an agent no live worker runs (`noWorker`: the sweeper keeps it), or the input is done.
 --         {"in_use", stored_kind} | {"unknown"} | {"too_large", limit} | {"queue_full", what, limit}
 --         {"incomplete", key}: a key of the session is gone (_whole.lua); nothing stored
+--         {"no_call"} | {"decided"} | {"expired"} | {"wrong_kind", "a"|"e"}: a decision for a
+--         call the open turn does not wait on, one decided already, one whose wait timed out,
+--         or one of the wrong kind (an approval for an external tool's call, a result for
+--         one waiting for approval); nothing stored
+--
+-- A decision is taken only for a call of `paused` (append.lua's `pause` mark: `a:<id>`
+-- waits for approval, `e:<id>` for a result) not yet in
+-- `decided`; it joins `decided` (with its timeout, `expired` too) and counts in
+-- `decisions` until the turn takes it: one decision per call, whichever server sent it.
 --
 -- Invariant: a message id names one input. The same id and kind again stores nothing and
 -- reports the original (state w waiting | r its turn is open | d done); the same id with
@@ -41,7 +52,7 @@ local kind, mid, input, agent, now_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV
 if KEYS[11] then redis.call('ZADD', KEYS[11], 'GT', now_ms, ARGV[7]) end
 
 local m = redis.call('HMGET', meta, 'agent', 'ui', 'inbox', 'steers', 'steer_bytes', 'expiring', 'context', 'head', 'epoch',
-  'rest', 'turn', 'through', 'woken', 'unserved_ms')
+  'rest', 'turn', 'through', 'woken', 'unserved_ms', 'paused', 'decided', 'expired', 'decisions')
 local owner, ui = m[1], tonumber(m[2] or 0)
 -- A session with a key gone is refused; one that was set to expire is gone: what is left
 -- of it goes, and the input finds no session.
@@ -78,7 +89,31 @@ if redis.call('HSETNX', msgs, mid, kind .. ':w:' .. seq .. ':0:' .. size) == 0 t
     redis.call('HSET', meta, 'woken', now_ms)
     wake = 1
   end
-  return {'repeated', owner or '', state, tonumber(at), tonumber(endc), ui, 0, wake}
+  return {'repeated', owner or '', state, tonumber(at), tonumber(endc), ui, 0, wake, m[11] or ''}
+end
+
+-- A decision: for a call the open turn waits on, once (decided at the door, not by the turn).
+local decided = nil
+if kind == 'd' then
+  local call, paused = '\n' .. ARGV[15] .. '\n', m[15] or ''
+  local approval = string.find(paused, '\na:' .. ARGV[15] .. '\n', 1, true)
+  local external = string.find(paused, '\ne:' .. ARGV[15] .. '\n', 1, true)
+  local refused
+  if m[17] and string.find(m[17], call, 1, true) then
+    refused = {'expired'}
+  elseif m[16] and string.find(m[16], call, 1, true) then
+    refused = {'decided'}
+  elseif not (approval or external) then
+    refused = {'no_call'}
+  elseif (ARGV[17] == 'a' and not approval) or (ARGV[17] == 'r' and not external) then
+    refused = {'wrong_kind', approval and 'a' or 'e'}
+  end
+  if refused then
+    redis.call('HDEL', msgs, mid)
+    return refused
+  end
+  decided = m[16] or '\n'
+  decided = decided .. ARGV[15] .. '\n'
 end
 
 local fields = {'inbox', seq}
@@ -115,6 +150,13 @@ if kind == 's' then
   end
   fields[#fields + 1], fields[#fields + 2], fields[#fields + 3], fields[#fields + 4] = 'steers', steers, 'steer_bytes', bytes
 end
+if decided then
+  fields[#fields + 1], fields[#fields + 2] = 'decided', decided
+  fields[#fields + 1], fields[#fields + 2] = 'decisions', tonumber(m[18] or 0) + 1
+  if ARGV[16] == '1' then
+    fields[#fields + 1], fields[#fields + 2] = 'expired', (m[17] or '\n') .. ARGV[15] .. '\n'
+  end
+end
 if m[6] == '1' then
   -- New input revives a finished session that was set to expire.
   for i = 1, 10 do redis.call('PERSIST', KEYS[i]) end  -- the session's keys, not the index
@@ -138,4 +180,4 @@ end
 if (ARGV[14] or '') ~= '' then entry[#entry + 1], entry[#entry + 2] = 'tp', ARGV[14] end
 redis.call('XADD', inbox, seq .. '-0', unpack(entry))
 redis.call('ZADD', pending, seq, mid)
-return {'ok', owner, 'w', seq, 0, ui, m[1] and 0 or 1, wake}
+return {'ok', owner, 'w', seq, 0, ui, m[1] and 0 or 1, wake, m[11] or ''}

@@ -12,6 +12,10 @@
 --       Mark names: start <turn id> | end | yield | accepted <input id> | step <name> |
 --       done (the record finishes something: a model response or a tool result) |
 --       drop <input id> (consumed without a turn: cancelled or refused before it started) |
+--       pause <calls, `\n`-separated, each `a:<id>` (waits for approval) or `e:<id>` (for
+--       an external tool's result)> (the open turn parks until those calls are decided:
+--       meta `paused`; only a process reading PARKED_LEVEL claims it, meta `newer`) |
+--       decided <call id> (the turn took that call's decision: it leaves `paused`) |
 --       release <session id> (a store mark: once the call is stored, let the session go as
 --       release.lua does, if no turn is open and no input waits; else it stays held) |
 --       checkpoint <data> (a store mark, with release: when the session goes, the
@@ -43,6 +47,9 @@
 -- nothing is written under the lease after it, and an input accepted after it finds the
 -- session free. Its retry (the reply was lost) is fenced like any later call of the
 -- epoch, and stores nothing: the idempotency keys went with the release (_at_rest.lua).
+-- A parked turn (§6 "Paused turns"): `paused` names the calls it waits on, `decided` the
+-- calls answered at the door (accept.lua), `decisions` the answers no turn took yet. Its
+-- `end` drops those answers and forgets all three.
 -- Packing (§5 "Packed at rest") changes how lines are stored, never which: the chunks
 -- replace the entries of the same lines, checked against their SHA-1, in this call, so a
 -- reader sees one or the other; any mismatch leaves every entry as it was.
@@ -58,10 +65,11 @@ local meta, lease, log, ui, msgs, pending, keys = KEYS[1], KEYS[2], KEYS[4], KEY
 local epoch, now_ms, ttl_ms = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local nrec, nlines, nmarks = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local RECORDS_AT = 9  -- the ARGV index of the first record
+local PARKED_LEVEL = 2  -- the stored layout level a parked turn needs (fxworker/store/types.py LAYOUT_LEVEL)
 
 -- The session as the call finds and changes it: the meta fields read before anything is
 -- written (`read_meta`), those to write at the end (`changed`), and what the marks ask for.
-local head, ui_last, turn, step, cancel, spared
+local head, ui_last, turn, step, cancel, spared, paused, decisions
 local changed = {}
 local ended = false
 local release = nil  -- the session id of a `release` mark
@@ -70,7 +78,7 @@ local packs = {}  -- the values of `pack` marks
 local starting = false  -- a turn started in this call; its turn_start line may be in it
 
 local fenced, read_meta, repeated, store_records, apply_store_marks, store_lines, remember_keys, write_meta,
-  let_go_or_expire, consume, apply, pack_lines
+  let_go_or_expire, consume, unpark, apply, pack_lines
 
 local function append()
   local refused = fenced()
@@ -101,9 +109,9 @@ function fenced()
 end
 
 function read_meta()
-  local m = redis.call('HMGET', meta, 'head', 'ui', 'turn', 'step', 'cancel', 'spared')
+  local m = redis.call('HMGET', meta, 'head', 'ui', 'turn', 'step', 'cancel', 'spared', 'paused', 'decisions')
   head, ui_last, turn, step, cancel = tonumber(m[1] or 0), tonumber(m[2] or 0), m[3] or '', m[4] or '', m[5] or ''
-  spared = m[6]
+  spared, paused, decisions = m[6], m[7] or '', tonumber(m[8] or 0)
 end
 
 -- The reply of a retry of a call that already ran (its reply was lost), or nil: it reports
@@ -243,7 +251,10 @@ function consume(id, state)
   local k, s, seq, endc, size = string.match(v, '^(%a):(%a):(%d+):(%d+):(%d+)')
   if s == 'w' then
     redis.call('ZREM', pending, id)
-    if k == 's' then
+    if k == 'd' then
+      decisions = decisions - 1
+      changed.decisions = decisions
+    elseif k == 's' then
       redis.call('HINCRBY', meta, 'steers', -1)
       redis.call('HINCRBY', meta, 'steer_bytes', -tonumber(size))
     end
@@ -251,6 +262,19 @@ function consume(id, state)
   redis.call('HSET', msgs, id, k .. ':' .. state .. ':' .. seq .. ':' .. endc .. ':' .. size)
   if state == 'd' and cancel == id then cancel = ''; changed.cancel = '' end
   return tonumber(seq)
+end
+
+-- The turn's end: the answers no turn took are dropped, and the parked state goes.
+function unpark()
+  if decisions > 0 then
+    for _, id in ipairs(redis.call('ZRANGE', pending, 0, -1)) do
+      local v = redis.call('HGET', msgs, id)
+      if v and string.sub(v, 1, 4) == 'd:w:' then consume(id, 'd') end
+    end
+  end
+  paused, decisions = '', 0
+  changed.paused, changed.decisions = '', 0
+  redis.call('HDEL', meta, 'decided', 'expired')
 end
 
 function apply(name, value)
@@ -271,6 +295,7 @@ function apply(name, value)
       consume(turn, 'd')
       changed.last_turn = turn
     end
+    if paused ~= '' or decisions > 0 or redis.call('HEXISTS', meta, 'decided') == 1 then unpark() end
     turn, step, ended, starting = '', '', true, false
     changed.turn, changed.turn_seq, changed.yielded, changed.cutoffs, changed.deaths, changed.step = '', 0, 0, 0, 0, ''
     changed.turn_cursor = 0
@@ -282,6 +307,17 @@ function apply(name, value)
     consume(value, 'd')
     -- deaths counted before a turn opened were the dropped input's (claim.lua)
     if turn == '' then changed.deaths = 0 end
+  elseif name == 'pause' then
+    paused = '\n' .. value .. '\n'
+    -- Parking is progress: the turn reached the calls it waits on.
+    changed.paused, changed.newer, changed.deaths, changed.futile = paused, PARKED_LEVEL, 0, 0
+  elseif name == 'decided' then
+    local at = string.find(paused, '\na:' .. value .. '\n', 1, true) or string.find(paused, '\ne:' .. value .. '\n', 1, true)
+    if at then
+      paused = string.sub(paused, 1, at) .. string.sub(paused, at + #value + 4)
+      if paused == '\n' then paused = '' end
+      changed.paused = paused
+    end
   elseif name == 'release' then
     release = value
   elseif name == 'checkpoint' then

@@ -14,7 +14,9 @@
 -- {"held", holder, epoch, expires_ms} when a live lease stands, {"unknown"} for
 -- no such session, {"incomplete", key} for one with a key gone (_whole.lua),
 -- {"idle", epoch, agent} when ARGV[4] is "1", no lease is held, no turn is open
--- and no input waits (a second wake of work a delivery already ran: nothing changes),
+-- and no input waits (a second wake of work a delivery already ran: nothing changes), or
+-- the open turn is parked (its calls wait for decisions, none has come and no cancel
+-- names it: a prompt queued behind it waits too; nothing is counted, no lease taken),
 -- {"unserved", agent, since_ms, next_ms, spare(0|1)} when the owning agent is not among
 -- ARGV[5] (nothing taken: lease and epoch stay; meta counts the miss and when to wake
 -- next; spare: another wake is due at next_ms already, this one counted nothing; the
@@ -90,7 +92,7 @@ if l[4] == 'held' then
 end
 local m = redis.call('HMGET', meta, 'agent', 'head', 'ui', 'inbox', 'turn', 'turn_seq', 'yielded', 'cutoffs', 'deaths', 'cancel',
                        'turn_cursor', 'epoch', 'unserved_ms', 'unserved_n', 'expiring', 'unserved_next_ms', 'spared',
-                       'rest', 'through', 'woken', 'futile', 'newer')
+                       'rest', 'through', 'woken', 'futile', 'newer', 'paused', 'decisions')
 if not m[1] then
   if orphan_key() == 'meta' then return {'incomplete', 'meta'} end
   return {'unknown'}
@@ -113,7 +115,8 @@ end
 -- the claim whole (a write made first would let every later one through).
 local function took_wake() if m[20] then redis.call('HDEL', meta, 'woken') end end
 if again == 0 then
-  if ARGV[4] == '1' and taken == 0 and turn == '' and redis.call('ZCARD', pending) == 0 then
+  local parked = turn ~= '' and (m[23] or '') ~= '' and tonumber(m[24] or 0) == 0 and m[10] ~= turn
+  if ARGV[4] == '1' and (parked or (taken == 0 and turn == '' and redis.call('ZCARD', pending) == 0)) then
     took_wake()
     return {'idle', epoch, m[1]}
   end

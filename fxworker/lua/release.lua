@@ -20,10 +20,18 @@
 -- marks it in the same script that stores the input, so no mark of work still to come is
 -- lost, and the sweeper does not read finished sessions again. Such a release also drops
 -- the consumed inbox and the idempotency keys, moves the log into one value (_rest.lua)
--- and rewrites the lines to their size while they are few (_at_rest.lua).
+-- and rewrites the lines to their size while they are few (_at_rest.lua). A release of a
+-- parked turn (its calls wait for decisions, none has come, no cancel names it: `paused`,
+-- append.lua) takes it out of the ready set too and answers pending 0: the inputs queued
+-- behind it cannot run, and the decision or cancel that can wakes it (accept.lua,
+-- cancel.lua); a cancel of it that came while the lease was held counts as waiting, so
+-- the releaser wakes the session for it. Only a process reading PARKED_LEVEL claims a
+-- session with a turn parked next (meta `newer`).
 
 -- include: _rest.lua
 -- include: _at_rest.lua
+
+local PARKED_LEVEL = 2  -- as append.lua's
 
 local meta, lease, pending = KEYS[1], KEYS[2], KEYS[7]
 local epoch, ttl_ms = tonumber(ARGV[1]), tonumber(ARGV[4])
@@ -31,7 +39,7 @@ local l = redis.call('HMGET', lease, 'epoch', 'state', 'expires_ms')
 if tonumber(l[1] or 0) ~= epoch then
   return {'fenced', tonumber(l[1] or 0), l[2] or '', tonumber(l[3] or 0)}
 end
-local m = redis.call('HMGET', meta, 'turn', 'cutoffs')
+local m = redis.call('HMGET', meta, 'turn', 'cutoffs', 'paused', 'decisions', 'cancel')
 local cutoffs = tonumber(m[2] or 0)
 local waiting = redis.call('ZCARD', pending)
 if l[2] ~= 'held' then return {'ok', 0, cutoffs, waiting} end
@@ -39,5 +47,15 @@ redis.call('HSET', lease, 'state', 'released', 'expires_ms', 0)
 if (ARGV[6] or '') ~= '' then redis.call('HSET', meta, 'newer', ARGV[6]) end
 local turn = m[1] or ''
 if ARGV[2] == '1' and turn ~= '' then cutoffs = redis.call('HINCRBY', meta, 'cutoffs', 1) end
-if turn == '' and waiting == 0 then at_rest(ttl_ms, KEYS[11], ARGV[5]) end
+if turn == '' and waiting == 0 then
+  at_rest(ttl_ms, KEYS[11], ARGV[5])
+elseif (m[3] or '') ~= '' then
+  if m[5] == turn then
+    waiting = waiting + 1  -- a cancel of the parked turn came while held: wake for it
+  elseif tonumber(m[4] or 0) == 0 then
+    if KEYS[11] then redis.call('ZREM', KEYS[11], ARGV[5]) end
+    waiting = 0
+  end
+  redis.call('HSET', meta, 'newer', PARKED_LEVEL)
+end
 return {'ok', 1, cutoffs, waiting}

@@ -122,13 +122,18 @@ def _session_state(
             return None
         raise r.incomplete(session_id, reply[1])
     (_, agent, created_ms, ui, turns, turn, last_turn, pending, cancel, holder, epoch, expires, lease_state, head,
-     _yielded, unserved_ms, unserved_next_ms, woken_ms, newer) = reply
+     _yielded, unserved_ms, unserved_next_ms, woken_ms, newer, paused_calls, decisions) = reply
     live = lease_state == b"held" and int(expires) > now_ms
     open_turn = r.text(turn) or None
+    cancel_requested = bool(open_turn) and r.text(cancel) == open_turn
+    # Stored `\n`-framed, each `a:<id>` or `e:<id>` (append.lua's `pause` mark).
+    paused = tuple(call[2:] for call in r.text(paused_calls).split("\n")[1:-1])
     if not (open_turn or int(pending)):
         status = "idle"
     elif live:
         status = "running"
+    elif paused and not int(decisions) and not cancel_requested:
+        status = "paused"
     else:
         status = "waiting"
     return SessionState(
@@ -140,7 +145,7 @@ def _session_state(
         epoch=int(epoch),
         open_turn=open_turn,
         pending=int(pending),
-        cancel_requested=bool(open_turn) and r.text(cancel) == open_turn,
+        cancel_requested=cancel_requested,
         lease_holder=r.text(holder) if live else None,
         lease_expires_ms=int(expires) if live else None,
         created_ms=int(created_ms),
@@ -150,6 +155,8 @@ def _session_state(
         unserved_next_ms=int(unserved_next_ms) or None,
         woken_ms=int(woken_ms) or None,
         newer=int(newer) or None,
+        paused_calls=paused,
+        decisions=int(decisions),
     )
 
 

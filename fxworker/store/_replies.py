@@ -21,8 +21,8 @@ from fxengine.lines import MARK_NAMES, TURN_ENDS
 from ..errors import FxLeaseLostError, FxSessionIncompleteError
 from .types import InboxKind, Input, Mark
 
-_KIND_CODE = {"prompt": "p", "steer": "s"}
-KIND_NAME: dict[bytes, InboxKind] = {b"p": "prompt", b"s": "steer", b"c": "cancel"}
+_KIND_CODE = {"prompt": "p", "steer": "s", "decision": "d"}
+KIND_NAME: dict[bytes, InboxKind] = {b"p": "prompt", b"s": "steer", b"d": "decision", b"c": "cancel"}
 STATUS = {b"w": "waiting", b"r": "running", b"d": "done"}
 
 
@@ -44,7 +44,7 @@ def kind_code(kind: str) -> str:
     try:
         return _KIND_CODE[kind]
     except KeyError:
-        raise ValueError(f"kind must be 'prompt' or 'steer', got {kind!r}") from None
+        raise ValueError(f"kind must be 'prompt', 'steer' or 'decision', got {kind!r}") from None
 
 
 def encode_line(line: Mapping[str, object]) -> tuple[str, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from fxengine.codes import Code
-from fxengine.errors import FxLimitError
+from fxengine.errors import FxInputError, FxLimitError
 
 from .. import scripts
 from ..errors import FxMessageIdInUseError, FxQueueFullError, FxStoreUnavailableError, FxUnknownSessionError
@@ -32,9 +32,16 @@ from .types import (
 def _accept(
     core: StoreCore, session_id: str, *, agent: str, kind: InputKind = "prompt", message_id: str, input: object,
     context: object = None, settings: object = None, now_ms: int | None = None, create: bool = True,
-    traceparent: str | None = None,
+    traceparent: str | None = None, call_id: str = "", expired: bool = False, decision: str = "",
 ) -> Op[Accepted]:
-    """Stores a prompt or steer; returns once Redis (and the `ack` level) has it.
+    """Stores a prompt, steer or decision; returns once Redis (and the `ack` level) has it.
+
+    A decision (`kind="decision"`, `input` ``{callId, decision, by?}``) is for `call_id`, a
+    call the session's open turn waits on: one not waiting is `FX_DECISION_UNKNOWN_CALL`,
+    one decided already `FX_DECISION_REPEATED`, one whose wait timed out
+    `FX_DECISION_EXPIRED` (`expired=True` is that timeout's own decision); `decision`
+    ("a" approve, "d" deny, "r" a result) of the wrong kind for the call is
+    `FX_DECISION_INVALID`.
 
     The session is marked ready first, then one script checks the message id (the
     same id and kind again: `repeated=True` with the original; a steer reusing a
@@ -65,7 +72,7 @@ def _accept(
         agent=agent, now_ms=now, create=create, steer_max_bytes=STEER_MAX_BYTES,
         steer_max_count=STEER_MAX_QUEUED, steer_max_total_bytes=STEER_MAX_QUEUED_BYTES,
         ready=None if cluster else core.index, session_id=session_id, steer_bytes=steer_bytes,
-        traceparent=traceparent or "",
+        traceparent=traceparent or "", call_id=call_id, expired=expired, decision=decision,
     )
     # The ready mark goes first (§5): a sender that dies after the acknowledgement
     # leaves the session for the sweeper. On one server the accept script marks it
@@ -98,12 +105,12 @@ def _accept(
 def _accepted(reply: list[Any], session_id: str, message_id: str, kind: InputKind) -> Accepted:
     word = reply[0]
     if word == b"ok" or word == b"repeated":
-        _, agent, state, seq, end_cursor, cursor, created, wake = reply
+        _, agent, state, seq, end_cursor, cursor, created, wake, turn = reply
         # Positional: this runs once per accepted input (see Accepted for the fields).
         return Accepted(
             session_id, message_id, kind, word == b"repeated", r.STATUS[state], int(cursor),  # type: ignore[arg-type]
             agent.decode() if isinstance(agent, bytes) else agent, bool(created), int(seq), int(end_cursor) or None,
-            bool(wake),
+            bool(wake), r.text(turn) or None,
         )
     if word == b"in_use":
         other = r.KIND_NAME[reply[1]]
@@ -112,12 +119,27 @@ def _accepted(reply: list[Any], session_id: str, message_id: str, kind: InputKin
         raise FxUnknownSessionError(f"no session {session_id}")
     if word == b"incomplete":
         raise r.incomplete(session_id, reply[1])
+    if word == b"wrong_kind":
+        why = ("waits for approval: approve or deny it" if reply[1] == b"a"
+               else "is an external tool's: submit its result (or deny it)")
+        raise FxInputError(f"session {session_id}: that call {why} (decision {message_id})",
+                           code=Code.DECISION_INVALID)
+    if word in _DECISION_REFUSED:
+        code, why = _DECISION_REFUSED[word]
+        raise FxInputError(f"session {session_id}: {why} (decision {message_id})", code=code)
     if word == b"too_large":
         raise FxLimitError(f"a steer is limited to {reply[1]} bytes of text", code=Code.LIMIT_STEER_SIZE)
     if word == b"queue_full":
         what = "steers" if reply[1] == b"count" else "bytes of queued steers"
         raise FxQueueFullError(f"session {session_id} already holds the most {what} it may queue ({reply[2]})")
     raise FxStoreUnavailableError(f"unexpected accept reply {reply!r}")
+
+
+_DECISION_REFUSED = {
+    b"no_call": (Code.DECISION_UNKNOWN_CALL, "its open turn waits on no such call; read the session's pendingCalls"),
+    b"decided": (Code.DECISION_REPEATED, "that call was decided already; the first decision stands"),
+    b"expired": (Code.DECISION_EXPIRED, "that call's wait timed out and it was answered as denied"),
+}
 
 
 def _steer_text_bytes(input: object, json_bytes: int) -> int:

@@ -477,13 +477,13 @@ class StorePersistence:
         release: Callable[[], bool] | None = None,
         checkpoint: Callable[[], bytes | None] | None = None,
     ) -> EndRide:
-        """Stores `line` last in the call of the next record that ends or yields a turn;
-        that call may also let the session go (`EndRide`)."""
+        """Stores `line` last in the call of the next record that ends, yields or parks a
+        turn; that call may also let the session go (`EndRide`)."""
         ride = self._ride = EndRide({**line, "epoch": self.epoch}, release, checkpoint)
         return ride
 
     def _take_ride(self, marks: list[Mark]) -> EndRide | None:
-        if self._ride is None or not any("end" in m or "yield" in m for m in marks):
+        if self._ride is None or not any("end" in m or "yield" in m or "pause" in m for m in marks):
             return None
         ride, self._ride = self._ride, None
         return ride

@@ -9,16 +9,19 @@ from fxengine.errors import FxError
 from fxengine.persistence import JournalRecord, Loaded, StoredCheckpoint
 from fxengine.persistence import Mark as Mark  # the store's marks are the engine's, plus `drop`
 
-InputKind = Literal["prompt", "steer"]
-InboxKind = Literal["prompt", "steer", "cancel"]
+InputKind = Literal["prompt", "steer", "decision"]
+InboxKind = Literal["prompt", "steer", "decision", "cancel"]
 MessageStatus = Literal["waiting", "running", "done"]
-SessionStatus = Literal["idle", "waiting", "running"]
+# `paused`: the open turn is parked, its calls wait for decisions (none has come yet).
+SessionStatus = Literal["idle", "waiting", "running", "paused"]
 
 # The newest stored layout level this release reads (and the one it writes): journal
 # records `FXJ` of fxengine's FORMAT_VERSION, checkpoints `FXZ\x01` (with their CRC),
-# line chunks of format 1 (with their checksum), live marks v1. A release that writes a
-# layout the previous one cannot read raises it (docs/operations.md, "Upgrading").
-LAYOUT_LEVEL = 1
+# line chunks of format 1 (with their checksum), live marks v1; level 2 adds parked turns
+# (journal records `tool_wait`, `turn_pause`, `tool_approved`, decision inputs `d` in the
+# inbox, meta `paused`/`decided`/`decisions`). A release that writes a layout the
+# previous one cannot read raises it (docs/operations.md, "Upgrading").
+LAYOUT_LEVEL = 2
 
 # The limits of docs/design.md §5 and §6, enforced inside the scripts.
 CHECKPOINT_MAX_BYTES = 4 * 1024 * 1024
@@ -53,11 +56,14 @@ class Accepted:
     # than `liveness.SENDER_TRUST_MS` ago is outstanding (it runs this input too), or the
     # input is done (§7: one outstanding wake per session).
     wake: bool = True
+    # The session's open turn at acceptance (None: none): the turn a decision resumes.
+    turn: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Input:
-    """One inbox entry: a prompt, a steer, or a cancel request (whose `message_id` is its target)."""
+    """One inbox entry: a prompt, a steer, a decision (`input`: ``{callId, decision, by?}``)
+    or a cancel request (whose `message_id` is its target)."""
 
     seq: int
     kind: InboxKind
@@ -225,10 +231,19 @@ class SessionState:
     woken_ms: int | None = None
     # The layout level a claim must read (a holder let it go for a newer one), else None.
     newer: int | None = None
+    # The calls the open turn waits on for a decision, and the decisions no turn took yet.
+    paused_calls: tuple[str, ...] = ()
+    decisions: int = 0
+
+    @property
+    def parked(self) -> bool:
+        """The open turn waits for decisions and none has come (nor a cancel): nothing
+        can run until one does, so nothing wakes it."""
+        return bool(self.paused_calls) and self.decisions == 0 and not self.cancel_requested
 
     @property
     def has_work(self) -> bool:
-        return self.open_turn is not None or self.pending > 0
+        return not self.parked and (self.open_turn is not None or self.pending > 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,12 +47,19 @@ def responder(request: Any) -> Reply:
     - `hold:<name>`: streams "partial ", waits for `model.release(name)`, then "rest";
     - `slow:<ms>`: waits <ms>, then answers "ok";
     - `send:<to>`: calls the `send` tool once, then answers "done";
+    - `refund:<amount>[,<amount>...]`: calls `refund` once per amount, in one response;
+    - `pick:<pattern>`: calls the external `pick_file`;
     - anything else: answers "echo:<prompt>".
     After a tool result it answers "done".
     """
     role, last = last_message_text(request)
     if role == "tool":
         return Reply(text("done"))
+    if last.startswith("refund:"):
+        return Reply(*[tool_call(f"call_{uuid.uuid4().hex[:8]}", "refund", {"amount": int(a)})
+                       for a in last[7:].split(",")])
+    if last.startswith("pick:"):
+        return Reply(tool_call(f"call_{uuid.uuid4().hex[:8]}", "pick_file", {"pattern": last[5:]}))
     if last.startswith("hold:"):
         return Reply(text("partial "), hold(last[5:]), text("rest"))
     if last.startswith("slow:"):

@@ -4,7 +4,10 @@
 - `send` (not idempotent): records each real execution in the Redis list
   `<FX_PREFIX>:test:sent` (`<execution_id>|<epoch>|<to>`) on `FX_TEST_EFFECTS_URL`
   (default `REDIS_URL`), so a test can count them;
-- `slow` (idempotent): sleeps `seconds`, then answers `slept`; aborts with the turn.
+- `slow` (idempotent): sleeps `seconds`, then answers `slept`; aborts with the turn;
+- `refund` (not idempotent, waits for approval): records each real execution in
+  `<FX_PREFIX>:test:refunds` as `send` does, answers `refunded <amount>`;
+- `pick_file` (external: a client gives its result; no body runs here).
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ def sent_key(prefix: str = PREFIX) -> str:
     return f"{prefix}:test:sent"
 
 
+def refunds_key(prefix: str = PREFIX) -> str:
+    return f"{prefix}:test:refunds"
+
+
 def _redis() -> redis.Redis:
     global _client
     if _client is None:
@@ -41,6 +48,15 @@ async def _lookup(input: dict, ctx) -> str:
 def _send(input: dict, ctx) -> str:
     _redis().rpush(sent_key(), f"{ctx.execution_id}|{ctx.epoch}|{input.get('to', '')}")
     return f"sent to {input.get('to', '')}"
+
+
+def _refund(input: dict, ctx) -> str:
+    _redis().rpush(refunds_key(), f"{ctx.execution_id}|{ctx.epoch}|{input.get('amount', 0)}")
+    return f"refunded {input.get('amount', 0)}"
+
+
+def _external(input: dict, ctx) -> str:
+    raise AssertionError("an external tool's body never runs")
 
 
 async def _slow(input: dict, ctx) -> str:
@@ -58,6 +74,10 @@ def tools() -> list[Tool]:
         Tool("lookup", "Looks something up.", {**obj, "properties": {"q": {"type": "string"}}}, idempotent=True, execute=_lookup),
         Tool("send", "Sends a message (an effect).", {**obj, "properties": {"to": {"type": "string"}}}, idempotent=False, execute=_send),
         Tool("slow", "Takes a while.", {**obj, "properties": {"seconds": {"type": "number"}}}, idempotent=True, execute=_slow),
+        Tool("refund", "Refunds an order (a person approves it first).",
+             {**obj, "properties": {"amount": {"type": "integer"}}}, idempotent=False, execute=_refund, approval=True),
+        Tool("pick_file", "Lets the user pick a file on their machine.",
+             {**obj, "properties": {"pattern": {"type": "string"}}}, idempotent=False, execute=_external, external=True),
     ]
 
 
