@@ -22,12 +22,12 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import FrameType
-from typing import TYPE_CHECKING, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Literal, NoReturn, TypeVar
 
 import click
 
 from fxengine.codes import Code
-from fxengine.lines import TURN_ENDS, line_type
+from fxengine.lines import TURN_STOPS, line_type
 
 from .errors import FxConfigError
 from .keys import queue_name
@@ -313,14 +313,17 @@ def _print_lines(lines: Iterable[Mapping[str, object]], *, as_json: bool) -> str
             click.echo(json.dumps(line, ensure_ascii=False))
         else:
             click.echo(transcript.feed(line), nl=False)
-        if line_type(line) in TURN_ENDS:
+        if line_type(line) == "turn_pause":
+            stop = "paused"
+        elif line_type(line) in TURN_STOPS:
             reason = line.get("stopReason")
             stop = reason if isinstance(reason, str) else None
     return stop
 
 
 def _print_turn(lines: Iterable[Mapping[str, object]], *, as_json: bool) -> int:
-    return 0 if _print_lines(lines, as_json=as_json) == "end_turn" else EXIT_TURN_FAILED
+    # A paused turn did not fail: it waits, parked, for `fx approve` / `fx deny`.
+    return 0 if _print_lines(lines, as_json=as_json) in ("end_turn", "paused") else EXIT_TURN_FAILED
 
 
 url_option = click.option("--url", default=None, help="The web API (default: FX_URL, http://127.0.0.1:8000).")
@@ -394,6 +397,46 @@ def steer(session_id: str, text: str, message_id: str | None, url: str | None) -
     client = _client(url)
     accepted = _api_call(lambda: client.steer(session_id, text, message_id=message_id))
     click.echo(f"steer {accepted['messageId']} stored{' (repeated)' if accepted.get('repeated') else ''}")
+
+
+def _decide(session_id: str, call_id: str, decision: Literal["approve", "deny"], *, reason: str,
+            message_id: str | None, url: str | None, follow: bool, as_json: bool) -> None:
+    client = _client(url)
+    answer = _api_call(lambda: client.decide(session_id, call_id, decision, reason=reason, message_id=message_id))
+    done = "approval" if decision == "approve" else "denial"
+    click.echo(f"{done} of {call_id} stored{' (repeated)' if answer.get('repeated') else ''}", err=follow)
+    if not follow:
+        return
+    lines = client.follow_turn(session_id, answer.get("turnId"), cursor=int(answer.get("cursor") or 0))
+    sys.exit(_api_call(lambda: _print_turn(lines, as_json=as_json), session=lambda: session_id))
+
+
+@main.command()
+@click.argument("session_id")
+@click.argument("call_id")
+@click.option("--message-id", default=None, help="An idempotency id: resending it stores nothing new.")
+@click.option("--follow/--no-follow", default=True, help="Print the turn as it goes on (default: yes).")
+@url_option
+@json_option
+def approve(session_id: str, call_id: str, message_id: str | None, follow: bool, url: str | None,
+            as_json: bool) -> None:
+    """Approve CALL_ID, a call SESSION_ID's paused turn waits on: it runs, once, and the turn goes on."""
+    _decide(session_id, call_id, "approve", reason="", message_id=message_id, url=url, follow=follow, as_json=as_json)
+
+
+@main.command()
+@click.argument("session_id")
+@click.argument("call_id")
+@click.option("--message-id", default=None, help="An idempotency id: resending it stores nothing new.")
+@click.option("--follow/--no-follow", default=True, help="Print the turn as it goes on (default: yes).")
+@url_option
+@json_option
+@click.option("--reason", default="", help="What the model reads as the call's result.")
+def deny(session_id: str, call_id: str, message_id: str | None, follow: bool, url: str | None, as_json: bool,
+         reason: str) -> None:
+    """Deny CALL_ID, a call SESSION_ID's paused turn waits on: the model reads the denial."""
+    _decide(session_id, call_id, "deny", reason=reason, message_id=message_id, url=url, follow=follow,
+            as_json=as_json)
 
 
 @main.command()

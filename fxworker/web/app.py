@@ -59,6 +59,7 @@ ROUTES = [
     Route("/v1/sessions/{session_id}/prompts", sessions.prompt, methods=["POST"]),
     Route("/v1/sessions/{session_id}/steer", sessions.steer, methods=["POST"]),
     Route("/v1/sessions/{session_id}/cancel", sessions.cancel, methods=["POST"]),
+    Route("/v1/sessions/{session_id}/calls/{call_id}", sessions.decide, methods=["POST"]),
     Route("/v1/sessions/{session_id}/timeline", sessions.timeline, methods=["GET"]),
     Route("/v1/sessions/{session_id}/stream", sessions.stream, methods=["GET"]),
     Route("/v1/wake", wake.wake, methods=["POST"]),

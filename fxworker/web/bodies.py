@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, NoReturn, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
@@ -49,6 +49,17 @@ class SteerBody(_Wire):
     """`POST /v1/sessions/{id}/steer`: text (or blocks) for the running turn."""
 
     input: str | list[dict[str, Any]]
+    message_id: str | None = Field(default=None, alias="messageId")
+
+
+class DecisionBody(_Wire):
+    """`POST /v1/sessions/{id}/calls/{call_id}`: the decision for a call a parked turn
+    waits on: approve it, deny it (`reason`), or give an external tool's `result`."""
+
+    type: Literal["approve", "deny", "result"]
+    reason: str = Field(default="", max_length=4096)
+    result: Any = None
+    is_error: bool = Field(default=False, alias="isError")
     message_id: str | None = Field(default=None, alias="messageId")
 
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import TypedDict
+from typing import Literal, TypedDict
+from urllib.parse import quote
 
 import httpx
 
 from fxengine.codes import Code
 from fxengine.errors import FxError
-from fxengine.lines import DELTA_TYPES, TURN_ENDS, LineType, line_type
+from fxengine.lines import DELTA_TYPES, TURN_STOPS, LineType, line_type
 
 from ..agent import SessionInfo
 from ..ids import new_message_id
@@ -33,7 +34,7 @@ from .ndjson import MEDIA_TYPE
 RECONNECTS = 7
 RECONNECT_FIRST_S = 0.25
 RECONNECT_MAX_S = 4.0
-_ENDS: tuple[LineType, ...] = (*TURN_ENDS, "idle")
+_ENDS: tuple[LineType, ...] = (*TURN_STOPS, "idle")
 # A line as the API sends it: a JSON object, of a type `fxengine.lines` declares or a newer one.
 ApiLine = dict[str, object]
 
@@ -42,6 +43,15 @@ class SteerAnswer(TypedDict):
     sessionId: str
     messageId: str
     repeated: bool
+
+
+class DecisionAnswer(TypedDict):
+    sessionId: str
+    callId: str
+    messageId: str
+    repeated: bool
+    turnId: str | None
+    cursor: int
 
 
 class CancelAnswer(TypedDict):
@@ -99,6 +109,20 @@ class ApiClient:
         body = {"input": text, "messageId": message_id or new_message_id()}
         result: SteerAnswer = self._request("POST", f"/v1/sessions/{session_id}/steer", json=body).json()
         return result
+
+    def decide(self, session_id: str, call_id: str, decision: Literal["approve", "deny", "result"], *,
+               reason: str = "", result: object = None, is_error: bool = False,
+               message_id: str | None = None) -> DecisionAnswer:
+        """Decide call `call_id` that the session's parked turn waits on: approve it, deny
+        it (`reason`), or give an external tool's `result`."""
+        body: dict[str, object] = {"type": decision, "messageId": message_id or new_message_id()}
+        if decision == "deny":
+            body["reason"] = reason
+        elif decision == "result":
+            body["result"], body["isError"] = result, is_error
+        answer: DecisionAnswer = self._request("POST", f"/v1/sessions/{session_id}/calls/{quote(call_id, safe='')}",
+                                               json=body).json()
+        return answer
 
     def cancel(self, session_id: str) -> CancelAnswer:
         """Cancel the session's running (or waiting) turn."""
@@ -178,6 +202,11 @@ class ApiClient:
 
         yield from self._follow(session_id, cursor, keep=lambda line: True, done=done)
 
+    def follow_turn(self, session_id: str, turn_id: str | None, *, cursor: int = 0) -> Iterator[ApiLine]:
+        """Turn `turn_id`'s lines after `cursor`, until it ends or pauses again."""
+        return self._follow(session_id, cursor, keep=lambda line: line.get("messageId") == turn_id,
+                            done=lambda line: line_type(line) in TURN_STOPS)
+
     def _follow(
         self, session_id: str, cursor: int, *, keep: Callable[[ApiLine], bool], done: Callable[[ApiLine], bool]
     ) -> Iterator[ApiLine]:
@@ -246,7 +275,7 @@ class ApiClient:
                     line: ApiLine = json.loads(raw)
                     cursor = max(cursor, _cursor(line))
                     yield line
-                    if line_type(line) in TURN_ENDS:
+                    if line_type(line) in TURN_STOPS:
                         return
         except httpx.HTTPError as exc:
             if self.session_id is None:
@@ -257,7 +286,7 @@ class ApiClient:
         yield from self._follow(
             self.session_id, cursor,
             keep=lambda line: line.get("messageId") == turn_id,
-            done=lambda line: line_type(line) in TURN_ENDS,
+            done=lambda line: line_type(line) in TURN_STOPS,
         )
 
 
@@ -344,6 +373,14 @@ def render_line(line: Mapping[str, object]) -> str:
         detail = f": {error.get('code')} {error.get('message')}" if isinstance(error, dict) else ""
         repeated = " (repeated)" if line.get("repeated") else ""
         return f"\n[{line.get('stopReason')}{repeated}{detail}]\n"
+    if kind == "approval_request":
+        shown = f"{line.get('inputPreview', '')}…" if line.get("inputTruncated") else line.get("input")
+        what = "its result from the client" if line.get("kind") == "external" else "approval"
+        return f"\n? {line.get('name')}({_short(shown)}) waits for {what}: call {line.get('id')}\n"
+    if kind == "turn_pause":
+        calls = line.get("pendingCalls")
+        ids = [str(c.get("id")) for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+        return f"\n[paused: waiting for a decision on {', '.join(ids)}; fx approve / fx deny SESSION CALL]\n"
     if kind == "session_error":
         return f"\n[{line.get('code')}: {line.get('message')}]\n"
     if kind == "session_waiting":

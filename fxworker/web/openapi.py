@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from fxworker.timeline import DEFAULT_PAGE_TURNS, MAX_PAGE_TURNS
 
-from .bodies import CreateSessionBody, PromptBody, SteerBody
+from .bodies import CreateSessionBody, DecisionBody, PromptBody, SteerBody
 
 SESSION_ID = {"name": "session_id", "in": "path", "required": True,
               "schema": {"type": "string", "description": "fxs_ and a ULID"}}
@@ -110,6 +110,16 @@ def document() -> dict[str, object]:
                      "responses": {"202": _json({"type": "object", "required": ["sessionId", "cancelRequested"]},
                                                 "asked"), **_errors(*COMMON)}},
         },
+        "/v1/sessions/{session_id}/calls/{call_id}": {
+            "post": {"summary": "Decide a call the session's parked turn waits on: approve, deny, or an external "
+                               "tool's result", "parameters": [
+                                   SESSION_ID, {"name": "call_id", "in": "path", "required": True,
+                                                "schema": {"type": "string"}}],
+                     "requestBody": _body(DecisionBody),
+                     "responses": {"202": _json({"type": "object", "required": [
+                         "sessionId", "callId", "messageId", "repeated", "turnId", "cursor"]}, "stored"),
+                         **_errors(*COMMON, 409, 503)}},
+        },
         "/v1/sessions/{session_id}/timeline": {
             "get": {"summary": "What the session went through, a page of turns at a time: each turn, the workers "
                                "(epochs) that ran it and how each part ended, its steps and tool calls, read from "
@@ -148,7 +158,8 @@ def document() -> dict[str, object]:
                 "cursor": {"type": "integer"}}},
             "Timeline": TIMELINE_SCHEMA,
             "State": {"type": "object", "required": ["sessionId", "agent", "status", "cursor", "turns", "epoch"],
-                      "properties": {"status": {"enum": ["idle", "waiting", "running"]}}},
+                      "properties": {"status": {"enum": ["idle", "waiting", "running", "paused"]},
+                                     "pendingCalls": {"type": "array", "items": {"type": "string"}}}},
         }},
     }
 

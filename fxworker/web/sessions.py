@@ -33,7 +33,7 @@ from fxworker.timeline import DEFAULT_PAGE_TURNS, MAX_PAGE_TURNS
 from fxworker.timeline import read as read_timeline
 
 from .auth import check_access, is_allowed
-from .bodies import CreateSessionBody, PromptBody, SteerBody, read_json
+from .bodies import CreateSessionBody, DecisionBody, PromptBody, SteerBody, read_json
 from .ndjson import NDJSONResponse, StreamSlot, wants_ndjson
 
 SESSION_HEADER = "X-Fx-Session-Id"
@@ -223,6 +223,30 @@ async def steer(request: Request) -> Response:
     return JSONResponse(
         {"sessionId": session_id, "messageId": accepted.message_id, "repeated": bool(accepted.repeated)}, status_code=202
     )
+
+
+async def decide(request: Request) -> Response:
+    """`POST /v1/sessions/{id}/calls/{call_id}` `{type: approve|deny|result, reason?, result?,
+    isError?, messageId?}`: the decision for a call the session's parked turn waits on
+    (§6 "Paused turns"). The `authorize` hook sees action `approve`; the principal it
+    names (`request.state.principal`) is kept with the decision as who decided."""
+    session_id = request.path_params["session_id"]
+    call_id = request.path_params["call_id"]
+    await check_access(request, session_id, "approve")
+    body = await read_json(request, DecisionBody)
+    session, _ = await _existing(request)
+    by = getattr(request.state, "principal", None)
+    by = by if isinstance(by, str) else None
+    if body.type == "approve":
+        accepted = await session.approve(call_id, message_id=body.message_id, by=by)
+    elif body.type == "deny":
+        accepted = await session.deny(call_id, reason=body.reason, message_id=body.message_id, by=by)
+    else:
+        accepted = await session.submit_tool_result(call_id, body.result, is_error=body.is_error,
+                                                    message_id=body.message_id, by=by)
+    return JSONResponse({"sessionId": session_id, "callId": call_id, "messageId": accepted.message_id,
+                         "repeated": bool(accepted.repeated), "turnId": accepted.turn, "cursor": accepted.cursor},
+                        status_code=202)
 
 
 async def cancel(request: Request) -> Response:
