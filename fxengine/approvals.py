@@ -90,6 +90,9 @@ class Decided:
 
     call: ToolCall
     outcome: ToolOutcome | None
+    kind: Literal["approve", "deny", "result"]
+    by: str | None = None  # who decided, when the decision names them
+    reason: str | None = None  # a denial's
     input_id: str | None = None  # the store's input that carried it (marked taken with it)
 
     @property
@@ -154,8 +157,17 @@ def check_decisions(turn: OpenTurn | None, decisions: object) -> list[Decided]:
             raise FxInputError(f"no call {call_id} waits for a decision", code=Code.DECISION_UNKNOWN_CALL)
     if turn is None or turn.pending is None:
         return []
-    return [Decided(call, _outcome(call, awaiting[call["id"]], decisions[call["id"]]))
+    return [_decided(call, awaiting[call["id"]], decisions[call["id"]])
             for call in turn.pending["calls"] if call["id"] in decisions]
+
+
+def _decided(call: ToolCall, kind: str, raw: Mapping[str, object]) -> Decided:
+    outcome = _outcome(call, kind, raw)
+    decision: Literal["approve", "deny", "result"] = (
+        "approve" if outcome is None else "deny" if raw.get("type") == "deny" else "result")
+    by, reason = raw.get("by"), raw.get("reason")
+    return Decided(call, outcome, decision, by if isinstance(by, str) and by else None,
+                   reason if isinstance(reason, str) and reason else None)
 
 
 def pending_calls(core: EngineCore) -> list[PendingCall]:
@@ -264,6 +276,8 @@ class Approvals:
         barrier: asyncio.Future[str | None] | None = None
         answered: list[tuple[ToolOutcome, str]] = []
         for decided in decisions:
+            await self._events.put(ev.approval_decision(decided.call["id"], decided.call["name"], decided.kind,
+                                                        step=step, by=decided.by, reason=decided.reason))
             if decided.outcome is None:
                 last = decided.call is approved[-1]
                 future = core.commit("tool_approved", {"step": step, "id": decided.call["id"]},

@@ -8,6 +8,8 @@
     {"type": "user_message", "text", "id"}
     {"type": "approval_request", "id", "name", "kind": "approval" | "external",
      "input" | ("inputPreview", "inputTruncated"), "step"}
+    {"type": "approval_decision", "id", "name", "decision": "approve" | "deny" | "result",
+     "by"?, "reason"?, "step"}
 
 Diagnostics (`transport.*`, `tool.rerun`, `checkpoint.*`, `output.backpressure`) go to
 `on_event` instead and are never stored.
@@ -18,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .lines import MODEL_EVENT_TYPES as MODEL_EVENT_TYPES
+from .lines import approval_decision as approval_decision
 from .lines import approval_request as approval_request
 from .lines import EndBody as EndBody
 from .lines import Event as Event

@@ -7,7 +7,8 @@ Each line is a `TypedDict` whose `type` is a `Literal`, like pydantic-ai's `mess
 docs/reference.md "Stream lines"):
 
     model events   text_delta, reasoning_delta, tool_start, tool_end, user_message,
-                   approval_request (built by the functions here, emitted by the engine's turn loop)
+                   approval_request, approval_decision (built by the functions here, emitted
+                   by the engine's turn loop)
     control lines  turn_start, turn_resume, turn_yield, turn_pause, turn_end, session_error
                    (built here, written by the worker around the engine's events)
     store lines    session_waiting (written by claim.lua); idle (an HTTP answer, never stored)
@@ -129,6 +130,20 @@ class ApprovalRequest(_Stored):
     messageId: NotRequired[str | None]
 
 
+class ApprovalDecision(_Stored):
+    """A waiting call's decision, as its turn takes it (before the approved call runs, or
+    the answer's `tool_end`): who decided (`by`, when known) and, for a denial, why."""
+
+    type: Literal["approval_decision"]
+    id: str
+    name: str
+    decision: Literal["approve", "deny", "result"]
+    by: NotRequired[str]
+    reason: NotRequired[str]
+    step: int
+    messageId: NotRequired[str | None]
+
+
 class PendingCall(TypedDict):
     """A call a paused turn waits on (`TurnResult.pending_calls`, `Engine.pending_calls`):
     what a person or a client needs to decide it."""
@@ -214,11 +229,12 @@ class Idle(TypedDict):
     requestId: str
 
 
-ModelEvent = TextDelta | ReasoningDelta | ToolStart | ToolEnd | UserMessage | ApprovalRequest
+ModelEvent = TextDelta | ReasoningDelta | ToolStart | ToolEnd | UserMessage | ApprovalRequest | ApprovalDecision
 ModelEventType = Literal["text_delta", "reasoning_delta", "tool_start", "tool_end", "user_message",
-                         "approval_request"]
+                         "approval_request", "approval_decision"]
 MODEL_EVENT_TYPES: Final[tuple[ModelEventType, ...]] = (
-    "text_delta", "reasoning_delta", "tool_start", "tool_end", "user_message", "approval_request")
+    "text_delta", "reasoning_delta", "tool_start", "tool_end", "user_message", "approval_request",
+    "approval_decision")
 
 ControlLine = TurnStart | TurnResume | TurnYield | TurnPause | TurnEnd | SessionError
 ControlLineType = Literal["turn_start", "turn_resume", "turn_yield", "turn_pause", "turn_end", "session_error"]
@@ -299,6 +315,18 @@ def approval_request(call: PendingCall) -> Event:
     else:
         event["inputPreview"] = call.get("inputPreview", "")
         event["inputTruncated"] = True
+    return event
+
+
+def approval_decision(call_id: str, name: str, decision: Literal["approve", "deny", "result"], *, step: int,
+                      by: str | None = None, reason: str | None = None) -> Event:
+    """An `approval_decision`: call `call_id`'s decision, as its turn takes it."""
+    event: ApprovalDecision = {"type": "approval_decision", "id": call_id, "name": name, "decision": decision,
+                               "step": step}
+    if by:
+        event["by"] = by
+    if reason:
+        event["reason"] = reason
     return event
 
 

@@ -289,7 +289,9 @@ class TurnRun:
         stale: list[str] = []
         for entry in inputs:
             body = entry.input if isinstance(entry.input, Mapping) else {}
-            call_id, decision = body.get("callId"), body.get("decision")
+            call_id, decision, by = body.get("callId"), body.get("decision"), body.get("by")
+            if isinstance(decision, Mapping) and isinstance(by, str):
+                decision = {**decision, "by": by}  # who decided: the turn's `approval_decision` names them
             if not isinstance(call_id, str) or call_id not in waiting or call_id in decided:
                 stale.append(entry.message_id)
                 continue

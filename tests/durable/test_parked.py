@@ -194,3 +194,14 @@ async def test_decisions_for_no_waiting_call_are_refused(agent: Agent) -> None:
     with pytest.raises(FxInputError) as bad:
         await session.approve("two\nlines")
     assert bad.value.code == "FX_DECISION_UNKNOWN_CALL"
+
+
+async def test_the_turn_names_each_decision_and_who_made_it(agent: Agent) -> None:
+    session = agent.session()
+    [first, second] = (await asyncio.wait_for((await session.prompt("refund:1,2")).result(), TURN_S)).pending_calls
+    await session.approve(first["id"], by="alice")
+    await session.deny(second["id"], reason="not today", by="bob")
+    await wait_idle(agent, session.id, timeout_s=TURN_S)
+    decisions = [(line["id"], line["decision"], line.get("by"), line.get("reason"))
+                 for line in await stored_lines(agent, session.id) if line["type"] == "approval_decision"]
+    assert decisions == [(first["id"], "approve", "alice", None), (second["id"], "deny", "bob", "not today")]
