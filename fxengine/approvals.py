@@ -93,6 +93,7 @@ class Decided:
     kind: Literal["approve", "deny", "result"]
     by: str | None = None  # who decided, when the decision names them
     reason: str | None = None  # a denial's
+    at_ms: int | None = None  # when it was made (`at`, ms since the epoch), when the decision says
     input_id: str | None = None  # the store's input that carried it (marked taken with it)
 
     @property
@@ -165,9 +166,10 @@ def _decided(call: ToolCall, kind: str, raw: Mapping[str, object]) -> Decided:
     outcome = _outcome(call, kind, raw)
     decision: Literal["approve", "deny", "result"] = (
         "approve" if outcome is None else "deny" if raw.get("type") == "deny" else "result")
-    by, reason = raw.get("by"), raw.get("reason")
+    by, reason, at = raw.get("by"), raw.get("reason"), raw.get("at")
     return Decided(call, outcome, decision, by if isinstance(by, str) and by else None,
-                   reason if isinstance(reason, str) and reason else None)
+                   reason if isinstance(reason, str) and reason else None,
+                   at if isinstance(at, int) and not isinstance(at, bool) else None)
 
 
 def pending_calls(core: EngineCore) -> list[PendingCall]:
@@ -277,7 +279,8 @@ class Approvals:
         answered: list[tuple[ToolOutcome, str]] = []
         for decided in decisions:
             await self._events.put(ev.approval_decision(decided.call["id"], decided.call["name"], decided.kind,
-                                                        step=step, by=decided.by, reason=decided.reason))
+                                                        step=step, by=decided.by, reason=decided.reason,
+                                                        decided_at_ms=decided.at_ms))
             if decided.outcome is None:
                 last = decided.call is approved[-1]
                 future = core.commit("tool_approved", {"step": step, "id": decided.call["id"]},

@@ -140,6 +140,7 @@ class ApprovalDecision(_Stored):
     decision: Literal["approve", "deny", "result"]
     by: NotRequired[str]
     reason: NotRequired[str]
+    decidedAtMs: NotRequired[int]  # when the decision was stored (ms since the epoch)
     step: int
     messageId: NotRequired[str | None]
 
@@ -193,6 +194,7 @@ class TurnPause(_Stored):
     type: Literal["turn_pause"]
     messageId: str | None
     pendingCalls: list[PendingCall]
+    atMs: NotRequired[int]  # when it parked (ms since the epoch)
 
 
 class TurnEnd(_Stored, EndBody):
@@ -319,7 +321,7 @@ def approval_request(call: PendingCall) -> Event:
 
 
 def approval_decision(call_id: str, name: str, decision: Literal["approve", "deny", "result"], *, step: int,
-                      by: str | None = None, reason: str | None = None) -> Event:
+                      by: str | None = None, reason: str | None = None, decided_at_ms: int | None = None) -> Event:
     """An `approval_decision`: call `call_id`'s decision, as its turn takes it."""
     event: ApprovalDecision = {"type": "approval_decision", "id": call_id, "name": name, "decision": decision,
                                "step": step}
@@ -327,6 +329,8 @@ def approval_decision(call_id: str, name: str, decision: Literal["approve", "den
         event["by"] = by
     if reason:
         event["reason"] = reason
+    if decided_at_ms is not None:
+        event["decidedAtMs"] = decided_at_ms
     return event
 
 
@@ -358,8 +362,11 @@ def turn_yield(message_id: str | None) -> TurnYield:
     return {"type": "turn_yield", "messageId": message_id}
 
 
-def turn_pause(message_id: str | None, pending_calls: list[PendingCall]) -> TurnPause:
-    return {"type": "turn_pause", "messageId": message_id, "pendingCalls": pending_calls}
+def turn_pause(message_id: str | None, pending_calls: list[PendingCall], *, at_ms: int | None = None) -> TurnPause:
+    line: TurnPause = {"type": "turn_pause", "messageId": message_id, "pendingCalls": pending_calls}
+    if at_ms is not None:
+        line["atMs"] = at_ms
+    return line
 
 
 def turn_end(message_id: str | None, body: EndBody) -> TurnEnd:

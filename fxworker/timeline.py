@@ -13,8 +13,15 @@ write on the hot path. A part (a delivery: the lines one epoch wrote for one tur
 - `died`: it wrote neither and another epoch continued (`turn_resume {interrupted: true}`)
   or ended the turn, or, from the state, its lease is gone or taken: a killed process, a
   lost lease (a fenced worker stores nothing, so the two look the same) or a lost store;
+- `paused`: it wrote `turn_pause`: the turn parked, its calls waiting for decisions (§6
+  "Paused turns"), and the part that takes them resumes it;
 - `running`: the last part of an open turn whose epoch holds the live lease (without a
   state, any last part of an open turn that wrote no yield).
+
+A turn's `waits` are the calls it parked on: what each waited for (`approval`, or an
+`external` tool's result), how it was decided (`approve`, `deny`, `result`; None while it
+waits), by whom when the decision named them, and how long it waited (`waitedMs`: from the
+pause to the decision's acceptance, both stamped on their lines).
 
 A step whose output a later part withdrew (`turn_resume.retract`, §4) is `withdrawn`. A tool
 call is `ran` (started once, answered), `rerun` (started again by a later epoch: an
@@ -23,7 +30,8 @@ run` (answered with the engine's `AMBIGUOUS_RESULT`, not run again), `running` (
 is running) or `unfinished` (no answer stored: its worker stopped, or the turn ended first,
 a cancel).
 
-Not stored, so not shown: times (lines carry none, stream ids are `<cursor>-0`), which of
+Not stored, so not shown: times (lines carry none but a pause's and a decision's, stream
+ids are `<cursor>-0`), which of
 kill / fence / store loss stopped a `died` part, and a rerun of a call whose first
 `tool_start` line was lost with its worker (it shows as `ran`).
 
@@ -53,7 +61,7 @@ INPUT_PREVIEW_CHARS = 200
 DEFAULT_PAGE_TURNS = 20
 MAX_PAGE_TURNS = 100
 
-How = Literal["ended", "yielded", "cut off", "died", "running"]
+How = Literal["ended", "yielded", "cut off", "died", "paused", "running"]
 Outcome = Literal["ran", "rerun", "may have partly run", "running", "unfinished"]
 
 
@@ -73,6 +81,18 @@ class ToolCall(TypedDict):
     isError: bool | None
 
 
+class Wait(TypedDict):
+    id: str
+    name: str
+    kind: str
+    decision: str | None
+    by: str | None
+    reason: str | None
+    pausedAtMs: int | None
+    decidedAtMs: int | None
+    waitedMs: int | None
+
+
 class Step(TypedDict):
     step: int
     epoch: int
@@ -90,6 +110,7 @@ class Turn(TypedDict):
     steps: list[Step]
     tools: list[ToolCall]
     steers: int
+    waits: list[Wait]
 
 
 class Timeline(TypedDict):
@@ -140,7 +161,7 @@ class TimelineBuilder:
         turn = self._turns.get(mid)
         if turn is None:
             turn = self._turns[mid] = Turn(messageId=mid, input=None, stopReason=None, error=None, deliveries=[],
-                                           steps=[], tools=[], steers=0)
+                                           steps=[], tools=[], steers=0, waits=[])
             self._calls[mid] = {}
         kind = line_type(line)
         if kind == "session_error":
@@ -154,6 +175,15 @@ class TimelineBuilder:
             _resume(turn, line)
         elif kind == "turn_yield":
             part["how"] = "yielded"
+        elif kind == "turn_pause":
+            part["how"] = "paused"
+            _paused(turn, line)
+        elif kind == "approval_request":
+            turn["waits"].append(Wait(id=str(line.get("id") or ""), name=str(line.get("name") or ""),
+                                      kind=str(line.get("kind") or ""), decision=None, by=None, reason=None,
+                                      pausedAtMs=None, decidedAtMs=None, waitedMs=None))
+        elif kind == "approval_decision":
+            _decided(turn, line)
         elif kind == "turn_end":
             part["how"] = "ended"
             stop = line.get("stopReason")
@@ -289,6 +319,28 @@ def _resume(turn: Turn, line: Mapping[str, object]) -> None:
     for step in turn["steps"]:
         if step["step"] in withdrawn and step["epoch"] != parts[-1]["epoch"]:
             step["withdrawn"] = True
+
+
+def _paused(turn: Turn, line: Mapping[str, object]) -> None:
+    """A pause: the time its calls' waits began (the first pause each one waited in)."""
+    at = line.get("atMs")
+    for wait in turn["waits"]:
+        if wait["decision"] is None and wait["pausedAtMs"] is None and isinstance(at, int):
+            wait["pausedAtMs"] = at
+
+
+def _decided(turn: Turn, line: Mapping[str, object]) -> None:
+    for wait in turn["waits"]:
+        if wait["id"] == line.get("id") and wait["decision"] is None:
+            decision, by, reason, at = line.get("decision"), line.get("by"), line.get("reason"), line.get("decidedAtMs")
+            wait["decision"] = str(decision) if isinstance(decision, str) else None
+            wait["by"] = by if isinstance(by, str) else None
+            wait["reason"] = reason if isinstance(reason, str) else None
+            if isinstance(at, int):
+                wait["decidedAtMs"] = at
+                if wait["pausedAtMs"] is not None:
+                    wait["waitedMs"] = max(0, at - wait["pausedAtMs"])
+            return
 
 
 def _step(turn: Turn, number: int, epoch: int) -> Step:

@@ -36,6 +36,7 @@ from fxengine.turn import Turn
 from . import metrics, protocol, tracing
 from .deadline import Deadline
 from .errors import FxLeaseLostError, FxStoreUnavailableError
+from .ids import now_ms
 from .protocol import ErrorBody, Outcome, WorkerAgent
 from .store import RedisStore
 from .store.persistence import EndRide, LineWriter, StorePersistence
@@ -290,8 +291,9 @@ class TurnRun:
         for entry in inputs:
             body = entry.input if isinstance(entry.input, Mapping) else {}
             call_id, decision, by = body.get("callId"), body.get("decision"), body.get("by")
-            if isinstance(decision, Mapping) and isinstance(by, str):
-                decision = {**decision, "by": by}  # who decided: the turn's `approval_decision` names them
+            if isinstance(decision, Mapping):
+                # Who decided and when: the turn's `approval_decision` line names them.
+                decision = {**decision, "at": entry.accepted_ms, **({"by": by} if isinstance(by, str) else {})}
             if not isinstance(call_id, str) or call_id not in waiting or call_id in decided:
                 stale.append(entry.message_id)
                 continue
@@ -357,8 +359,8 @@ class TurnRun:
                 self.ride = persistence.ride_with_end(dict(protocol.turn_yield(self.turn_id)))
                 return
             if kind == "turn_pause":
-                self.ride = persistence.ride_with_end(dict(protocol.turn_pause(self.turn_id,
-                                                                               self.engine.pending_calls)))
+                self.ride = persistence.ride_with_end(dict(protocol.turn_pause(
+                    self.turn_id, self.engine.pending_calls, at_ms=now_ms())))
                 return
             self.ride = persistence.ride_with_end(self._end_line(event["stopReason"], event.get("usage"),
                                                                  event.get("error")),
@@ -435,7 +437,7 @@ class TurnRun:
         The release lets the session rest (release.lua): no worker holds it until a
         decision or a cancel comes."""
         if not self._rode("turn_pause"):
-            self.writer.push(dict(protocol.turn_pause(self.turn_id, pending_calls)))
+            self.writer.push(dict(protocol.turn_pause(self.turn_id, pending_calls, at_ms=now_ms())))
         await self.writer.flush()
         self.turn = None
         return Outcome.PAUSED

@@ -36,7 +36,8 @@ TIMELINE_SCHEMA: dict[str, object] = {
                  "description": "the cursor to read the next page after; null: this page reaches the end"},
         "turns": {"type": "array", "items": {
             "type": "object",
-            "required": ["messageId", "input", "stopReason", "error", "deliveries", "steps", "tools", "steers"],
+            "required": ["messageId", "input", "stopReason", "error", "deliveries", "steps", "tools", "steers",
+                         "waits"],
             "properties": {
                 "messageId": {"type": "string"},
                 "input": {"type": ["string", "null"], "maxLength": 200},
@@ -46,7 +47,7 @@ TIMELINE_SCHEMA: dict[str, object] = {
                 "deliveries": {"type": "array", "items": {
                     "type": "object", "required": ["epoch", "startCursor", "endCursor", "how"], "properties": {
                         "epoch": _INT, "startCursor": _INT, "endCursor": _INT,
-                        "how": {"enum": ["ended", "yielded", "cut off", "died", "running"]}}}},
+                        "how": {"enum": ["ended", "yielded", "cut off", "died", "paused", "running"]}}}},
                 "steps": {"type": "array", "items": {
                     "type": "object", "required": ["step", "epoch", "textChars", "reasoningChars", "withdrawn"],
                     "properties": {"step": _INT, "epoch": _INT, "textChars": _INT, "reasoningChars": _INT,
@@ -58,6 +59,14 @@ TIMELINE_SCHEMA: dict[str, object] = {
                         "epochs": {"type": "array", "items": _INT},
                         "outcome": {"enum": ["ran", "rerun", "may have partly run", "running", "unfinished"]},
                         "isError": {"type": ["boolean", "null"]}}}},
+                "waits": {"type": "array", "items": {
+                    "type": "object", "required": ["id", "name", "kind", "decision", "by", "reason", "pausedAtMs",
+                                                   "decidedAtMs", "waitedMs"],
+                    "properties": {
+                        "id": {"type": "string"}, "name": {"type": "string"}, "kind": {"type": "string"},
+                        "decision": {"type": ["string", "null"]}, "by": {"type": ["string", "null"]},
+                        "reason": {"type": ["string", "null"]}, "pausedAtMs": _STEP, "decidedAtMs": _STEP,
+                        "waitedMs": _STEP}}},
             }}},
     }}
 

@@ -205,3 +205,25 @@ async def test_the_turn_names_each_decision_and_who_made_it(agent: Agent) -> Non
     decisions = [(line["id"], line["decision"], line.get("by"), line.get("reason"))
                  for line in await stored_lines(agent, session.id) if line["type"] == "approval_decision"]
     assert decisions == [(first["id"], "approve", "alice", None), (second["id"], "deny", "bob", "not today")]
+
+
+async def test_the_timeline_shows_the_wait_its_decision_and_who_made_it(agent: Agent) -> None:
+    from fxworker import timeline
+
+    session = agent.session()
+    turn = await session.prompt("refund:12")
+    [call] = (await asyncio.wait_for(turn.result(), TURN_S)).pending_calls
+    page = await timeline.read(agent.store, session.id)
+    [parked_turn] = page["turns"]
+    assert [part["how"] for part in parked_turn["deliveries"]] == ["paused"]
+    [wait] = parked_turn["waits"]
+    assert wait["id"] == call["id"] and wait["kind"] == "approval" and wait["decision"] is None
+    assert wait["pausedAtMs"] is not None
+    accepted = await session.approve(call["id"], by="carol")
+    await asyncio.wait_for(session.follow(accepted).result(), TURN_S)
+    [ended] = (await timeline.read(agent.store, session.id))["turns"]
+    assert [part["how"] for part in ended["deliveries"]] == ["paused", "ended"]
+    [wait] = ended["waits"]
+    assert wait["decision"] == "approve" and wait["by"] == "carol"
+    assert wait["waitedMs"] is not None and wait["waitedMs"] >= 0
+    assert [(tool["name"], tool["outcome"]) for tool in ended["tools"]] == [("refund", "ran")]

@@ -407,7 +407,7 @@ def test_an_unreachable_api_exits_4(args: tuple[str, ...]) -> None:
 
 
 def test_every_command_has_help() -> None:
-    commands = ["", "dev", "demo", "web", "worker", "prompt", "tail", "sessions", "steer", "cancel"]
+    commands = ["", "dev", "demo", "web", "worker", "prompt", "tail", "sessions", "steer", "cancel", "approve", "deny"]
     children = {
         name: subprocess.Popen([FX, *([name] if name else []), "--help"], env=fx_env("http://127.0.0.1:9"), cwd=ROOT,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
