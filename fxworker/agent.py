@@ -85,6 +85,7 @@ OnEvent = Callable[[dict[str, object]], object]
 # A decision's call id as providers write them (no newline: the store frames ids with it).
 CALL_ID = re.compile(r"[^\x00-\x1f\x7f]{1,256}")
 MAX_REASON_CHARS = 4096  # a denial's reason, and who decided
+MAX_DECISION_TIMEOUT_S = 366 * 86400  # a wait of up to a year
 _DECISION_CODE = {"approve": "a", "deny": "d", "result": "r"}  # accept.lua's ARGV 17
 
 
@@ -136,6 +137,9 @@ class Agent:
             (or custom) provider, called in whichever process runs the turn
             (`fxengine.providers.auth`; `fxworker.redis_refresh_lock` is a lock).
         model_catalog: AI Gateway's catalog, supplied so that nothing is fetched.
+        decision_timeout_s: how long a parked turn waits for its decisions (§6 "Paused
+            turns"); past it the sweeper denies the calls still waiting ("no decision came
+            within N s") and the turn goes on. None (the default): it waits for ever.
 
     The model, instructions and provider are checked here by the checks the engine runs
     (`fxengine.providers.check_model`, `fxengine.limits.check_instructions`), so a worker
@@ -175,6 +179,7 @@ class Agent:
         on_credentials: Callable[..., object] | None = None,
         refresh_lock: RefreshLockFn | None = None,
         model_catalog: object = None,
+        decision_timeout_s: float | None = None,
     ) -> None:
         if not isinstance(name, str) or not _AGENT_NAME.fullmatch(name):
             raise FxConfigError(f"agent name must be 1 to 64 of A-Z a-z 0-9 . _ -, got {name!r}")
@@ -199,6 +204,11 @@ class Agent:
         check_max_model_turns(max_model_turns)
         if resize_image is not None and not callable(resize_image):
             raise FxInputError("resize_image must be a function")
+        if decision_timeout_s is not None and (isinstance(decision_timeout_s, bool)
+                                               or not isinstance(decision_timeout_s, (int, float))
+                                               or not 0 < decision_timeout_s <= MAX_DECISION_TIMEOUT_S):
+            raise FxConfigError(f"decision_timeout_s must be a number of seconds, 0 < s <= {MAX_DECISION_TIMEOUT_S}, "
+                                f"or None (a parked turn waits for its decisions for ever), got {decision_timeout_s!r}")
         self.name = name
         self.model = model
         self.instructions = instructions
@@ -208,6 +218,7 @@ class Agent:
         self.on_event = on_event
         self.max_model_turns = max_model_turns
         self.resize_image = resize_image
+        self.decision_timeout_s = decision_timeout_s
         self._settings = settings
         self._store = store
         self._waker = waker

@@ -137,10 +137,13 @@ class SessionKeys:
 
 @dataclass(frozen=True, slots=True)
 class IndexKeys:
-    """The two cross-session keys (one slot of their own)."""
+    """The cross-session keys (one slot of their own): the ready set and the session index
+    (`names`, what scripts take), and the parked turns' timeouts (`waits`, a ZSET of
+    `<timeout s>|<session id>` scored by when the wait ends)."""
 
     ready: str
     sessions: str
+    waits: str = ""
     names: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -164,8 +167,9 @@ def session_keys(prefix: str, session_id: str) -> SessionKeys:
 
 
 def index_keys(prefix: str) -> IndexKeys:
-    """The ready set and the session index under `prefix`, tagged `{~index}`."""
-    return IndexKeys(ready=f"{prefix}:{INDEX_TAG}:ready", sessions=f"{prefix}:{INDEX_TAG}:sessions")
+    """The ready set, the session index and the waits' timeouts under `prefix`, tagged `{~index}`."""
+    return IndexKeys(ready=f"{prefix}:{INDEX_TAG}:ready", sessions=f"{prefix}:{INDEX_TAG}:sessions",
+                     waits=f"{prefix}:{INDEX_TAG}:waits")
 
 
 def sweeper_guard_key(prefix: str) -> str:

@@ -87,6 +87,7 @@ class WorkerAgent(Protocol):
     tools: list[Tool]
     api_key: str | None
     max_model_turns: int
+    decision_timeout_s: float | None
 
     @property
     def model(self) -> str | Mapping[str, object]: ...

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import logging
 import os
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from fxengine.errors import FxInputError
 
 from .ids import now_ms
 from .keys import sweeper_guard_key, worker_ready_key
@@ -123,7 +126,41 @@ class Sweeper:
             elif self._wake_due(r.agent, r.woken_ms, served, now):
                 wake.append((r.session_id, r.agent))
         await self._settle_unserved(unserved)
-        return await self._wake_all(wake)
+        woken = await self._wake_all(wake)
+        await self.end_waits(now)
+        return woken
+
+    async def end_waits(self, now: int) -> int:
+        """Ends the waits of parked turns past their timeout (`Agent(decision_timeout_s=)`,
+        noted as they parked): each call still waiting is denied, "no decision came within
+        N s", through the same door as a person's decision (a later answer for it is
+        `FX_DECISION_EXPIRED`), and the session is woken. Returns how many calls it denied."""
+        due = await self.store.waits_due(now_ms=now)
+        if not due:
+            return 0
+        denied = 0
+        for _member, timeout_s, session_id in due:
+            state = await self.store.state(session_id) if session_id else None
+            if state is None or not state.paused_calls:
+                continue  # decided, cancelled or gone meanwhile
+            wake = False
+            for call_id in state.paused_calls:
+                body = {"callId": call_id, "by": "timeout",
+                        "decision": {"type": "deny", "reason": f"no decision came within {timeout_s:g} s"}}
+                try:
+                    accepted = await self.store.accept(
+                        session_id, agent=state.agent, kind="decision", message_id=timeout_message_id(call_id),
+                        input=body, now_ms=now, create=False, call_id=call_id, decision="d", expired=True)
+                except FxInputError:
+                    continue  # decided at the door meanwhile: that decision stands
+                denied += 0 if accepted.repeated else 1
+                wake = wake or accepted.wake
+            if wake:
+                await self._wake_all([(session_id, state.agent)])
+        await self.store.forget_waits([member for member, _, _ in due])
+        if denied:
+            log.info("sweeper denied %d call(s) whose wait timed out", denied)
+        return denied
 
     def _wake_due(self, agent: str, woken_ms: int | None, served: dict[str, Service] | None, now: int) -> bool:
         """Whether to queue a wake for a session of `agent` whose outstanding wake (if any)
@@ -233,6 +270,12 @@ class Sweeper:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def timeout_message_id(call_id: str) -> str:
+    """The message id of a wait's timeout for `call_id`: the same from every sweeper, so two
+    that race store one decision (accept.lua: a repeated id stores nothing)."""
+    return "timeout:" + hashlib.sha1(call_id.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 # ---------------------------------------------------------------- worker wiring (the embedded mode's: fxworker.embedded)

@@ -440,6 +440,13 @@ class TurnRun:
             self.writer.push(dict(protocol.turn_pause(self.turn_id, pending_calls, at_ms=now_ms())))
         await self.writer.flush()
         self.turn = None
+        timeout_s = self.delivery.agent.decision_timeout_s
+        if timeout_s is not None:
+            # Past it the sweeper denies what still waits (`Sweeper.end_waits`); a crash
+            # before this note leaves the wait untimed until the turn parks again.
+            delivery = self.delivery
+            await delivery.store.note_wait(delivery.session_id, due_ms=now_ms() + int(timeout_s * 1000),
+                                           timeout_s=timeout_s)
         return Outcome.PAUSED
 
     async def end(

@@ -48,8 +48,10 @@
 -- session free. Its retry (the reply was lost) is fenced like any later call of the
 -- epoch, and stores nothing: the idempotency keys went with the release (_at_rest.lua).
 -- A parked turn (§6 "Paused turns"): `paused` names the calls it waits on, `decided` the
--- calls answered at the door (accept.lua), `decisions` the answers no turn took yet. Its
--- `end` drops those answers and forgets all three.
+-- calls answered at the door (accept.lua; with `expired`, those its timeout answered),
+-- `decisions` the answers no turn took yet. Its `end` drops those answers and the parked
+-- state; `decided` and `expired` stay until the next turn starts, so a late answer for one
+-- of its calls is told it was decided (or expired), not that no such call waited.
 -- Packing (§5 "Packed at rest") changes how lines are stored, never which: the chunks
 -- replace the entries of the same lines, checked against their SHA-1, in this call, so a
 -- reader sees one or the other; any mismatch leaves every entry as it was.
@@ -69,7 +71,7 @@ local PARKED_LEVEL = 2  -- the stored layout level a parked turn needs (fxworker
 
 -- The session as the call finds and changes it: the meta fields read before anything is
 -- written (`read_meta`), those to write at the end (`changed`), and what the marks ask for.
-local head, ui_last, turn, step, cancel, spared, paused, decisions
+local head, ui_last, turn, step, cancel, spared, paused, decisions, decided
 local changed = {}
 local ended = false
 local release = nil  -- the session id of a `release` mark
@@ -109,9 +111,9 @@ function fenced()
 end
 
 function read_meta()
-  local m = redis.call('HMGET', meta, 'head', 'ui', 'turn', 'step', 'cancel', 'spared', 'paused', 'decisions')
+  local m = redis.call('HMGET', meta, 'head', 'ui', 'turn', 'step', 'cancel', 'spared', 'paused', 'decisions', 'decided')
   head, ui_last, turn, step, cancel = tonumber(m[1] or 0), tonumber(m[2] or 0), m[3] or '', m[4] or '', m[5] or ''
-  spared, paused, decisions = m[6], m[7] or '', tonumber(m[8] or 0)
+  spared, paused, decisions, decided = m[6], m[7] or '', tonumber(m[8] or 0), m[9]
 end
 
 -- The reply of a retry of a call that already ran (its reply was lost), or nil: it reports
@@ -274,7 +276,6 @@ function unpark()
   end
   paused, decisions = '', 0
   changed.paused, changed.decisions = '', 0
-  redis.call('HDEL', meta, 'decided', 'expired')
 end
 
 function apply(name, value)
@@ -289,13 +290,14 @@ function apply(name, value)
       -- when it was written ahead of the record.
       changed.turn_cursor, starting = ui_last, true
       redis.call('HINCRBY', meta, 'turns', 1)
+      if decided then redis.call('HDEL', meta, 'decided', 'expired'); decided = nil end  -- the last turn's
     end
   elseif name == 'end' then
     if turn ~= '' then
       consume(turn, 'd')
       changed.last_turn = turn
     end
-    if paused ~= '' or decisions > 0 or redis.call('HEXISTS', meta, 'decided') == 1 then unpark() end
+    if paused ~= '' or decisions > 0 then unpark() end
     turn, step, ended, starting = '', '', true, false
     changed.turn, changed.turn_seq, changed.yielded, changed.cutoffs, changed.deaths, changed.step = '', 0, 0, 0, 0, ''
     changed.turn_cursor = 0

@@ -121,6 +121,37 @@ def _skip(version: Any, worker_id: str, why: str) -> None:
                 worker_id, why, version, MARK_VERSION)
 
 
+def _note_wait(core: StoreCore, session_id: str, *, due_ms: int, timeout_s: float) -> Op[None]:
+    """Notes that `session_id`'s parked turn waits until `due_ms` at most (a wait of
+    `timeout_s`): past it the sweeper denies its waiting calls (`waits_due`)."""
+    key = core.index.waits
+    return Op([Command(("ZADD", key, due_ms, f"{timeout_s:g}|{session_id}"), key=key)], lambda _replies: None)
+
+
+def _waits_due(core: StoreCore, *, now_ms: int, limit: int = 100) -> Op[list[tuple[str, float, str]]]:
+    """The noted waits due by `now_ms`: (member, timeout s, session id), oldest first."""
+    key = core.index.waits
+    step = Command(("ZRANGEBYSCORE", key, "-inf", now_ms, "LIMIT", 0, limit), key=key)
+
+    def parse(replies: list[Any]) -> list[tuple[str, float, str]]:
+        due = []
+        for raw in replies[0]:
+            member = r.text(raw)
+            timeout, _, session_id = member.partition("|")
+            try:
+                due.append((member, float(timeout), session_id))
+            except ValueError:
+                due.append((member, 0.0, ""))  # not a wait this release wrote: forgotten
+        return due
+
+    return Op([step], parse, read=True)
+
+
+def _forget_waits(core: StoreCore, members: Sequence[str]) -> Op[None]:
+    key = core.index.waits
+    return Op([Command(("ZREM", key, *members), key=key)], lambda _replies: None)
+
+
 class LiveOperations:
     """The liveness operations of `RedisStore` (awaitable) and `store.sync` (blocking)."""
 
@@ -128,3 +159,6 @@ class LiveOperations:
     heartbeat = one_call(_heartbeat)
     forget_worker = one_call(_forget_worker)
     live_workers = several_calls(_live_workers)
+    note_wait = one_call(_note_wait)
+    waits_due = one_call(_waits_due)
+    forget_waits = one_call(_forget_waits)

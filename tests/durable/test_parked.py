@@ -95,7 +95,7 @@ async def test_a_call_waiting_for_approval_parks_the_turn_and_an_approval_runs_i
     assert again.repeated
     with pytest.raises(FxInputError) as second:
         await session.approve(call["id"])
-    assert second.value.code == "FX_DECISION_UNKNOWN_CALL"  # the turn ended: no call waits
+    assert second.value.code == "FX_DECISION_REPEATED"  # its turn ended: the first decision stood
     await wait_idle(agent, session.id, timeout_s=TURN_S)
     assert len(refunds.runs) == 1
 
@@ -227,3 +227,22 @@ async def test_the_timeline_shows_the_wait_its_decision_and_who_made_it(agent: A
     assert wait["decision"] == "approve" and wait["by"] == "carol"
     assert wait["waitedMs"] is not None and wait["waitedMs"] >= 0
     assert [(tool["name"], tool["outcome"]) for tool in ended["tools"]] == [("refund", "ran")]
+
+
+@pytest.mark.parametrize("timeout_s", [0.5])
+async def test_a_wait_past_its_timeout_is_denied_by_the_sweeper(model: ScriptedModel, refunds: Refunds,
+                                                                timeout_s: float) -> None:
+    with embedded_agent(model, agent_tools=refunds.tools, decision_timeout_s=timeout_s) as agent:
+        session = agent.session()
+        turn = await session.prompt("refund:8")
+        [call] = (await asyncio.wait_for(turn.result(), TURN_S)).pending_calls
+        await wait_idle(agent, session.id, timeout_s=TURN_S)  # the sweeper denied it; the turn went on
+        ends = [line for line in await stored_lines(agent, session.id) if line["type"] == "turn_end"]
+        assert [end["stopReason"] for end in ends] == ["end_turn"]
+        decisions = [line for line in await stored_lines(agent, session.id) if line["type"] == "approval_decision"]
+        assert [(d["decision"], d.get("by")) for d in decisions] == [("deny", "timeout")]
+        assert any("no decision came within 0.5 s" in text for text in tool_texts(model))
+        assert refunds.runs == []
+        with pytest.raises(FxInputError) as late:
+            await session.approve(call["id"])
+        assert late.value.code == "FX_DECISION_EXPIRED"
