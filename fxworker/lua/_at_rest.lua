@@ -23,19 +23,38 @@
 local AT_REST_REWRITE_MAX_ENTRIES = 32
 local AT_REST_REWRITE_MAX_BYTES = 16384
 
+-- A small stream rewritten to its size (the key keeps no TTL: callers set it after).
+local function shrink(key)
+  if redis.call('XLEN', key) <= AT_REST_REWRITE_MAX_ENTRIES then
+    local dumped = redis.call('DUMP', key)
+    if dumped and #dumped <= AT_REST_REWRITE_MAX_BYTES then
+      redis.call('RESTORE', key, 0, dumped, 'REPLACE')
+    end
+  end
+end
+
 local function at_rest(ttl_ms, ready, session_id)
   if ready then redis.call('ZREM', ready, session_id) end
   redis.call('DEL', KEYS[8])
   redis.call('HDEL', KEYS[1], 'line_key')
   rest_pack()
-  if redis.call('XLEN', KEYS[5]) <= AT_REST_REWRITE_MAX_ENTRIES then
-    local dumped = redis.call('DUMP', KEYS[5])
-    if dumped and #dumped <= AT_REST_REWRITE_MAX_BYTES then
-      redis.call('RESTORE', KEYS[5], 0, dumped, 'REPLACE')
-    end
-  end
+  shrink(KEYS[5])
   if ttl_ms > 0 then
     for k = 1, 10 do redis.call('PEXPIRE', KEYS[k], ttl_ms) end
     redis.call('HSET', KEYS[1], 'expiring', 1)  -- accept.lua persists them again
   end
+end
+
+-- parked(ready, session_id, turn_seq) -> a parked turn's session gives back the same, but
+--   for what its turn and the inputs behind it still need: its log goes into `rest`, the
+--   inbox keeps the turn's input and what waits (the consumed entries before the input
+--   go), and the streams are rewritten to their size; no retention TTL (the turn is open).
+local function parked(ready, session_id, turn_seq)
+  if ready then redis.call('ZREM', ready, session_id) end
+  redis.call('DEL', KEYS[8])
+  redis.call('HDEL', KEYS[1], 'line_key')
+  rest_log()
+  if turn_seq > 1 then redis.call('XTRIM', KEYS[3], 'MINID', turn_seq .. '-0') end
+  shrink(KEYS[3])
+  shrink(KEYS[5])
 end

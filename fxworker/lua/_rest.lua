@@ -13,12 +13,14 @@
 -- data and writer epoch; its k and m serve the idempotency keys, which go at rest, and
 -- reading by hand). `fxworker.store._replies.parse_rest` reads it.
 --
--- rest_pack() -> the log's records go into `rest` (an empty log goes), the consumed inbox
---   goes, and so do the fields of meta only an open turn uses, which read as 0 or ""
+-- rest_log() -> the log's records go into `rest` (an empty log goes); a parked turn's
+--   release (release.lua) does only this: its input stays in the inbox
+-- rest_pack() -> rest_log(), and the consumed inbox goes, and so do the fields of meta
+--   only an open turn uses, which read as 0 or ""
 -- rest_thaw() -> puts `rest` back into the log (nothing when it does not exist)
 
-local function rest_pack()
-  local meta, inbox, log, rest = KEYS[1], KEYS[3], KEYS[4], KEYS[10]
+local function rest_log()
+  local meta, log, rest = KEYS[1], KEYS[4], KEYS[10]
   if redis.call('EXISTS', rest) == 1 then return end
   local records = redis.call('XRANGE', log, '-', '+')
   if #records > 0 then
@@ -38,7 +40,13 @@ local function rest_pack()
     redis.call('HSET', meta, 'rest', 1)
   end
   -- An empty log goes too: with records appended (head > 0), a checkpoint covers them.
-  redis.call('DEL', log, inbox)
+  redis.call('DEL', log)
+end
+
+local function rest_pack()
+  local meta = KEYS[1]
+  rest_log()
+  redis.call('DEL', KEYS[3])  -- the inbox, all consumed
   local zero = {'turn', 'turn_seq', 'turn_cursor', 'yielded', 'cutoffs', 'deaths'}
   local v = redis.call('HMGET', meta, unpack(zero))
   local gone = {}

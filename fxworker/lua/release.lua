@@ -24,7 +24,8 @@
 -- parked turn (its calls wait for decisions, none has come, no cancel names it: `paused`,
 -- append.lua) takes it out of the ready set too and answers pending 0: the inputs queued
 -- behind it cannot run, and the decision or cancel that can wakes it (accept.lua,
--- cancel.lua); a cancel of it that came while the lease was held counts as waiting, so
+-- cancel.lua); it is stored as a session at rest is, but for its turn's input and the
+-- inputs behind it (_at_rest.lua, `parked`); a cancel of it that came while the lease was held counts as waiting, so
 -- the releaser wakes the session for it. Only a process reading PARKED_LEVEL claims a
 -- session with a turn parked next (meta `newer`).
 
@@ -39,7 +40,7 @@ local l = redis.call('HMGET', lease, 'epoch', 'state', 'expires_ms')
 if tonumber(l[1] or 0) ~= epoch then
   return {'fenced', tonumber(l[1] or 0), l[2] or '', tonumber(l[3] or 0)}
 end
-local m = redis.call('HMGET', meta, 'turn', 'cutoffs', 'paused', 'decisions', 'cancel')
+local m = redis.call('HMGET', meta, 'turn', 'cutoffs', 'paused', 'decisions', 'cancel', 'turn_seq')
 local cutoffs = tonumber(m[2] or 0)
 local waiting = redis.call('ZCARD', pending)
 if l[2] ~= 'held' then return {'ok', 0, cutoffs, waiting} end
@@ -53,7 +54,7 @@ elseif (m[3] or '') ~= '' then
   if m[5] == turn then
     waiting = waiting + 1  -- a cancel of the parked turn came while held: wake for it
   elseif tonumber(m[4] or 0) == 0 then
-    if KEYS[11] then redis.call('ZREM', KEYS[11], ARGV[5]) end
+    parked(KEYS[11], ARGV[5], tonumber(m[6] or 0))
     waiting = 0
   end
   redis.call('HSET', meta, 'newer', PARKED_LEVEL)
