@@ -34,13 +34,32 @@ def _user_texts(request: Any) -> list[str]:
     return out
 
 
+def _tool_name(request: Any) -> str:
+    """The name of the call the last message (a tool result) answers."""
+    messages = request.body.get("messages") or []
+    call_id = messages[-1].get("tool_call_id") if messages else None
+    for message in reversed(messages):
+        for call in message.get("tool_calls") or []:
+            if call.get("id") == call_id:
+                return (call.get("function") or {}).get("name", "")
+    return ""
+
+
 def responder(request: Any) -> Reply:
     """`hold:<name>` streams "partial ", waits for release, then "rest"; `holdonce:<name>` does
     that the first time only and answers "after the kill" when asked again (a rerun after a
-    crash); `tool:<q>` calls lookup; anything else is echoed as "echo:" + the words."""
+    crash); `tool:<q>` calls lookup; `refund:<amount>` calls refund (it waits for approval) and
+    `pick:<pattern>` calls pick_file (a client gives its result), each answered with
+    "result:" + what the call returned; anything else is echoed as "echo:" + the words."""
     role, last = _last(request)
+    if role == "tool" and _tool_name(request) in ("refund", "pick_file"):
+        return Reply(text("result:", last))
     if role == "tool":
         return Reply(text("looked ", "up"))
+    if last.startswith("refund:"):
+        return Reply(tool_call(f"call_{uuid.uuid4().hex[:8]}", "refund", {"amount": int(last[7:])}))
+    if last.startswith("pick:"):
+        return Reply(tool_call(f"call_{uuid.uuid4().hex[:8]}", "pick_file", {"pattern": last[5:]}))
     once = [t for t in _user_texts(request) if t.startswith("holdonce:")]
     if once:  # after a crash the model is also told the turn was interrupted: look at the prompt
         with _asked_lock:

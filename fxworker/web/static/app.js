@@ -16,7 +16,7 @@ let lines = [];
 let controller = null;
 let retryMs = 250;
 let openTurn = null; // the messageId of the turn that runs now (between its start and its end)
-const turns = new Map(); // messageId -> {root, body, texts: Map(step -> element), tools: Map(id -> element)}
+const turns = new Map(); // messageId -> {root, body, texts: Map(step -> element), tools: Map(id -> element), paused}
 
 function token() { return localStorage.getItem("fx.token") || ""; }
 function headers(extra) {
@@ -32,15 +32,20 @@ const STOP_LABELS = {
   max_output_tokens: "cut at the output limit", max_model_turns: "stopped at the model-turn limit", unknown: "ended",
 };
 
-// While a turn runs, the form steers it and Stop cancels it.
-function setOpenTurn(messageId) {
+// While a turn runs, the form steers it and Stop cancels it. A parked turn (it waits for a
+// decision on a tool call) is still open: Stop ends it, and what is typed waits behind it.
+function setOpenTurn(messageId, parked) {
   openTurn = messageId;
   $("stop").hidden = !messageId;
   $("send").textContent = messageId ? "Steer" : "Send";
-  $("prompt").placeholder = messageId
-    ? "Steer the running answer… (it joins at the next step)"
-    : "Ask the agent… (try: look up the weather in Lisbon, slowly — or: send a note to Ana)";
+  $("prompt").placeholder = !messageId
+    ? "Ask the agent… (try: look up the weather in Lisbon, slowly — or: send a note to Ana)"
+    : parked
+      ? "The answer waits for a decision above… (what you send now waits for it)"
+      : "Steer the running answer… (it joins at the next step)";
 }
+function newMessageId() { return "web_" + Date.now().toString(36) + Math.random().toString(36).slice(2, 8); }
+function sessionPath() { return ROOT + "/v1/sessions/" + encodeURIComponent(sessionId); }
 function storageKey(kind) { return "fx." + kind + "." + sessionId; }
 
 function save() {
@@ -79,7 +84,7 @@ function turnFor(messageId) {
     const body = el("div", "assistant");
     root.appendChild(body);
     $("transcript").appendChild(root);
-    t = { root, body, texts: new Map(), tools: new Map(), lastText: null };
+    t = { root, body, texts: new Map(), tools: new Map(), lastText: null, paused: null };
     turns.set(messageId, t);
   }
   return t;
@@ -103,6 +108,121 @@ function appendText(t, line, cls) {
   }
   span.textContent += line.delta;
   t.lastText = span;
+}
+
+// A call the turn waits on: its box (from its approval_request line) carries the buttons that
+// decide it (POST /v1/sessions/{id}/calls/{callId}). The buttons go once a later line answers
+// the call (its approval_decision or tool_end, or the turn's end), so a reload that replays the
+// stream shows them only for calls that still wait.
+function decisionButton(cls, label, onClick) {
+  const b = el("button", cls, label);
+  b.type = "button";
+  b.addEventListener("click", onClick);
+  return b;
+}
+
+function decisionControls(box, line) {
+  const row = el("div", "decide");
+  if (line.kind === "external") {
+    const field = el("input", "decide-result");
+    field.type = "text";
+    field.placeholder = "the result";
+    field.setAttribute("aria-label", "the result of " + line.name);
+    field.addEventListener("keydown", (event) => {
+      if (event.key === "Enter") { event.preventDefault(); decide(box, line.id, { type: "result", result: field.value }); }
+    });
+    row.appendChild(field);
+    row.appendChild(decisionButton("submit", "Submit", () => decide(box, line.id, { type: "result", result: field.value })));
+  } else {
+    row.appendChild(decisionButton("approve", "Approve", () => decide(box, line.id, { type: "approve" })));
+  }
+  row.appendChild(decisionButton("deny", "Deny", () => decide(box, line.id, { type: "deny" })));
+  return row;
+}
+
+function setControls(box, enabled) {
+  for (const c of box.querySelectorAll(".decide button, .decide input")) c.disabled = !enabled;
+}
+
+function decisionStatus(box, text, state) {
+  let status = box.querySelector(".decision-status");
+  if (!status) {
+    status = el("div", "decision-status");
+    status.setAttribute("role", "status");
+    box.appendChild(status);
+  }
+  status.textContent = text;
+  status.dataset.state = state;
+}
+
+const DENIAL = "The user denied this tool call"; // fxengine.conversation.denied()
+const DECISION_SENT = { approve: "approved", deny: "denied", result: "result sent" };
+
+async function decide(box, callId, decision) {
+  if (box.dataset.settled) return;
+  setControls(box, false);
+  decisionStatus(box, "sending…", "sending");
+  let response, body;
+  try {
+    response = await fetch(sessionPath() + "/calls/" + encodeURIComponent(callId), {
+      method: "POST",
+      headers: headers({ "Content-Type": "application/json" }),
+      body: JSON.stringify(Object.assign({}, decision, { messageId: newMessageId() })),
+    });
+    body = await response.json().catch(() => ({}));
+  } catch (e) {
+    // Not sent (or its answer was lost): the buttons come back; a second try that finds the
+    // first one stored is told so (FX_DECISION_REPEATED).
+    if (box.dataset.settled) return;
+    decisionStatus(box, "not sent: " + e.message, "error");
+    setControls(box, true);
+    return;
+  }
+  if (box.dataset.settled) return; // a stream line answered the call meanwhile: it says how
+  if (response.status === 401) {
+    askToken();
+    decisionStatus(box, "not sent: the page needs an API token", "error");
+    setControls(box, true);
+    return;
+  }
+  if (response.ok) {
+    box.dataset.decision = decision.type;
+    decisionStatus(box, DECISION_SENT[decision.type] + ": the turn goes on", "sent");
+    return;
+  }
+  const error = body.error || {};
+  box.dataset.decision = "refused";
+  if (error.code === "FX_DECISION_REPEATED") {
+    decisionStatus(box, "already decided: someone else answered this call first", "repeated");
+  } else {
+    decisionStatus(box, (error.code || "HTTP " + response.status) + (error.message ? ": " + error.message : ""), "error");
+  }
+}
+
+// The call no longer waits: its buttons go, and `text` (how it was decided) replaces the
+// note and any status of the page's own click.
+function settleCall(t, box, text) {
+  if (!box.dataset.settled) {
+    box.dataset.settled = "1";
+    box.classList.remove("waiting");
+    const controls = box.querySelector(".decide");
+    if (controls) controls.remove();
+  }
+  if (text) {
+    const note = box.querySelector(".note");
+    if (note) note.textContent = text;
+    const status = box.querySelector(".decision-status");
+    if (status) status.remove();
+  }
+  if (t.paused && !t.body.querySelector(".tool.waiting")) { t.paused.remove(); t.paused = null; }
+}
+
+function decisionText(line) {
+  const by = line.by ? " by " + line.by : "";
+  if (line.decision === "approve") return "approved" + by;
+  if (line.decision === "deny") return "denied" + by + (line.reason ? ": " + line.reason : "");
+  if (line.decision === "result") return "result given" + by;
+  return String(line.decision) + by;
 }
 
 // Every line type of fxengine/lines.py (LINE_TYPES) has its case here: tests/web/test_line_types.py.
@@ -132,6 +252,12 @@ function render(line) {
     case "text_delta": appendText(t, line, "text"); break;
     case "reasoning_delta": appendText(t, line, "reasoning"); break;
     case "tool_start": {
+      const waited = t.tools.get(line.id);
+      if (waited && waited.dataset.kind) { // an approved call runs: in the box that asked for it
+        settleCall(t, waited, waited.dataset.settled ? null : "approved");
+        t.lastText = null;
+        break;
+      }
       const box = el("div", "tool");
       box.dataset.toolId = line.id;
       box.appendChild(el("div", "", "→ " + line.name));
@@ -145,23 +271,52 @@ function render(line) {
       // A call the turn parks on until a person approves it (or a client submits its result).
       const box = el("div", "tool waiting");
       box.dataset.toolId = line.id;
+      box.dataset.kind = line.kind;
       box.appendChild(el("div", "", "→ " + line.name));
       box.appendChild(el("pre", "", line.inputTruncated ? line.inputPreview + "…" : JSON.stringify(line.input)));
       box.appendChild(el("div", "note", line.kind === "external" ? "waiting for the client's result" : "waiting for approval"));
+      box.appendChild(decisionControls(box, line));
       t.body.appendChild(box);
       t.tools.set(line.id, box);
       t.lastText = null;
       break;
     }
+    case "approval_decision": {
+      const box = t.tools.get(line.id);
+      if (box && box.dataset.kind) settleCall(t, box, decisionText(line));
+      else t.body.appendChild(el("div", "note decision", line.name + ": " + decisionText(line)));
+      t.lastText = null;
+      break;
+    }
     case "tool_end": {
       const box = t.tools.get(line.id) || t.body.appendChild(el("div", "tool"));
-      if (line.isError) box.classList.add("error");
       const content = typeof line.content === "string" ? line.content : JSON.stringify(line.content ?? "");
+      if (box.dataset.kind && !box.dataset.settled) {
+        // No approval_decision line before it (a stream written before there were any): the
+        // engine's words for a denial say what happened.
+        settleCall(t, box, content.startsWith(DENIAL) ? "denied: " + content.slice(DENIAL.length).replace(/^:\s*/, "") : "answered");
+      }
+      if (line.isError) box.classList.add("error");
       box.appendChild(el("pre", "result", "← " + content));
       t.lastText = null;
       break;
     }
+    case "turn_pause": {
+      // The turn parks until its calls are decided; it is not over (no turn_end yet).
+      if (t.paused) t.paused.remove();
+      const n = (line.pendingCalls || []).length;
+      t.paused = el("div", "paused", "waiting for a decision" + (n > 1 ? " on " + n + " calls" : ""));
+      t.body.appendChild(t.paused);
+      if (!t.body.querySelector(".tool.waiting")) { t.paused.remove(); t.paused = null; } // decided already
+      t.lastText = null;
+      setOpenTurn(line.messageId, true);
+      break;
+    }
     case "turn_end": {
+      for (const box of t.tools.values()) {
+        if (box.dataset.kind && !box.dataset.settled) settleCall(t, box, "not decided: the turn ended");
+      }
+      if (t.paused) { t.paused.remove(); t.paused = null; }
       const err = line.error ? " · " + (line.error.code || "") + " " + (line.error.message || "") : "";
       const end = el("div", "end", (STOP_LABELS[line.stopReason] || line.stopReason) + err);
       end.dataset.stop = line.stopReason;
@@ -353,7 +508,7 @@ async function send(text) {
   const response = await fetch(path, {
     method: "POST",
     headers: headers({ "Content-Type": "application/json" }),
-    body: JSON.stringify({ input: text, messageId: "web_" + Date.now().toString(36) + Math.random().toString(36).slice(2, 8) }),
+    body: JSON.stringify({ input: text, messageId: newMessageId() }),
   });
   if (response.status === 401) { askToken(); return false; }
   const body = await response.json();
