@@ -525,8 +525,9 @@ class Session:
         level = layout_all_read(await self.store.live_workers())
         if level < LAYOUT_LEVEL:
             raise FxError(
-                f"a live worker or web process reads stored layout {level}, older than the {LAYOUT_LEVEL} decisions "
-                "need: an upgrade is in progress; send the decision again once every process runs this release",
+                f"a live process of an older release reads stored layout level {level}; decisions need level "
+                f"{LAYOUT_LEVEL}: an upgrade is in progress; send the decision again once every process runs this "
+                "release",
                 code=Code.UPGRADE_IN_PROGRESS,
             )
 

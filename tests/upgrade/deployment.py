@@ -5,8 +5,10 @@ deploy does."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from typing import Any
 
-from fxengine.testing import ScriptedModel
+from fxengine.testing import Reply, ScriptedModel
 from tests.chaos.faults import responder
 from tests.support.redis_server import RedisServer
 from tests.upgrade.previous import Tree
@@ -26,13 +28,14 @@ PROCESS_ENV = {
 class Deployment:
     """Web and worker processes of either tree, started and stopped as a deploy does."""
 
-    def __init__(self, old: Tree, new: Tree) -> None:
+    def __init__(self, old: Tree, new: Tree, *, agents: str = "tests.chaos.agents",
+                 model_responder: Callable[[Any], Reply] = responder) -> None:
         self.old = old
         self.new = new
         self.prefix = f"fxu{uuid.uuid4().hex[:10]}"
         self.redis = RedisServer()
-        self.model = ScriptedModel(responder=responder).start()
-        self.env = {**PROCESS_ENV, "REDIS_URL": self.redis.url, "FX_PREFIX": self.prefix,
+        self.model = ScriptedModel(responder=model_responder).start()
+        self.env = {**PROCESS_ENV, "FX_AGENTS": agents, "REDIS_URL": self.redis.url, "FX_PREFIX": self.prefix,
                     "FX_TEST_MODEL_URL": self.model.base_url}
         self.webs: list[TreeWeb] = []
         self.workers: list[TreeWorker] = []

@@ -26,7 +26,7 @@ from pathlib import Path
 from tests.support.workers import ROOT
 
 # The commit of the previous release. Bump at each release.
-PREVIOUS_RELEASE = "75c4587"
+PREVIOUS_RELEASE = "31e2dcf"
 
 
 @dataclass(frozen=True)

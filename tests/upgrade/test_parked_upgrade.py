@@ -1,0 +1,126 @@
+"""A turn parked by the new code while the previous release's processes share its Redis
+(docs/operations.md, "Upgrading"; stored layout level 2: parked turns).
+
+Only this release writes parked turns (`tool_wait`, `turn_pause`, decision inputs, meta
+`paused`): a process of the previous release reads none of it. So a parked turn's session
+is let go for readers of level 2 (meta `newer`, release.lua), which the previous release's
+claims honour (claim.lua answers them `newer`), and the door refuses decisions
+(`FX_UPGRADE_IN_PROGRESS`, 503) while a live process reads an older layout
+(`liveness.layout_all_read`). Once the previous release is gone, the decision is taken and
+the turn ends once; the prompt sent behind it meanwhile runs after it.
+
+Must hold: the previous release's worker (a deploy that went back), woken for the session
+while it is parked, takes nothing of it (no refund, no error line, the turn still parked);
+the decision sent while it lives is refused and changes nothing; with the new code alone
+again, one decision, one refund, both turns `end_turn`, and no process logged trouble.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from fxworker.liveness import layout_all_read
+from fxworker.store import redis_store
+from fxworker.store.types import LAYOUT_LEVEL
+from tests.durable.conftest import responder
+from tests.durable.tooling import refunds_key
+from tests.upgrade.deployment import Deployment
+from tests.upgrade.previous import Tree, current_tree
+from tests.upgrade.processes import TreeWeb
+
+pytestmark = [pytest.mark.slow, pytest.mark.celery, pytest.mark.timeout(240)]
+
+TURN_S = 30.0
+
+
+@pytest.fixture
+def parked_deployment(previous: Tree) -> Iterator[Deployment]:
+    d = Deployment(previous, current_tree(), agents="tests.durable.agents", model_responder=responder)
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+def wait_for(what: str, check: Any, timeout_s: float = TURN_S) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def state(web: TreeWeb, session_id: str) -> dict[str, Any]:
+    answer = httpx.get(f"{web.url}/v1/sessions/{session_id}", timeout=10)
+    answer.raise_for_status()
+    found: dict[str, Any] = answer.json()
+    return found
+
+
+def lines(web: TreeWeb, session_id: str) -> list[dict[str, Any]]:
+    answer = httpx.get(f"{web.url}/v1/sessions/{session_id}/stream", params={"cursor": 0, "follow": "0"}, timeout=10)
+    answer.raise_for_status()
+    import json
+    return [json.loads(raw) for raw in answer.text.splitlines() if raw.strip()]
+
+
+def gate(d: Deployment) -> int:
+    store = redis_store(d.redis.url, prefix=d.prefix)
+    try:
+        return layout_all_read(store.sync.live_workers())
+    finally:
+        store.close()
+
+
+def test_a_parked_turn_waits_out_the_previous_release_and_then_runs_once(parked_deployment: Deployment) -> None:
+    d = parked_deployment
+    effects = redis.Redis.from_url(d.redis.url)
+    new_web = d.web(d.new)
+    new_worker = d.worker(d.new)
+    created = httpx.post(f"{new_web.url}/v1/sessions", json={"input": "refund:5"}, timeout=10).json()
+    sid = created["sessionId"]
+    parked = wait_for("the turn to park", lambda: (s := state(new_web, sid))["status"] == "paused" and s)
+    [call_id] = parked["pendingCalls"]
+
+    # A deploy that went back: the previous release alone runs the workers. A prompt sent
+    # behind the parked turn through its web wakes the session on its worker, whose claim
+    # must take nothing (meta `newer`): it says so in its log, and runs nothing.
+    new_worker.stop()
+    old_web = d.web(d.old)
+    old_worker = d.worker(d.old)
+    assert gate(d) < LAYOUT_LEVEL
+    behind = httpx.post(f"{old_web.url}/v1/sessions/{sid}/prompts", json={"input": "after"}, timeout=10)
+    assert behind.status_code == 202, behind.text
+    wait_for("the previous release's worker to leave the session to a newer one",
+             lambda: "needs a process that reads stored layout" in old_worker.log_path.read_text(errors="replace"))
+    now = state(new_web, sid)
+    assert now["status"] == "paused" and now["pendingCalls"] == [call_id], now
+    assert effects.llen(refunds_key(d.prefix)) == 0
+    assert not [line for line in lines(new_web, sid) if line["type"] in ("session_error", "turn_end")]
+
+    refused = httpx.post(f"{new_web.url}/v1/sessions/{sid}/calls/{call_id}", json={"type": "approve"}, timeout=10)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "FX_UPGRADE_IN_PROGRESS", refused.text
+    assert state(new_web, sid)["status"] == "paused"
+
+    # Forward again: the new code alone.
+    old_worker.stop()
+    old_web.stop()
+    d.worker(d.new)
+    wait_for("the layout gate to open", lambda: gate(d) == LAYOUT_LEVEL)
+    approved = httpx.post(f"{new_web.url}/v1/sessions/{sid}/calls/{call_id}", json={"type": "approve"}, timeout=10)
+    assert approved.status_code == 202, approved.text
+    wait_for("the session to finish", lambda: state(new_web, sid)["status"] == "idle")
+    ends = [line["stopReason"] for line in lines(new_web, sid) if line["type"] == "turn_end"]
+    assert ends == ["end_turn", "end_turn"]
+    assert effects.llen(refunds_key(d.prefix)) == 1
+    trouble = {name: [line for line in found if "FX_UPGRADE_IN_PROGRESS" not in line]  # the refusal above
+               for name, found in d.trouble().items()}
+    assert not any(trouble.values()), trouble
