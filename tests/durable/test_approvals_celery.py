@@ -24,7 +24,6 @@ import httpx
 import pytest
 import redis
 
-from fxengine.lines import LINE_TYPES
 from fxengine.testing import Reply, ScriptedModel, hold, text, tool_call
 from fxengine.tool_calls import AMBIGUOUS_RESULT
 from tests.chaos.faults import (
@@ -53,9 +52,6 @@ TURN_S = 20.0  # a turn's end, a pause, a decision's effect
 TAKEOVER_S = LEASE_S + 8.0  # a dead worker's turn resumed by another one
 HTTP_S = 15.0
 HOLD_AFTER = range(500, 600)
-# The `approval_decision` line (the worker's turn took a decision) is being added: its
-# checks run once the protocol declares it.
-DECISION_LINES = "approval_decision" in LINE_TYPES
 
 
 def approvals_responder(request: Any) -> Reply:
@@ -75,21 +71,16 @@ def approvals_responder(request: Any) -> Reply:
     return Reply(text("done"))
 
 
-def _env(redis_url: str, prefix: str, model: ScriptedModel) -> dict[str, str]:
-    return {
-        "REDIS_URL": redis_url,
-        "FX_PREFIX": prefix,
-        "FX_AGENTS": "tests.durable.approval_agents",
-        "FX_TEST_MODEL_URL": model.base_url,
-        "FX_LEASE_S": str(LEASE_S),
-    }
+def _agents_env(model: ScriptedModel) -> dict[str, str]:
+    """What a worker and a web process of this module read besides the store's place."""
+    return {"FX_AGENTS": "tests.durable.approval_agents", "FX_TEST_MODEL_URL": model.base_url,
+            "FX_LEASE_S": str(LEASE_S)}
 
 
 @pytest.fixture(scope="module")
-def pool(workers: Workers, model: ScriptedModel, redis_url: str, prefix: str) -> Pool:
+def pool(workers: Workers, model: ScriptedModel) -> Pool:
     model.responder = approvals_responder
-    env = {**_env(redis_url, prefix, model), "FX_SWEEP_S": "0.5", "FX_RESERVE_S": "4", "FX_DELIVERY_TIMEOUT_S": "120"}
-    del env["REDIS_URL"], env["FX_PREFIX"]  # the worker's own (Workers)
+    env = {**_agents_env(model), "FX_SWEEP_S": "0.5", "FX_RESERVE_S": "4", "FX_DELIVERY_TIMEOUT_S": "120"}
     p = Pool(workers, env, size=1, concurrency=8)
     p.fill()
     return p
@@ -103,8 +94,9 @@ def live(pool: Pool) -> Pool:
 
 @pytest.fixture(scope="module")
 def webs(redis_url: str, prefix: str, model: ScriptedModel) -> Iterator[tuple[WebProcess, WebProcess]]:
-    a = WebProcess(env=_env(redis_url, prefix, model))
-    b = WebProcess(env=_env(redis_url, prefix, model))
+    env = {"REDIS_URL": redis_url, "FX_PREFIX": prefix, **_agents_env(model)}
+    a = WebProcess(env=env)
+    b = WebProcess(env=env)
     try:
         a.wait_ready()
         b.wait_ready()
@@ -187,8 +179,6 @@ def wait_end(client: Any, session_id: str, turn_id: str, timeout_s: float = TURN
 
 def check_decision_lines(lines: list[dict[str, Any]], expected: dict[str, tuple[str, str | None]]) -> None:
     """Each call of `expected` (id -> (decision, by)) has one `approval_decision` line saying so."""
-    if not DECISION_LINES:
-        return
     seen = [ln for ln in lines if ln["type"] == "approval_decision"]
     assert sorted(ln["id"] for ln in seen) == sorted(expected), seen
     for line in seen:
@@ -243,8 +233,8 @@ def test_a_parked_turn_outlives_its_worker_and_an_approval_through_another_web_r
     assert info["status"] == "paused" and info["pendingCalls"] == [request["id"]]
     assert refunds(redis_url, prefix, 11) == []
 
-    [fresh] = live.fill()  # a new worker; the one that parked the turn is dead
-    assert fresh is not parker and fresh.proc is not None and fresh.proc.poll() is None
+    fresh = live.start()  # a new worker; the one that parked the turn is dead
+    assert fresh.pid != parker.pid
     approved = decide(web_b, session_id, request["id"], {"type": "approve", "messageId": "approve-11"})
     assert approved.status_code == 202, approved.text
     body = approved.json()
@@ -252,7 +242,7 @@ def test_a_parked_turn_outlives_its_worker_and_an_approval_through_another_web_r
 
     end = wait_end(client, session_id, turn_id)
     assert end["stopReason"] == "end_turn"
-    assert pid_of(requests_for(model, "refund:11")[-1]) == fresh.pid
+    assert pid_of(requests_for(model, "refund:11")[-1]) != parker.pid
     [(execution_id, epoch, _)] = refunds(redis_url, prefix, 11)
     lines = lines_of(agent, session_id)
     assert_no_stale_line(lines)
@@ -291,8 +281,9 @@ def test_two_approvals_of_one_call_run_it_once_and_the_same_message_id_is_a_repe
     assert end["stopReason"] == "end_turn"
     after = decide(web_a, session.id, call["id"], {"type": "approve", "messageId": "first-521"})
     assert after.status_code == 202 and after.json()["repeated"] is True, after.text
+    # Its turn ended: the first decision stood, and a later one is told so.
     late = decide(web_a, session.id, call["id"], {"type": "approve", "messageId": "late-521"})
-    assert late.status_code == 409 and error_code(late) == "FX_DECISION_UNKNOWN_CALL", late.text
+    assert late.status_code == 409 and error_code(late) == "FX_DECISION_REPEATED", late.text
     assert len(refunds(redis_url, prefix, 521)) == 1
     assert len(turn_ends(client, session.id, turn.message_id)) == 1
     check_decision_lines(lines_of(client.agents["default"], session.id), {call["id"]: ("approve", None)})
@@ -321,9 +312,8 @@ def test_a_denial_is_the_tool_result_the_model_reads_and_the_refund_never_runs(
     assert tool_end["id"] == call["id"] and reason in str(tool_end["content"])
     assert len(turn_ends(client, session.id, turn.message_id)) == 1
     check_decision_lines(lines, {call["id"]: ("deny", None)})
-    if DECISION_LINES:
-        [line] = [ln for ln in lines if ln["type"] == "approval_decision"]
-        assert line["reason"] == reason
+    [line] = [ln for ln in lines if ln["type"] == "approval_decision"]
+    assert line["reason"] == reason and line["messageId"] == turn.message_id
 
 
 def test_two_web_processes_approving_at_once_give_one_acceptance_and_one_run(
@@ -445,3 +435,24 @@ def test_parallel_calls_one_approved_through_one_web_one_denied_through_the_othe
     check_decision_lines(lines, {by_amount[61]["id"]: ("approve", None), by_amount[62]["id"]: ("deny", None)})
     assert store_state(client, session.id).paused_calls == ()
 
+
+
+def test_a_cancel_through_a_web_process_ends_a_parked_turn_and_the_prompt_behind_it_runs(
+    live: Pool, webs: tuple[WebProcess, WebProcess], client: Any, redis_url: str, prefix: str
+) -> None:
+    web_a, web_b = webs
+    session, turn, [call] = paused_turn(client, "refund:71")
+    behind = session.prompt("after the refund")
+    state = parked(client, session.id, 1)
+    assert state.pending == 1 and state.lease_holder is None and not state.has_work
+    cancelled = httpx.post(f"{web_b.url}/v1/sessions/{session.id}/cancel", json={}, timeout=HTTP_S)
+    assert cancelled.status_code == 202, cancelled.text
+
+    assert wait_end(client, session.id, turn.message_id)["stopReason"] == "cancelled"
+    assert wait_end(client, session.id, behind.message_id)["stopReason"] == "end_turn"
+    assert refunds(redis_url, prefix, 71) == []
+    assert len(turn_ends(client, session.id, turn.message_id)) == 1
+    late = decide(web_a, session.id, call["id"], {"type": "approve"})
+    assert late.status_code == 409 and error_code(late) == "FX_DECISION_UNKNOWN_CALL", late.text
+    within("the session idle", lambda: store_state(client, session.id).status == "idle")
+    assert refunds(redis_url, prefix, 71) == []
