@@ -21,7 +21,6 @@ import pytest
 from starlette.requests import Request
 
 from fxengine import Tool, ToolContext
-from fxengine.lines import LINE_TYPES
 from fxengine.testing import ScriptedModel
 from fxworker import Agent, embedded
 from fxworker.keys import session_keys
@@ -38,9 +37,6 @@ TURN_S = 15.0
 ALICE = {"x-user": "alice"}
 BOB = {"x-user": "bob"}
 UNKNOWN_SESSION = "fxs_01JZZZZZZZZZZZZZZZZZZZZZZZ"
-# The `approval_decision` line (the worker's turn took a decision) is being added: its
-# checks run once the protocol declares it.
-DECISION_LINES = "approval_decision" in LINE_TYPES
 
 
 def authorize(request: Request, session_id: str | None, action: str) -> bool:
@@ -175,10 +171,9 @@ async def test_a_principal_the_hook_refuses_changes_nothing_and_an_allowed_one_i
     [tool_end] = [line for line in got if line["type"] == "tool_end"]
     assert tool_end["id"] == call_id and tool_end["isError"] is False and tool_end["content"] == "refunded 5"
     assert refunds.runs == [5]
-    if DECISION_LINES:
-        [decision] = [line for line in got if line["type"] == "approval_decision"]
-        assert decision["id"] == call_id and decision["decision"] == "approve" and decision["by"] == "alice"
-        assert decision["messageId"] == "alice-approves"
+    [decision] = [line for line in got if line["type"] == "approval_decision"]
+    assert decision["id"] == call_id and decision["decision"] == "approve" and decision["by"] == "alice"
+    assert decision["messageId"] == turn_id
 
 
 async def test_bad_bodies_are_400_and_change_nothing(served: tuple[httpx.AsyncClient, Agent], refunds: Refunds) -> None:
@@ -228,8 +223,11 @@ async def test_decisions_for_no_waiting_call_are_409_and_an_unknown_session_is_4
     assert second.status_code == 409 and second.json()["error"]["code"] == "FX_DECISION_REPEATED", second.text
     embedded.start_embedded_workers(1)
     assert (await turn_end(client, session_id, turn_id))["stopReason"] == "end_turn"
+    # Its turn ended: the denial stood, and a later answer is told so.
     ended = await client.post(calls(session_id, call_id), headers=ALICE, json={"type": "approve"})
-    assert ended.status_code == 409 and ended.json()["error"]["code"] == "FX_DECISION_UNKNOWN_CALL", ended.text
+    assert ended.status_code == 409 and ended.json()["error"]["code"] == "FX_DECISION_REPEATED", ended.text
+    other = await client.post(calls(session_id, "call_nope"), headers=ALICE, json={"type": "approve"})
+    assert other.status_code == 409 and other.json()["error"]["code"] == "FX_DECISION_UNKNOWN_CALL", other.text
     assert refunds.runs == []
 
 
