@@ -3,7 +3,7 @@ embedded store (the production Lua on fakeredis) with an in-process worker.
 
 A call of a tool that waits (`approval=`, `external=True`) parks its turn: the session's
 state says `paused` with the calls it waits on, no lease is held, and nothing wakes it but
-a decision or a cancel. The real-worker and fault tests are in tests/celery/test_approvals.py.
+a decision or a cancel. The real-worker and fault tests are in tests/durable/test_approvals_celery.py.
 """
 
 from __future__ import annotations
