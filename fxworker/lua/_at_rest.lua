@@ -46,15 +46,20 @@ local function at_rest(ttl_ms, ready, session_id)
 end
 
 -- parked(ready, session_id, turn_seq) -> a parked turn's session gives back the same, but
---   for what its turn and the inputs behind it still need: its log goes into `rest`, the
---   inbox keeps the turn's input and what waits (the consumed entries before the input
---   go), and the streams are rewritten to their size; no retention TTL (the turn is open).
+--   for what its turn and the inputs behind it still need: its log goes into `rest`, and
+--   its input too when nothing waits behind it (the inbox goes); else the inbox keeps
+--   the input and what waits (the consumed entries before the input go) and is
+--   rewritten to its size, as the lines are; no retention TTL (the turn is open).
 local function parked(ready, session_id, turn_seq)
   if ready then redis.call('ZREM', ready, session_id) end
   redis.call('DEL', KEYS[8])
   redis.call('HDEL', KEYS[1], 'line_key')
-  rest_log()
-  if turn_seq > 1 then redis.call('XTRIM', KEYS[3], 'MINID', turn_seq .. '-0') end
-  shrink(KEYS[3])
+  if turn_seq > 0 and redis.call('ZCARD', KEYS[7]) == 0 then
+    rest_log(turn_seq)
+  else
+    rest_log()
+    if turn_seq > 1 then redis.call('XTRIM', KEYS[3], 'MINID', turn_seq .. '-0') end
+    shrink(KEYS[3])
+  end
   shrink(KEYS[5])
 end

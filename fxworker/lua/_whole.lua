@@ -22,9 +22,10 @@
 local function lost_key(ui, inbox, head, epoch, rest, turn, through)
   if ui > 0 and redis.call('EXISTS', KEYS[5]) == 0 then return 'ui' end
   -- The inbox holds what waits and the open turn's input (consumed entries are read no
-  -- more, and at rest it is gone): needed while either is there.
+  -- more, and at rest it is gone; a parked turn at rest keeps its input in `rest`):
+  -- needed while either is there.
   if inbox > 0 and redis.call('EXISTS', KEYS[3]) == 0
-     and ((turn or '') ~= '' or redis.call('ZCARD', KEYS[7]) > 0) then
+     and (((turn or '') ~= '' and not rest) or redis.call('ZCARD', KEYS[7]) > 0) then
     return 'inbox'
   end
   if inbox > 0 and redis.call('EXISTS', KEYS[6]) == 0 then return 'msgs' end

@@ -140,7 +140,7 @@ def parse_stream(reply: Any) -> list[tuple[int, dict[bytes, bytes]]]:
 
 def parse_rest(blob: bytes) -> list[tuple[int, dict[bytes, bytes]]]:
     """A session's `rest` value (lua/_rest.lua): its log's records as (cursor, fields `d`
-    data and `e` writer epoch), in cursor order."""
+    data and `e` writer epoch), in cursor order; a parked turn's input kept there is skipped."""
     records = []
     pos, end = 0, len(blob)
     while pos < end:
@@ -150,5 +150,6 @@ def parse_rest(blob: bytes) -> list[tuple[int, dict[bytes, bytes]]]:
             stop = colon + 1 + int(blob[pos:colon])
             values.append(blob[colon + 1:stop])
             pos = stop
-        records.append((int(values[0]), {b"d": values[1], b"e": values[2]}))
+        if values[0].isdigit():  # not a parked turn's input (`i<seq>`), kept with the records
+            records.append((int(values[0]), {b"d": values[1], b"e": values[2]}))
     return records

@@ -78,19 +78,22 @@ def model() -> Iterator[ScriptedModel]:
 
 @contextmanager
 def embedded_agent(
-    model: ScriptedModel, *, start_workers: bool = True, agent_tools: Sequence[Any] | None = None, **options: Any
+    model: ScriptedModel, *, start_workers: bool = True, agent_tools: Sequence[Any] | None = None,
+    redis_url: str | None = None, **options: Any
 ) -> Iterator[Any]:
-    """An agent on an embedded store of its own (the same Lua on fakeredis) with one
-    in-process worker, started now (`start_workers`) or left to the test; `a.prefix` is
-    its key prefix. Stops the workers and closes the agent after."""
+    """An agent on an embedded store of its own (the same Lua on fakeredis; on the Redis at
+    `redis_url` when given) with one in-process worker, started now (`start_workers`) or
+    left to the test; `a.prefix` is its key prefix. Stops the workers and closes the agent
+    after (and deletes a Redis prefix)."""
     from fxworker import Agent, Settings, embedded
     from fxworker.embedded import InProcessWaker
-    from fxworker.store import embedded_store
+    from fxworker.store import embedded_store, redis_store
 
     prefix = f"fxe{uuid.uuid4().hex[:8]}"
+    store = redis_store(redis_url, prefix=prefix) if redis_url else embedded_store(prefix=prefix)
     a = Agent(
         "default", model="scripted", provider=provider(model.base_url), api_key="test-key",
-        tools=tools() if agent_tools is None else list(agent_tools), store=embedded_store(prefix=prefix),
+        tools=tools() if agent_tools is None else list(agent_tools), store=store,
         waker=InProcessWaker(start_workers=False), settings=Settings(lease_s=2.0, reserve_s=4.0, sweep_s=0.5),
         **options,
     )
@@ -102,6 +105,8 @@ def embedded_agent(
     finally:
         embedded.stop_embedded_workers()
         a.close()
+        if redis_url:
+            delete_prefix(redis_url, prefix)
 
 
 async def wait_idle(agent: Any, session_id: str, *, timeout_s: float, drained: bool = True) -> Any:

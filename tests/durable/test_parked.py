@@ -46,9 +46,11 @@ def refunds() -> Refunds:
     return Refunds()
 
 
-@pytest.fixture
-def agent(model: ScriptedModel, refunds: Refunds) -> Iterator[Agent]:
-    with embedded_agent(model, agent_tools=refunds.tools) as a:
+@pytest.fixture(params=["fakeredis", "redis"])
+def agent(request: pytest.FixtureRequest, model: ScriptedModel, refunds: Refunds) -> Iterator[Agent]:
+    """The agent on the embedded store, and on a real Redis (the same Lua on both)."""
+    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    with embedded_agent(model, agent_tools=refunds.tools, redis_url=url) as a:
         yield a
 
 
@@ -246,3 +248,32 @@ async def test_a_wait_past_its_timeout_is_denied_by_the_sweeper(model: ScriptedM
         with pytest.raises(FxInputError) as late:
             await session.approve(call["id"])
         assert late.value.code == "FX_DECISION_EXPIRED"
+
+
+async def test_a_parked_session_is_stored_as_one_at_rest(model: ScriptedModel, refunds: Refunds,
+                                                         redis_url: str) -> None:
+    """Its log and its turn's input wait in one `rest` value (no stream, no idempotency
+    keys); a prompt sent behind it makes a new inbox, and the decision's claim puts the
+    input back first: both turns run, in order."""
+    import redis as redis_client
+
+    from fxworker.keys import session_keys
+
+    with embedded_agent(model, agent_tools=refunds.tools, redis_url=redis_url) as agent:
+        raw = redis_client.Redis.from_url(redis_url)
+        session = agent.session()
+        turn = await session.prompt("refund:4")
+        [call] = (await asyncio.wait_for(turn.result(), TURN_S)).pending_calls
+        await parked(agent, session.id)
+        keys = session_keys(agent.prefix, session.id)
+        assert not raw.exists(keys.log, keys.inbox, keys.keys)
+        rest = raw.get(keys.rest)
+        assert rest is not None and b"i1" in rest and b"refund:4" in rest
+        behind = await session.prompt("after")
+        assert raw.xlen(keys.inbox) == 1 and raw.exists(keys.rest)
+        await session.approve(call["id"])
+        assert (await asyncio.wait_for(turn.result(), TURN_S)).stop_reason == "paused"  # the first follower's end
+        assert (await asyncio.wait_for(behind.result(), TURN_S)).stop_reason == "end_turn"
+        ends = [line["messageId"] for line in await stored_lines(agent, session.id) if line["type"] == "turn_end"]
+        assert ends == [turn.message_id, behind.message_id]
+        assert [amount for amount, _ in refunds.runs] == [4]
