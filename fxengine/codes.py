@@ -40,7 +40,6 @@ class Code(StrEnum):
     DECISION_REPEATED = "FX_DECISION_REPEATED"
     DECISION_EXPIRED = "FX_DECISION_EXPIRED"
     UPGRADE_IN_PROGRESS = "FX_UPGRADE_IN_PROGRESS"
-    TOOL_WAITS_UNSUPPORTED = "FX_TOOL_WAITS_UNSUPPORTED"
 
     # -- limits ------------------------------------------------------------------------------
     LIMIT = "FX_LIMIT"

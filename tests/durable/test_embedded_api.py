@@ -160,21 +160,3 @@ def test_agents_register_by_name(agent: Agent) -> None:
     assert get_agent("default") is agent
     with pytest.raises(FxAgentExistsError):
         Agent("default", model="scripted")
-
-
-@pytest.mark.parametrize("waits", [{"approval": True}, {"approval": lambda args, ctx: True}, {"external": True}])
-def test_an_agent_refuses_a_tool_that_waits_for_a_decision(waits: dict[str, Any]) -> None:
-    """A worker does not park a session yet: an Agent given a tool whose calls wait for a
-    decision is refused at once with its code, naming the tool, and nothing is registered."""
-    from fxengine import FxToolDefinitionError, tool
-
-    @tool(idempotent=False, **waits)
-    def refund(amount: int) -> str:
-        """Refunds `amount`."""
-        return "done"
-
-    name = f"waits-{uuid.uuid4().hex[:6]}"
-    with pytest.raises(FxToolDefinitionError) as refused:
-        Agent(name, model="scripted", tools=[refund], api_key="k")
-    assert refused.value.code == "FX_TOOL_WAITS_UNSUPPORTED" and "refund" in str(refused.value)
-    assert get_agent(name) is None

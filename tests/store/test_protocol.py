@@ -19,12 +19,14 @@ def test_the_turn_end_body_has_usage_always_and_error_only_when_there_is_one() -
 
 def test_control_lines_have_their_type_and_message_id() -> None:
     lines = [protocol.turn_start("m1", "s1", "hi"), protocol.turn_resume("m1", "s1", interrupted=True, retract=[2]),
-             protocol.turn_yield("m1"), protocol.session_error("m1", {"code": "FX_X", "message": "m"}, "m1")]
-    assert [line["type"] for line in lines] == ["turn_start", "turn_resume", "turn_yield", "session_error"]
+             protocol.turn_yield("m1"), protocol.turn_pause("m1", [], at_ms=5),
+             protocol.session_error("m1", {"code": "FX_X", "message": "m"}, "m1")]
+    assert [line["type"] for line in lines] == ["turn_start", "turn_resume", "turn_yield", "turn_pause", "session_error"]
     assert all(line["messageId"] == "m1" for line in lines)
     assert protocol.turn_resume("m1", "s1", interrupted=False) == {
         "type": "turn_resume", "messageId": "m1", "sessionId": "s1", "interrupted": False}
-    assert set(protocol.CONTROL_LINE_TYPES) == {"turn_start", "turn_resume", "turn_yield", "turn_end", "session_error"}
+    assert set(protocol.CONTROL_LINE_TYPES) == {"turn_start", "turn_resume", "turn_yield", "turn_pause", "turn_end",
+                                                "session_error"}
 
 
 def test_a_mark_the_store_does_not_know_is_refused_where_it_is_written() -> None:
