@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -502,3 +503,35 @@ def test_prompt_names_its_session_at_once_and_says_when_no_worker_takes_it(
     finally:
         web.close()
         delete_prefix(redis_url, prefix)
+
+
+# ---------------------------------------------------------------------------------- approve / deny
+
+
+def _parked_call(api: httpx.Client, prompt: str) -> tuple[str, str]:
+    """A new session whose turn parks on one call: (session id, call id)."""
+    sid = api.post("/v1/sessions", json={"input": prompt}).json()["sessionId"]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        state = api.get(f"/v1/sessions/{sid}").json()
+        if state["status"] == "paused":
+            return sid, state["pendingCalls"][0]
+        time.sleep(0.05)
+    raise AssertionError(f"{sid} did not park: {state}")
+
+
+def test_approve_and_deny_answer_a_parked_turn_and_print_it_going_on(web_open: WebProcess, api: httpx.Client) -> None:
+    sid, call = _parked_call(api, "refund:6")
+    shown = fx(web_open.url, "tail", sid, "--no-follow")
+    assert f"waits for approval: call {call}" in shown.stdout and "[paused:" in shown.stdout, shown.stdout
+    approved = fx(web_open.url, "approve", sid, call)
+    assert approved.returncode == 0, approved.stderr
+    assert f"approval of {call} stored" in approved.stderr and "[end_turn]" in approved.stdout, approved.stdout
+    again = fx(web_open.url, "approve", sid, call)
+    assert again.returncode != 0 and "FX_DECISION_REPEATED" in again.stderr, again.stderr
+
+    sid, call = _parked_call(api, "refund:7")
+    denied = fx(web_open.url, "deny", sid, call, "--reason", "over the limit", "--no-follow")
+    assert denied.returncode == 0 and f"denial of {call} stored" in denied.stdout, denied.stderr
+    unknown = fx(web_open.url, "deny", sid, "call_nope")
+    assert unknown.returncode != 0 and "FX_DECISION_UNKNOWN_CALL" in unknown.stderr, unknown.stderr
