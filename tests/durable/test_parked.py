@@ -277,3 +277,17 @@ async def test_a_parked_session_is_stored_as_one_at_rest(model: ScriptedModel, r
         ends = [line["messageId"] for line in await stored_lines(agent, session.id) if line["type"] == "turn_end"]
         assert ends == [turn.message_id, behind.message_id]
         assert [amount for amount, _ in refunds.runs] == [4]
+
+
+async def test_a_steer_sent_while_parked_joins_the_turn_when_it_resumes(agent: Agent, model: ScriptedModel) -> None:
+    session = agent.session()
+    turn = await session.prompt("refund:9")
+    [call] = (await asyncio.wait_for(turn.result(), TURN_S)).pending_calls
+    await session.steer("and say thanks")
+    state = await parked(agent, session.id)
+    assert state.pending == 1  # the steer waits with the parked turn
+    accepted = await session.approve(call["id"])
+    assert (await asyncio.wait_for(session.follow(accepted).result(), TURN_S)).stop_reason == "end_turn"
+    lines = await stored_lines(agent, session.id)
+    assert [line["text"] for line in lines if line["type"] == "user_message"] == ["and say thanks"]
+    assert {line["messageId"] for line in lines if line["type"] in ("turn_start", "turn_end")} == {turn.message_id}
