@@ -571,10 +571,18 @@ class Session:
                 return
 
     async def resume(self) -> Turn:
-        """Wakes the session and follows whatever turn it continues (`idle` when nothing)."""
+        """Wakes the session and follows whatever turn it continues (`idle` when nothing; a
+        parked turn's pause, `paused` with its `pending_calls`, without a wake)."""
         state = await self.state()
         if state["status"] == "idle":
             return Turn(self, message_id=None, repeated=False, cursor=state["cursor"], idle=True)
+        if state["status"] == "paused":
+            # Nothing runs until a decision comes: no wake. A parked session writes nothing
+            # after its turn's `turn_pause`, so its last line is that one: the turn's result
+            # is its pause, with the calls that wait.
+            stored = await self.store.state(self.id)
+            return Turn(self, message_id=stored.open_turn if stored else None, repeated=False,
+                        cursor=max(0, state["cursor"] - 1))
         # Follow from the current end: the worker that continues writes turn_resume (an
         # open turn) or turn_start (a waiting prompt) after it.
         await self._wake(state["agent"], "resume")

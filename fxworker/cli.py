@@ -411,13 +411,18 @@ def _decide(session_id: str, call_id: str, decision: Literal["approve", "deny"],
     sys.exit(_api_call(lambda: _print_turn(lines, as_json=as_json), session=lambda: session_id))
 
 
+def decision_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The arguments and options `fx approve` and `fx deny` share."""
+    for option in (json_option, url_option,
+                   click.option("--follow/--no-follow", default=True, help="Print the turn as it goes on (default: yes)."),
+                   click.option("--message-id", default=None, help="An idempotency id: resending it stores nothing new."),
+                   click.argument("call_id"), click.argument("session_id")):
+        command = option(command)
+    return command
+
+
 @main.command()
-@click.argument("session_id")
-@click.argument("call_id")
-@click.option("--message-id", default=None, help="An idempotency id: resending it stores nothing new.")
-@click.option("--follow/--no-follow", default=True, help="Print the turn as it goes on (default: yes).")
-@url_option
-@json_option
+@decision_options
 def approve(session_id: str, call_id: str, message_id: str | None, follow: bool, url: str | None,
             as_json: bool) -> None:
     """Approve CALL_ID, a call SESSION_ID's paused turn waits on: it runs, once, and the turn goes on."""
@@ -425,12 +430,7 @@ def approve(session_id: str, call_id: str, message_id: str | None, follow: bool,
 
 
 @main.command()
-@click.argument("session_id")
-@click.argument("call_id")
-@click.option("--message-id", default=None, help="An idempotency id: resending it stores nothing new.")
-@click.option("--follow/--no-follow", default=True, help="Print the turn as it goes on (default: yes).")
-@url_option
-@json_option
+@decision_options
 @click.option("--reason", default="", help="What the model reads as the call's result.")
 def deny(session_id: str, call_id: str, message_id: str | None, follow: bool, url: str | None, as_json: bool,
          reason: str) -> None:

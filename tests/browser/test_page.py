@@ -3,29 +3,19 @@ and the turn continuing from the stored cursor with no text shown twice."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from fxengine.testing import ScriptedModel
 from tests.web._model import responder
+from tests.browser.conftest import ARTIFACTS, skip_without_chromium
 from tests.web._server import WebProcess
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
-FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
 
-if not Path(CHROMIUM).exists():
-    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
-playwright_sync = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+skip_without_chromium()
 
 
 @pytest.fixture(scope="module")
@@ -43,22 +33,6 @@ def dev(page_model: ScriptedModel) -> Iterator[WebProcess]:
         yield web.wait_ready()
     finally:
         web.close()
-
-
-@pytest.fixture
-def browser_page() -> Iterator[object]:
-    profile = tempfile.mkdtemp(prefix="fx-chromium-")
-    with playwright_sync.sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            profile, executable_path=CHROMIUM, headless=True, args=FLAGS, ignore_default_args=["--headless=new"]
-        )
-        try:
-            page = context.pages[0] if context.pages else context.new_page()
-            page.set_default_timeout(15_000)
-            yield page
-        finally:
-            context.close()
-            shutil.rmtree(profile, ignore_errors=True)
 
 
 def assistant_text(page: object) -> str:

@@ -8,11 +8,8 @@ test counts how often it ran."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -20,21 +17,14 @@ import redis
 from fxengine.testing import ScriptedModel
 from tests.durable.tooling import refunds_key
 from tests.web._model import responder
+from tests.browser.conftest import ARTIFACTS, skip_without_chromium
 from tests.web._server import WebProcess
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.redis]
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
-FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
 DENIED = "The user denied this tool call"
 
-if not Path(CHROMIUM).exists():
-    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
-playwright_sync = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+skip_without_chromium()
 
 
 @pytest.fixture(scope="module")
@@ -68,22 +58,6 @@ def effects(redis_url: str, effects_prefix: str) -> Iterator[redis.Redis]:
     finally:
         client.delete(refunds_key(effects_prefix))
         client.close()
-
-
-@pytest.fixture
-def browser_page() -> Iterator[object]:
-    profile = tempfile.mkdtemp(prefix="fx-chromium-")
-    with playwright_sync.sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            profile, executable_path=CHROMIUM, headless=True, args=FLAGS, ignore_default_args=["--headless=new"]
-        )
-        try:
-            page = context.pages[0] if context.pages else context.new_page()
-            page.set_default_timeout(15_000)
-            yield page
-        finally:
-            context.close()
-            shutil.rmtree(profile, ignore_errors=True)
 
 
 def _refunds(effects: redis.Redis, prefix: str) -> list[str]:

@@ -291,3 +291,10 @@ async def test_a_steer_sent_while_parked_joins_the_turn_when_it_resumes(agent: A
     lines = await stored_lines(agent, session.id)
     assert [line["text"] for line in lines if line["type"] == "user_message"] == ["and say thanks"]
     assert {line["messageId"] for line in lines if line["type"] in ("turn_start", "turn_end")} == {turn.message_id}
+
+
+async def test_a_resume_of_a_parked_session_answers_its_pause(agent: Agent) -> None:
+    session = agent.session()
+    [call] = (await asyncio.wait_for((await session.prompt("refund:2")).result(), TURN_S)).pending_calls
+    resumed = await asyncio.wait_for((await session.resume()).result(), TURN_S)
+    assert resumed.stop_reason == "paused" and [c["id"] for c in resumed.pending_calls] == [call["id"]]

@@ -44,7 +44,8 @@ def test_the_engine_builds_only_declared_events_with_their_declared_keys() -> No
              events.tool_start("c2", "t", "x" * 70_000, 2), events.tool_end("c1", "t", is_error=False, content="ok", step=2),
              events.user_message("steer", "msg_1"),
              events.approval_request({"id": "c3", "executionId": "t:2:c3", "name": "t", "kind": "approval", "step": 2,
-                                      "input": {"x": 1}})]
+                                      "input": {"x": 1}}),
+             events.approval_decision("c3", "t", "deny", step=2, by="alice", reason="no", decided_at_ms=1)]
     by_type = {typing.get_args(typing.get_type_hints(m)["type"])[0]: m for m in typing.get_args(lines.ModelEvent)}
     assert {event["type"] for event in built} == set(lines.MODEL_EVENT_TYPES)
     for event in built:
