@@ -265,6 +265,8 @@ class TurnRun:
             return await self.end(ruling.stop_reason, ruling.error)
         turn_input = claim.open_turn.input
         span = self._trace(turn_input.traceparent if turn_input is not None else None, resumed=True)
+        if span is not None and decisions:
+            span.set_attribute("fx.turn.decisions", len(decisions))
         decided, taken, stale = self._decisions(decisions)
         if stale:
             await self.writer.flush(marks=[protocol.drop(message_id) for message_id in stale])

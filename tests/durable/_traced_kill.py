@@ -6,6 +6,9 @@ what the runtime recorded; what `fx worker`'s batches lose to a kill -9 is the c
 `test_a_worker_killed_100_ms_into_its_delivery_has_exported_its_delivery_span`.
 
     python -m tests.durable._traced_kill MODEL_BASE_URL IDEMPOTENT(0|1)
+    python -m tests.durable._traced_kill MODEL_BASE_URL pause
+
+`pause`: the tool waits for approval instead; its turn parks, is approved, and ends.
 """
 
 from __future__ import annotations
@@ -46,22 +49,29 @@ def lookup(city: str) -> str:
     return f"{city}: sunny"
 
 
-async def main(base_url: str, idempotent: bool) -> None:
+async def main(base_url: str, mode: str) -> None:
     model_provider = {"name": "scripted", "base_url": base_url, "models": {"scripted": {}}}
+    waits = mode == "pause"
     agent = Agent("traced", model="scripted", provider=model_provider, api_key="k",
-                  tools=[tool(lookup, idempotent=idempotent)],
+                  tools=[tool(lookup, idempotent=False, approval=True) if waits else tool(lookup, idempotent=mode == "1")],
                   store=embedded_store(prefix=f"fxt{uuid.uuid4().hex[:8]}"), waker=InProcessWaker(),
                   settings=Settings(lease_s=1.0, reserve_s=4.0, sweep_s=0.2))
     embedded.start_embedded_workers(1)
     session = agent.session()
     turn = await session.prompt("weather in Oslo?")
-    await asyncio.wait_for(asyncio.to_thread(started.wait, 10), 15)
-    embedded.kill_embedded_worker(0)  # abruptly, mid-tool; a fresh worker takes its place
-    result = await asyncio.wait_for(turn.result(), 30)
-    unblock.set()  # the killed call's thread may finish: its loop is gone, nothing of it is stored
+    if waits:
+        unblock.set()
+        paused = await asyncio.wait_for(turn.result(), 30)
+        accepted = await session.approve(paused.pending_calls[0]["id"], by="alice")
+        result = await asyncio.wait_for(session.follow(accepted).result(), 30)
+    else:
+        await asyncio.wait_for(asyncio.to_thread(started.wait, 10), 15)
+        embedded.kill_embedded_worker(0)  # abruptly, mid-tool; a fresh worker takes its place
+        result = await asyncio.wait_for(turn.result(), 30)
+        unblock.set()  # the killed call's thread may finish: its loop is gone, nothing of it is stored
     # The turn's end reaches the reader before its worker has ended the span around it.
     for _ in range(200):
-        if any(s.name == "fx.turn" for s in exporter.get_finished_spans()):
+        if sum(s.name == "fx.turn" for s in exporter.get_finished_spans()) >= (2 if waits else 1):
             break
         await asyncio.sleep(0.05)
     spans: list[dict[str, Any]] = [{
@@ -74,4 +84,4 @@ async def main(base_url: str, idempotent: bool) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2] == "1"))
+    asyncio.run(main(sys.argv[1], sys.argv[2]))

@@ -22,13 +22,13 @@ from tests.support.workers import Workers
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def traced_kill(idempotent: bool) -> dict[str, Any]:
+def traced_kill(idempotent: bool, *, mode: str | None = None) -> dict[str, Any]:
     with ScriptedModel() as model:
         model.script(Reply(tool_call("c1", "lookup", {"city": "Oslo"})), Reply(text("Sunny in Oslo.")))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("FX_", "OTEL_")) and k != "REDIS_URL"}
         done = subprocess.run([sys.executable, "-m", "tests.durable._traced_kill", model.base_url,
-                               "1" if idempotent else "0"], cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=60)
+                               mode or ("1" if idempotent else "0")], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
@@ -78,6 +78,22 @@ BATCH_DELAY_S = 5.0  # the SDK's batch schedule (OTEL_BSP_SCHEDULE_DELAY): what 
 
 @pytest.mark.redis
 @pytest.mark.celery
+def test_a_turn_parked_for_an_approval_is_one_trace_across_the_wait() -> None:
+    """The delivery that parked the turn and the one its approval woke are both in the
+    prompt's trace, under its accept; the first says it paused, the second that it resumed
+    with a decision (by whom)."""
+    out = traced_kill(False, mode="pause")
+    spans = out["spans"]
+    assert out["stop_reason"] == "end_turn" and out["tool_calls"] == 1
+    assert len({s["trace"] for s in spans}) == 1, "one trace, from the accept across the wait to the end"
+    (accept,) = [s for s in spans if s["name"].startswith("fx.accept")]
+    deliveries = [s for s in spans if s["name"].startswith("fx.delivery")]
+    assert len(deliveries) == 2 and all(d["parent"] == accept["span"] for d in deliveries)
+    turns = sorted((s for s in spans if s["name"] == "fx.turn"), key=lambda s: s["attributes"]["fx.epoch"])
+    assert [t["attributes"]["fx.outcome"] for t in turns] == ["paused", "ended"]
+    assert turns[1]["attributes"]["fx.turn.resumed"] is True and turns[1]["attributes"]["fx.turn.decisions"] == 1
+
+
 def test_a_worker_killed_100_ms_into_its_delivery_has_exported_its_delivery_span(
     workers: Workers, client: Any, model: ScriptedModel
 ) -> None:
