@@ -109,7 +109,8 @@ async def test_a_call_that_needs_approval_parks_the_turn_then_runs_once_approved
     events, result = await run(resumed)
     assert result.stop_reason == "end_turn" and text_of(events) == "Refunded."
     assert refunds.runs == [(500, "t1:1:c1")]
-    assert [e["type"] for e in events[:2]] == ["tool_start", "tool_end"]
+    assert [e["type"] for e in events[:3]] == ["approval_decision", "tool_start", "tool_end"]
+    assert events[0] == {"type": "approval_decision", "id": "c1", "name": "refund", "decision": "approve", "step": 1}
     last = model.requests[-1]
     assert tool_messages(last) == [("c1", "refunded 500")]
     assert RESUME_NOTICE not in user_texts(last)
@@ -124,7 +125,9 @@ async def test_a_denial_is_what_the_model_reads(model: ScriptedModel, make_engin
     assert result.stop_reason == "paused"
     events, result = await run(engine.resume(decisions={"c1": deny("over the limit")}))
     assert result.stop_reason == "end_turn" and refunds.runs == []
-    assert events[0] == {"type": "tool_end", "id": "c1", "name": "refund", "isError": True, "step": 1,
+    assert events[0] == {"type": "approval_decision", "id": "c1", "name": "refund", "decision": "deny",
+                         "reason": "over the limit", "step": 1}
+    assert events[1] == {"type": "tool_end", "id": "c1", "name": "refund", "isError": True, "step": 1,
                          "content": "The user denied this tool call: over the limit"}
     assert tool_messages(model.requests[-1]) == [("c1", "The user denied this tool call: over the limit")]
 
