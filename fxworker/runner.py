@@ -45,6 +45,7 @@ from .deadline import Deadline
 from .errors import FxLeaseLostError, FxStoreUnavailableError
 from .ids import new_holder_id, now_ms
 from .leases import LeaseKeeper
+from .liveness import layout_all_read
 from .protocol import Outcome, RunResult, WorkerAgent
 from .runtime import StopSignal
 from .store import RedisStore
@@ -162,7 +163,8 @@ class Runner:
         if self.released is not None:  # the turn's end record let the session go
             return outcome
         cut_off = Stopped.CUT_OFF in self.stopped
-        released = self.released = await self._release(cutoff=cut_off)
+        released = self.released = await self._release(cutoff=cut_off,
+                                                        input_at_rest=outcome == Outcome.PAUSED and await self._all_read())
         if cut_off:
             # The store's count: it restarts only when the turn moved on (append.lua).
             cutoffs = released.cutoffs if released is not None else int(self.claim.cutoffs) + 1
@@ -284,9 +286,19 @@ class Runner:
         self.deadline.reserve_ms = int(owner.reserve_s * 1000)
         return True
 
-    async def _release(self, *, cutoff: bool, newer: int | None = None) -> Released | None:
+    async def _all_read(self) -> bool:
+        """Whether every live process reads this release's stored layout (a parked turn's
+        input may then wait in `rest`, which a previous release's process does not read)."""
         try:
-            return await self.store.release(self.session_id, self.epoch, cutoff=cutoff, newer=newer)
+            return layout_all_read(await self.store.live_workers()) >= LAYOUT_LEVEL
+        except Exception:  # noqa: BLE001 - not known: store it the way every release reads
+            return False
+
+    async def _release(self, *, cutoff: bool, newer: int | None = None,
+                       input_at_rest: bool = False) -> Released | None:
+        try:
+            return await self.store.release(self.session_id, self.epoch, cutoff=cutoff, newer=newer,
+                                            input_at_rest=input_at_rest)
         except FxLeaseLostError:
             self.emit("session.fenced", epoch=self.epoch)
         except Exception as exc:  # noqa: BLE001 - the work is stored; the lease expires on its own

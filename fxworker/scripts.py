@@ -194,16 +194,18 @@ def renew(keys: SessionKeys, *, epoch: int, lease_ms: int, now_ms: int) -> Call:
 
 def release(
     keys: SessionKeys, *, epoch: int, cutoff: bool, now_ms: int, ttl_ms: int,
-    ready: IndexKeys | None = None, session_id: str = "", newer: int | None = None,
+    ready: IndexKeys | None = None, session_id: str = "", newer: int | None = None, input_at_rest: bool = False,
 ) -> Call:
-    """release.lua: let the session go, counting a deadline cut-off when `cutoff`.
+    """release.lua: let the session go, counting a deadline cut-off when `cutoff`;
+    `input_at_rest`: a parked turn's input may go into `rest` with its log (every live
+    process reads stored layout 2).
 
     With `ready` (standalone Redis only), a release that leaves nothing to run also takes
     `session_id` out of the ready set.
     """
     names = keys.names if ready is None else [*keys.names, ready.names[0]]
     return Call(SCRIPTS["release"], names, [epoch, "1" if cutoff else "0", now_ms, ttl_ms, session_id,
-                                            "" if newer is None else newer])
+                                            "" if newer is None else newer, "1" if input_at_rest else "0"])
 
 
 def save_checkpoint(

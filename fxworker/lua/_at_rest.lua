@@ -45,16 +45,17 @@ local function at_rest(ttl_ms, ready, session_id)
   end
 end
 
--- parked(ready, session_id, turn_seq) -> a parked turn's session gives back the same, but
---   for what its turn and the inputs behind it still need: its log goes into `rest`, and
---   its input too when nothing waits behind it (the inbox goes); else the inbox keeps
+-- parked(ready, session_id, turn_seq, input_at_rest) -> a parked turn's session gives back
+--   the same, but for what its turn and the inputs behind it still need: its log goes into
+--   `rest`, and, given input_at_rest, its input too when nothing waits behind it (the inbox
+--   goes); else the inbox keeps
 --   the input and what waits (the consumed entries before the input go) and is
 --   rewritten to its size, as the lines are; no retention TTL (the turn is open).
-local function parked(ready, session_id, turn_seq)
+local function parked(ready, session_id, turn_seq, input_at_rest)
   if ready then redis.call('ZREM', ready, session_id) end
   redis.call('DEL', KEYS[8])
   redis.call('HDEL', KEYS[1], 'line_key')
-  if turn_seq > 0 and redis.call('ZCARD', KEYS[7]) == 0 then
+  if input_at_rest and turn_seq > 0 and redis.call('ZCARD', KEYS[7]) == 0 then
     rest_log(turn_seq)
   else
     rest_log()

@@ -8,6 +8,9 @@
 --       6 newer: "" or a layout level; the holder met a stored layout it cannot read, so
 --         only a process reading that level may claim the session next (meta `newer`,
 --         claim.lua); nothing of it is ended
+--       7 "1": a parked turn's input may wait in `rest` with its log when nothing waits
+--         behind it (every live process reads stored layout 2: a process of the previous
+--         release would take the session for one with its inbox gone, `_whole.lua`)
 -- Returns {"ok", released_now(0|1), cutoffs, pending} | {"fenced", lease_epoch, lease_state, lease_expires_ms}
 --   pending: inputs still waiting at the release (one accepted while the lease was held
 --   found it held, so its wake did nothing: the releaser wakes the session again).
@@ -54,7 +57,7 @@ elseif (m[3] or '') ~= '' then
   if m[5] == turn then
     waiting = waiting + 1  -- a cancel of the parked turn came while held: wake for it
   elseif tonumber(m[4] or 0) == 0 then
-    parked(KEYS[11], ARGV[5], tonumber(m[6] or 0))
+    parked(KEYS[11], ARGV[5], tonumber(m[6] or 0), ARGV[7] == '1')
     waiting = 0
   end
   redis.call('HSET', meta, 'newer', PARKED_LEVEL)

@@ -251,14 +251,17 @@ def _renew(core: StoreCore, session_id: str, epoch: int, *, lease_ms: int, now_m
 
 def _release(
     core: StoreCore, session_id: str, epoch: int, *, cutoff: bool = False, now_ms: int | None = None,
-    newer: int | None = None,
+    newer: int | None = None, input_at_rest: bool = False,
 ) -> Op[Released]:
     """Lets the session go. `cutoff=True` counts one more deadline cut-off of the open step (§6);
     `newer`: the holder met a stored layout it cannot read, so only a process reading that
-    level claims the session next (nothing of it is ended)."""
+    level claims the session next (nothing of it is ended); `input_at_rest`: a parked
+    turn's input may wait in `rest` (release.lua), which only processes reading stored
+    layout 2 read."""
     call = scripts.release(
         core.keys(session_id), epoch=int(epoch), cutoff=cutoff, now_ms=core.now(now_ms), ttl_ms=core.ttl_ms,
         ready=None if core.cluster else core.index, session_id=session_id, newer=newer,
+        input_at_rest=input_at_rest,
     )
 
     def parse(replies: list[Any]) -> Released:

@@ -296,5 +296,6 @@ async def test_a_steer_sent_while_parked_joins_the_turn_when_it_resumes(agent: A
 async def test_a_resume_of_a_parked_session_answers_its_pause(agent: Agent) -> None:
     session = agent.session()
     [call] = (await asyncio.wait_for((await session.prompt("refund:2")).result(), TURN_S)).pending_calls
+    await parked(agent, session.id)  # released: until then it runs, and a resume follows what runs next
     resumed = await asyncio.wait_for((await session.resume()).result(), TURN_S)
     assert resumed.stop_reason == "paused" and [c["id"] for c in resumed.pending_calls] == [call["id"]]
