@@ -49,6 +49,7 @@ BENCHES: dict[str, tuple[str, list[str], int]] = {
     "cluster": ("cluster.py", ["--rounds", "3"], 300),
     "tracing": ("tracing.py", ["--turns", "100", "--rounds", "3"], 300),
     "backlog": ("backlog.py", ["--sessions", "300"], 240),
+    "parked": ("parked.py", ["--sessions", "1000", "--sample", "100"], 180),
 }
 
 
