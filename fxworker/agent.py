@@ -546,6 +546,9 @@ class Session:
         whether a turn was targeted. A running worker sees the request in its inbox; a
         waiting session is woken only when no wake of it is outstanding (§7), so a cancel
         sent before any worker ran costs no second wake."""
+        # The ready mark first, as for an input (§5): a parked turn's session is out of the
+        # ready set, and the sweeper must find its cancel if this wake is lost.
+        await self.store.mark_ready(self.id)
         target = await self.store.request_cancel(self.id, message_id=message_id)
         state = await self.store.state(self.id)
         if state is None:
