@@ -1,8 +1,11 @@
 """What the session model test (`test_session_model.py`) drives the embedded mode with.
 
 - `responder`: the scripted model, driven by the prompt text;
-- `tools(effects)`: an idempotent tool that takes a while and a tool that is not
-  idempotent, whose every execution is counted by its execution id in `effects`;
+- `tools(effects)`: an idempotent tool that takes a while, a tool that is not
+  idempotent, whose every execution is counted by its execution id in `effects`, `refund`
+  (not idempotent, waits for approval: each execution counted in `effects.refunds`) and
+  `pick_file` (external: a client submits its result; its body never runs, and would be
+  counted in `effects.external` if it did);
 - `WakeTracker`: counts, per session, the wakes handed to a worker loop and not yet
   finished (the embedded mode's `handle_wake`, wrapped);
 - `ProcessRegistry`: the agent registry as another process would see it, so that one
@@ -32,6 +35,9 @@ def responder(request: Any) -> Reply:
     - `send:<to>`: calls the `send` tool (not idempotent), then answers "done";
     - `nap:<s>`: calls the `nap` tool (idempotent, takes `s` seconds), then answers "done";
     - `wait:<ms>`: the reply starts after `ms` (a model request a deadline can cut off);
+    - `refund:<a>[,<b>...]`: one `refund` call per amount, in one response (its turn parks
+      until each call is decided), then answers "done";
+    - `pick:<pattern>`: calls the external `pick_file` (its turn parks for the result);
     - anything else (a steer included): answers "echo:<text>".
     """
     role, last = last_message_text(request)
@@ -44,23 +50,45 @@ def responder(request: Any) -> Reply:
         return Reply(tool_call(call_id, "nap", {"seconds": float(last[4:])}))
     if last.startswith("wait:"):
         return Reply(delay(float(last[5:])), text("ok"))
+    if last.startswith("refund:"):
+        return Reply(*[tool_call(f"call_{uuid.uuid4().hex[:8]}", "refund", {"amount": int(a)})
+                       for a in last[7:].split(",")])
+    if last.startswith("pick:"):
+        return Reply(tool_call(call_id, "pick_file", {"pattern": last[5:]}))
     return Reply(text("echo:", last))
 
 
+def call_of(execution_id: str) -> str:
+    """The call id an execution id ends with (`<session>:<turn>:<step>:<call id>`)."""
+    return execution_id.rsplit(":", 1)[-1]
+
+
 class Effects:
-    """The executions of the tool that is not idempotent: execution id -> how many ran."""
+    """The executions of the tools that are not idempotent, each by its execution id ->
+    how many ran: `runs` of `send`, `refunds` of `refund`, `external` of `pick_file`
+    (which must stay empty)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.runs: Counter[str] = Counter()
+        self.refunds: Counter[str] = Counter()
+        self.external: Counter[str] = Counter()
 
-    def record(self, execution_id: str) -> None:
+    def record(self, execution_id: str, kind: str = "runs") -> None:
         with self._lock:
-            self.runs[execution_id] += 1
+            getattr(self, kind)[execution_id] += 1
 
     def repeated(self) -> dict[str, int]:
         with self._lock:
-            return {key: n for key, n in self.runs.items() if n > 1}
+            return {key: n for runs in (self.runs, self.refunds) for key, n in runs.items() if n > 1}
+
+    def refunded(self) -> dict[str, int]:
+        """Call id -> how many times `refund` ran for it."""
+        with self._lock:
+            out: Counter[str] = Counter()
+            for execution_id, n in self.refunds.items():
+                out[call_of(execution_id)] += n
+            return dict(out)
 
 
 def tools(effects: Effects) -> list[Tool]:
@@ -79,11 +107,23 @@ def tools(effects: Effects) -> list[Tool]:
             return "rested"
         return "woken"
 
+    def refund(input: dict[str, Any], ctx: Any) -> str:
+        effects.record(ctx.execution_id, "refunds")
+        return f"refunded {input.get('amount', 0)}"
+
+    def pick_file(input: dict[str, Any], ctx: Any) -> str:
+        effects.record(ctx.execution_id, "external")
+        raise AssertionError("an external tool's body never runs")
+
     return [
         Tool("send", "Sends a message (an effect).", {**obj, "properties": {"to": {"type": "string"}}},
              idempotent=False, execute=send),
         Tool("nap", "Takes a while.", {**obj, "properties": {"seconds": {"type": "number"}}},
              idempotent=True, execute=nap),
+        Tool("refund", "Refunds an order (a person approves it first).",
+             {**obj, "properties": {"amount": {"type": "integer"}}}, idempotent=False, execute=refund, approval=True),
+        Tool("pick_file", "Lets the user pick a file.", {**obj, "properties": {"pattern": {"type": "string"}}},
+             idempotent=False, execute=pick_file, external=True),
     ]
 
 
@@ -119,6 +159,7 @@ class WakeTracker:
     queued: list[Wake] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     sent: Counter[str] = field(default_factory=Counter)  # reason -> wakes queued
+    system_sent: Counter[str] = field(default_factory=Counter)  # session id -> wakes of SYSTEM_REASONS queued
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def in_flight(self, session_id: str) -> list[Wake]:
@@ -133,6 +174,8 @@ class WakeTracker:
                 others = [w for w in self.queued if w.session_id == wake.session_id]
                 self.queued.append(wake)
                 self.sent[wake.reason] += 1
+                if wake.reason in SYSTEM_REASONS:
+                    self.system_sent[wake.session_id] += 1
             refused = self.check(wake, others)
             if refused:
                 with self._lock:

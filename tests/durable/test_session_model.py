@@ -39,6 +39,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -50,6 +51,7 @@ import fxworker.delivery
 import fxworker.runner
 from fxengine.testing import ScriptedModel
 from fxworker import Agent, Settings, embedded, registry
+from fxengine.errors import FxInputError
 from fxworker.errors import FxNoAgentError, FxUnknownSessionError
 from fxworker.protocol import Outcome
 from fxworker.runtime import LoopThread
@@ -61,6 +63,7 @@ from tests.durable.session_harness import (
     Wake,
     WakeTracker,
     as_process,
+    call_of,
     responder,
     tools,
 )
@@ -88,8 +91,16 @@ MAX_WORKERS = 2
 QUIET_S = 15.0
 SYSTEM_WAKES_IN_FLIGHT = 2  # a running delivery and its own requeue
 CALL_S = 10.0  # bound on any one blocking call of a rule
+PARK_WAIT_S = 1.5  # how long a decision or a cancel of a parked turn waits for a turn to park
 
 PROMPTS = st.sampled_from(["hi", "send:bob", "nap:0.3", "wait:300", "wait:1500"])
+# Prompts whose turn parks: one refund call, two in one response, an external pick.
+PARKING = st.sampled_from(["refund:5", "refund:1,2", "pick:*.txt"])
+# The decision each rule sends for a call of each kind (`approve` of an external call is
+# refused FX_DECISION_INVALID); the codes a refused decision carries.
+FIRST = {"approval": ["approve", "deny"], "external": ["result", "result", "approve"]}
+AGAIN = {"approval": ["approve", "deny"], "external": ["result", "deny"]}
+UNKNOWN, REPEATED, INVALID = "FX_DECISION_UNKNOWN_CALL", "FX_DECISION_REPEATED", "FX_DECISION_INVALID"
 
 
 def wake_check(wake: Wake, others: list[Wake]) -> str | None:
@@ -107,6 +118,17 @@ def wake_check(wake: Wake, others: list[Wake]) -> str | None:
     if wake.reason in SYSTEM_REASONS and len(system) + 1 > SYSTEM_WAKES_IN_FLIGHT:
         return f"{len(system) + 1} system wakes of {wake.session_id} queued or running: {wake.reason}, {reasons}"
     return None
+
+
+@dataclass(frozen=True)
+class Decided:
+    """The first decision accepted for a call."""
+
+    session_id: str
+    how: str  # approve | deny | result
+    message_id: str
+    turn: str
+    kind: str  # approval | external
 
 
 class SessionMachine(RuleBasedStateMachine):
@@ -143,8 +165,19 @@ class SessionMachine(RuleBasedStateMachine):
         self.faults = 0  # kills, stops and foreign deliveries: each may cost a session a claim
         self.n = 0
         self.loops: list[LoopThread] = []  # worker loops stopped or killed: closed after the example
+        # Decisions: the first accepted one per call (call id -> Decided); calls an approval
+        # was sent for with no answer (it may be stored); parked turns cancelled (turn id ->
+        # its session and the calls that waited undecided then); what each session was sent
+        # (every prompt, steer, cancel, decision and foreign wake: a parked session that got
+        # none of them since it was last seen parked must not have moved).
+        self.decided: dict[str, Decided] = {}
+        self.unsure: set[str] = set()
+        self.cancelled_parked: dict[str, tuple[str, frozenset[str]]] = {}
+        self.stimuli: Counter[str] = Counter()
+        self.parked_seen: dict[str, tuple[int, int, int, int]] = {}
         self.tracker.queued.clear()
         self.tracker.violations.clear()
+        self.tracker.system_sent.clear()
         embedded.start_embedded_workers(1)
 
     # ------------------------------------------------------------------ helpers
@@ -162,6 +195,52 @@ class SessionMachine(RuleBasedStateMachine):
             if not page:
                 return out
             out += page
+
+    def _calls(self, session_id: str) -> dict[str, tuple[str, str]]:
+        """Every call a parked turn of the session asked a decision for (its
+        `approval_request` line): call id -> (kind, the turn's message id)."""
+        return {line["id"]: (line["kind"], line["messageId"])
+                for line in self._lines(session_id) if line["type"] == "approval_request"}
+
+    def _end_lines(self, session_id: str) -> dict[str, dict[str, Any]]:
+        return {line["messageId"]: line for line in self._lines(session_id) if line["type"] == "turn_end"}
+
+    def _waiting(self) -> list[tuple[int, str, str, str]]:
+        """The calls the model knows wait: asked (an `approval_request` line), no decision
+        of them accepted, their turn not ended: (session index, call id, kind, turn)."""
+        out = []
+        for i, session in enumerate(self.sessions):
+            if not self.turns[session.id]:
+                continue
+            ended = set(self._end_lines(session.id))
+            for call_id, (kind, turn) in self._calls(session.id).items():
+                if call_id not in self.decided and turn not in ended:
+                    out.append((i, call_id, kind, turn))
+        return out
+
+    def _asking(self) -> bool:
+        """A prompt that parks (a refund, a pick) was sent and has not ended."""
+        return any(self.prompt_texts[t.message_id].startswith(("refund:", "pick:"))
+                   and t.message_id not in self._end_lines(s.id) for s in self.sessions for t in self.turns[s.id])
+
+    def _soon(self, look: Any) -> Any:
+        """What `look()` answers once it is truthy, waiting up to `PARK_WAIT_S` (a worker
+        parks a turn after its model reply), else its last answer."""
+        deadline = time.monotonic() + PARK_WAIT_S
+        while not (found := look()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return found
+
+    def _parked(self) -> list[int]:
+        return [i for i, s in enumerate(self.sessions)
+                if self.turns[s.id] and (state := self._state(s.id)) is not None and state.parked]
+
+    def _decide(self, session: Any, call_id: str, how: str, message_id: str) -> Any:
+        if how == "approve":
+            return session.approve(call_id, message_id=message_id, by="model")
+        if how == "deny":
+            return session.deny(call_id, reason=f"no ({message_id})", message_id=message_id, by="model")
+        return session.submit_tool_result(call_id, f"picked.txt ({message_id})", message_id=message_id, by="model")
 
     def _ends(self, session_id: str) -> Counter[str]:
         return Counter(line.get("messageId") for line in self._lines(session_id) if line["type"] == "turn_end")
@@ -205,11 +284,16 @@ class SessionMachine(RuleBasedStateMachine):
     def prompt(self, i: int, prompt: str) -> None:
         session = self.sessions[i]
         message_id = self._id("p")
+        self.stimuli[session.id] += 1
         turn = session.prompt(prompt, message_id=message_id)
         assert turn.message_id == message_id and turn.repeated is False
         self.turns[session.id].append(turn)
         self.prompt_texts[message_id] = prompt
         self.inputs[session.id] += 1
+
+    @rule(i=st.integers(0, SESSIONS - 1), prompt=PARKING)
+    def prompt_that_parks(self, i: int, prompt: str) -> None:
+        self.prompt(i, prompt)
 
     @precondition(lambda self: any(self.turns.values()))
     @rule(data=st.data())
@@ -218,6 +302,7 @@ class SessionMachine(RuleBasedStateMachine):
         i = data.draw(st.sampled_from([i for i, s in enumerate(self.sessions) if self.turns[s.id]]))
         session = self.sessions[i]
         original = data.draw(st.sampled_from(self.turns[session.id]))
+        self.stimuli[session.id] += 1
         again = session.prompt(self.prompt_texts[original.message_id], message_id=original.message_id)
         assert again.repeated is True and again.message_id == original.message_id
 
@@ -225,6 +310,7 @@ class SessionMachine(RuleBasedStateMachine):
     def steer(self, i: int) -> None:
         session = self.sessions[i]
         message_id = self._id("s")
+        self.stimuli[session.id] += 1
         session.steer(f"steer {message_id}", message_id=message_id)
         self.steers[session.id].add(message_id)
         self.inputs[session.id] += 1
@@ -232,6 +318,7 @@ class SessionMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, SESSIONS - 1))
     def cancel_session(self, i: int) -> None:
         session = self.sessions[i]
+        self.stimuli[session.id] += 1
         try:
             session.cancel()
         except FxUnknownSessionError:
@@ -244,8 +331,105 @@ class SessionMachine(RuleBasedStateMachine):
     def cancel_turn(self, data: st.DataObject) -> None:
         i = data.draw(st.sampled_from([i for i, s in enumerate(self.sessions) if self.turns[s.id]]))
         session = self.sessions[i]
+        self.stimuli[session.id] += 1
         data.draw(st.sampled_from(self.turns[session.id])).cancel()
         self.cancels[session.id] += 1
+
+    # ------------------------------------------------------------------ decisions
+
+    @precondition(lambda self: self._asking() or bool(self._waiting()))
+    @rule(data=st.data())
+    def decide(self, data: st.DataObject) -> None:
+        """A decision for a call the model knows waits: approve or deny a refund, the result
+        of a pick (or, refused FX_DECISION_INVALID, its approval). With none asked yet, but
+        a prompt that asks sent, waits a moment for its request (none: a step that does
+        nothing)."""
+        waiting = self._soon(self._waiting)
+        if not waiting:
+            return
+        i, call_id, kind, turn = data.draw(st.sampled_from(waiting))
+        how = data.draw(st.sampled_from(FIRST[kind]))
+        session = self.sessions[i]
+        before = self._state(session.id)
+        paused_before = before is not None and call_id in before.paused_calls
+        message_id = self._id("d")
+        self.stimuli[session.id] += 1
+        self.unsure.add(call_id)
+        try:
+            accepted = self._decide(session, call_id, how, message_id)
+        except FxInputError as refused:
+            self.unsure.discard(call_id)
+            ended = turn in self._end_lines(session.id)
+            after = self._state(session.id)
+            if how == "approve" and kind == "external" and refused.code == INVALID:
+                return
+            assert refused.code == UNKNOWN, (
+                f"a first decision ({how}) for {call_id} ({kind}) refused {refused.code}: {refused}")
+            assert after is None or call_id not in after.paused_calls, (
+                f"{UNKNOWN} for {call_id}, which the store still says its turn {turn} waits on")
+            assert ended or not paused_before, (
+                f"{UNKNOWN} for {call_id}, which waited a moment before, and its turn {turn} did not end")
+            return
+        assert how != "approve" or kind != "external", f"an approval of the external call {call_id} was accepted"
+        assert accepted.repeated is False and accepted.turn == turn, (
+            f"a first decision for {call_id} of {turn}: {accepted}")
+        self.decided[call_id] = Decided(session.id, how, message_id, turn, kind)
+        self.inputs[session.id] += 1
+
+    @precondition(lambda self: bool(self.decided))
+    @rule(data=st.data(), same=st.booleans())
+    def decide_again(self, data: st.DataObject, same: bool) -> None:
+        """A second decision for a call decided already: the first's message id again (a
+        retry: `repeated`), or another decision (another sender: FX_DECISION_REPEATED while
+        the turn is open, FX_DECISION_UNKNOWN_CALL once it ended)."""
+        call_id = data.draw(st.sampled_from(sorted(self.decided)))
+        first = self.decided[call_id]
+        session = next(s for s in self.sessions if s.id == first.session_id)
+        how = first.how if same else data.draw(st.sampled_from(AGAIN[first.kind]))
+        message_id = first.message_id if same else self._id("d")
+        self.stimuli[session.id] += 1
+        try:
+            accepted = self._decide(session, call_id, how, message_id)
+        except FxInputError as refused:
+            ended = first.turn in self._end_lines(session.id)
+            assert refused.code in (REPEATED, UNKNOWN), f"a second decision for {call_id}: {refused.code} {refused}"
+            assert refused.code == REPEATED or ended, (
+                f"{UNKNOWN} for {call_id}, decided already, while its turn {first.turn} is open")
+            return
+        assert same and accepted.repeated and accepted.message_id == first.message_id, (
+            f"a second decision ({how}, {'the same' if same else 'a new'} message id) for {call_id}, "
+            f"decided {first.how} already, was accepted: {accepted}")
+
+    @rule(i=st.integers(0, SESSIONS - 1), how=st.sampled_from(["approve", "deny", "result"]))
+    def decide_unknown_call(self, i: int, how: str) -> None:
+        session = self.sessions[i]
+        self.stimuli[session.id] += 1
+        try:
+            accepted = self._decide(session, f"call_bogus{self._id('')}", how, self._id("d"))
+        except FxUnknownSessionError:
+            assert self.inputs[session.id] == 0, "a decision found no session that has inputs"
+            return
+        except FxInputError as refused:
+            assert refused.code == UNKNOWN, f"a decision for no call: {refused.code} {refused}"
+            return
+        raise AssertionError(f"a decision for a call no turn made was accepted: {accepted}")
+
+    @precondition(lambda self: self._asking())
+    @rule(data=st.data())
+    def cancel_parked(self, data: st.DataObject) -> None:
+        """`session.cancel()` while its turn is parked with no decision: the turn ends
+        `cancelled`, and the calls it waited on never run (whatever decisions come after).
+        Waits a moment for a turn to park (none: a step that does nothing)."""
+        parked = self._soon(self._parked)
+        if not parked:
+            return
+        session = self.sessions[data.draw(st.sampled_from(parked))]
+        state = self._state(session.id)
+        assert state is not None and state.parked and state.open_turn is not None
+        self.stimuli[session.id] += 1
+        session.cancel()
+        self.cancels[session.id] += 1
+        self.cancelled_parked.setdefault(state.open_turn, (session.id, frozenset(state.paused_calls)))
 
     # ------------------------------------------------------------------ workers and time
 
@@ -276,6 +460,7 @@ class SessionMachine(RuleBasedStateMachine):
         gets a wake of the session: it must not run it (FX_NO_AGENT) nor change its work."""
         session = self.sessions[i]
         payload = {"sessionId": session.id, "agent": MAIN, "reason": "prompt"}
+        self.stimuli[session.id] += 1
         loop = self.foreign_loop
 
         async def deliver() -> Any:
@@ -330,6 +515,41 @@ class SessionMachine(RuleBasedStateMachine):
     def wakes_do_not_pile_up(self) -> None:
         assert self.tracker.violations == [], self.tracker.violations[:3]
 
+    @invariant()
+    def refunds_run_once_approved(self) -> None:
+        """A refund runs at most once per execution id (above), only for a call whose
+        approval was accepted (or sent with no answer), never for a denied call, never for
+        a call of a turn cancelled while parked on it; an external tool's body never runs."""
+        assert dict(self.effects.external) == {}, f"an external tool's body ran: {dict(self.effects.external)}"
+        cancelled = {call: turn for turn, (_, calls) in self.cancelled_parked.items() for call in calls}
+        for call_id, n in self.effects.refunded().items():
+            first = self.decided.get(call_id)
+            assert (first is not None and first.how == "approve") or (first is None and call_id in self.unsure), (
+                f"refund {call_id} ran {n} time(s) with no approval accepted: {first}")
+            assert call_id not in cancelled, (
+                f"refund {call_id} ran {n} time(s) though its turn {cancelled.get(call_id)} was cancelled while parked")
+
+    @invariant()
+    def parked_sessions_stay_put(self) -> None:
+        """A parked session holds no lease once it was let go (a fault may leave a dead
+        holder's), and until a prompt, steer, cancel or decision comes nothing claims it,
+        writes to it, or wakes it on the system's behalf (a sweep, a requeue)."""
+        for session in self.sessions:
+            state = self._state(session.id)
+            if state is None or not state.parked:
+                self.parked_seen.pop(session.id, None)
+                continue
+            assert not state.has_work, f"{session.id} parked: {state}"
+            assert state.status != "paused" or state.lease_holder is None or self.faults > 0, (
+                f"{session.id} parked, its lease still held by {state.lease_holder} with no fault: {state}")
+            seen = (self.stimuli[session.id], state.epoch, state.cursor, self.tracker.system_sent[session.id])
+            before = self.parked_seen.setdefault(session.id, seen)
+            if before[0] == seen[0]:
+                assert before[1:] == seen[1:], (
+                    f"{session.id} stayed parked with nothing sent to it, yet (epoch, cursor, system wakes) "
+                    f"went from {before[1:]} to {seen[1:]}")
+            self.parked_seen[session.id] = seen
+
     # ------------------------------------------------------------------ quiescence
 
     def teardown(self) -> None:
@@ -354,23 +574,62 @@ class SessionMachine(RuleBasedStateMachine):
             out = []
             for session in self.sessions:
                 state = self._state(session.id)
-                if state is not None and state.status != "idle":
-                    out.append(f"{session.id} {state.status} epoch={state.epoch} cursor={state.cursor}")
+                if state is not None and state.status not in ("idle", "paused"):
+                    out.append(f"{session.id} {state.status} epoch={state.epoch} cursor={state.cursor} "
+                               f"paused={state.paused_calls} decisions={state.decisions}")
             return out
 
-        try:
-            wait_until(lambda: not busy(), QUIET_S, interval_s=0.05, what="every session to be idle")
-        except TimeoutError:
-            raise AssertionError(f"not idle {QUIET_S}s after a capable worker ran: {busy()}") from None
+        # Each round waits until every session is idle or parked, then decides every call a
+        # parked turn waits on (approve or deny a refund, a pick's result): a turn resumed
+        # may park again on its next call, at most once per call asked.
+        rounds = 0
+        while True:
+            try:
+                wait_until(lambda: not busy(), QUIET_S, interval_s=0.05, what="every session to be idle or parked")
+            except TimeoutError:
+                raise AssertionError(f"not idle {QUIET_S}s after a capable worker ran: {busy()}") from None
+            self.parked_sessions_stay_put()
+            paused = [(session, state) for session in self.sessions
+                      if (state := self._state(session.id)) is not None and state.status == "paused"]
+            if not paused:
+                break
+            rounds += 1
+            asked = sum(len(self._calls(s.id)) for s in self.sessions)
+            assert rounds <= asked, f"parked again after {asked} calls asked were decided: {paused}"
+            for session, state in paused:
+                asked = self._calls(session.id)
+                for call_id in state.paused_calls:
+                    kind, turn = asked.get(call_id, ("approval", state.open_turn or ""))
+                    how = "result" if kind == "external" else ("approve", "deny")[sum(map(ord, call_id)) % 2]
+                    message_id = self._id("d")
+                    self.stimuli[session.id] += 1
+                    self.unsure.add(call_id)
+                    accepted = self._decide(session, call_id, how, message_id)
+                    assert not accepted.repeated and accepted.turn == turn == state.open_turn, accepted
+                    self.decided[call_id] = Decided(session.id, how, message_id, turn, kind)
+                    self.inputs[session.id] += 1
         self.writes_and_claims_are_bounded()
         self.wakes_do_not_pile_up()
         self.no_tool_with_effects_runs_twice()
+        self.refunds_run_once_approved()
         for session in self.sessions:
             ends = self._ends(session.id)
             for turn in self.turns[session.id]:
                 assert ends[turn.message_id] == 1, (
                     f"prompt {turn.message_id} of {session.id} ended {ends[turn.message_id]} times")
             assert all(ends[m] <= 1 for m in self.steers[session.id])
+        ended = {m: line for s in self.sessions for m, line in self._end_lines(s.id).items()}
+        for turn, (session_id, calls) in self.cancelled_parked.items():
+            assert ended[turn].get("stopReason") == "cancelled", (
+                f"{turn} of {session_id}, cancelled while parked on {sorted(calls)}, ended {ended[turn]}")
+        # With no fault and no cancel, an approved refund ran once (a fault may leave it
+        # "may have partly run", which a call that is not idempotent never reruns).
+        refunded = self.effects.refunded()
+        for call_id, first in self.decided.items():
+            if (first.how == "approve" and first.kind == "approval" and self.faults == 0
+                    and self.cancels[first.session_id] == 0):
+                assert refunded.get(call_id, 0) == 1, (
+                    f"refund {call_id} approved ({first}) ran {refunded.get(call_id, 0)} times")
 
 
 @pytest.fixture(scope="module")
