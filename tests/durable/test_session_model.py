@@ -96,6 +96,7 @@ PARK_WAIT_S = 1.5  # how long a decision or a cancel of a parked turn waits for 
 PROMPTS = st.sampled_from(["hi", "send:bob", "nap:0.3", "wait:300", "wait:1500"])
 # Prompts whose turn parks: one refund call, two in one response, an external pick.
 PARKING = st.sampled_from(["refund:5", "refund:1,2", "pick:*.txt"])
+PICK = st.integers(0, 7)  # an index into choices known only when the rule runs (taken modulo their number)
 # The decision each rule sends for a call of each kind (`approve` of an external call is
 # refused FX_DECISION_INVALID); the codes a refused decision carries.
 FIRST = {"approval": ["approve", "deny"], "external": ["result", "result", "approve"]}
@@ -175,6 +176,8 @@ class SessionMachine(RuleBasedStateMachine):
         self.cancelled_parked: dict[str, tuple[str, frozenset[str]]] = {}
         self.stimuli: Counter[str] = Counter()
         self.parked_seen: dict[str, tuple[int, int, int, int]] = {}
+        self.parking_prompts = 0
+        self.decide_rules = 0
         self.tracker.queued.clear()
         self.tracker.violations.clear()
         self.tracker.system_sent.clear()
@@ -294,6 +297,7 @@ class SessionMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, SESSIONS - 1), prompt=PARKING)
     def prompt_that_parks(self, i: int, prompt: str) -> None:
         self.prompt(i, prompt)
+        self.parking_prompts += 1
 
     @precondition(lambda self: any(self.turns.values()))
     @rule(data=st.data())
@@ -337,18 +341,21 @@ class SessionMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ decisions
 
-    @precondition(lambda self: self._asking() or bool(self._waiting()))
-    @rule(data=st.data())
-    def decide(self, data: st.DataObject) -> None:
+    @precondition(lambda self: self.parking_prompts > 0)
+    @rule(pick=PICK, choice=PICK)
+    def decide(self, pick: int, choice: int) -> None:
         """A decision for a call the model knows waits: approve or deny a refund, the result
         of a pick (or, refused FX_DECISION_INVALID, its approval). With none asked yet, but
         a prompt that asks sent, waits a moment for its request (none: a step that does
-        nothing)."""
-        waiting = self._soon(self._waiting)
+        nothing). What it picks is drawn as plain numbers (`PICK`), taken modulo the choices
+        there are then: which calls wait depends on the workers' timing, and Hypothesis must
+        draw the same way whatever they did."""
+        self.decide_rules += 1
+        waiting = self._soon(self._waiting) if self._asking() else self._waiting()
         if not waiting:
             return
-        i, call_id, kind, turn = data.draw(st.sampled_from(waiting))
-        how = data.draw(st.sampled_from(FIRST[kind]))
+        i, call_id, kind, turn = waiting[pick % len(waiting)]
+        how = FIRST[kind][choice % len(FIRST[kind])]
         session = self.sessions[i]
         before = self._state(session.id)
         paused_before = before is not None and call_id in before.paused_calls
@@ -376,16 +383,19 @@ class SessionMachine(RuleBasedStateMachine):
         self.decided[call_id] = Decided(session.id, how, message_id, turn, kind)
         self.inputs[session.id] += 1
 
-    @precondition(lambda self: bool(self.decided))
-    @rule(data=st.data(), same=st.booleans())
-    def decide_again(self, data: st.DataObject, same: bool) -> None:
+    @precondition(lambda self: self.decide_rules > 0)
+    @rule(pick=PICK, choice=PICK, same=st.booleans())
+    def decide_again(self, pick: int, choice: int, same: bool) -> None:
         """A second decision for a call decided already: the first's message id again (a
         retry: `repeated`), or another decision (another sender: FX_DECISION_REPEATED while
         the turn is open, FX_DECISION_UNKNOWN_CALL once it ended)."""
-        call_id = data.draw(st.sampled_from(sorted(self.decided)))
+        if not self.decided:
+            return
+        decided = sorted(self.decided)
+        call_id = decided[pick % len(decided)]
         first = self.decided[call_id]
         session = next(s for s in self.sessions if s.id == first.session_id)
-        how = first.how if same else data.draw(st.sampled_from(AGAIN[first.kind]))
+        how = first.how if same else AGAIN[first.kind][choice % len(AGAIN[first.kind])]
         message_id = first.message_id if same else self._id("d")
         self.stimuli[session.id] += 1
         try:
@@ -414,16 +424,16 @@ class SessionMachine(RuleBasedStateMachine):
             return
         raise AssertionError(f"a decision for a call no turn made was accepted: {accepted}")
 
-    @precondition(lambda self: self._asking())
-    @rule(data=st.data())
-    def cancel_parked(self, data: st.DataObject) -> None:
+    @precondition(lambda self: self.parking_prompts > 0)
+    @rule(pick=PICK)
+    def cancel_parked(self, pick: int) -> None:
         """`session.cancel()` while its turn is parked with no decision: the turn ends
         `cancelled`, and the calls it waited on never run (whatever decisions come after).
         Waits a moment for a turn to park (none: a step that does nothing)."""
-        parked = self._soon(self._parked)
+        parked = self._soon(self._parked) if self._asking() else self._parked()
         if not parked:
             return
-        session = self.sessions[data.draw(st.sampled_from(parked))]
+        session = self.sessions[parked[pick % len(parked)]]
         state = self._state(session.id)
         assert state is not None and state.parked and state.open_turn is not None
         self.stimuli[session.id] += 1
