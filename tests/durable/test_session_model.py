@@ -3,10 +3,16 @@
 A Hypothesis state machine over the real store (fakeredis running the same Lua) and the
 real delivery handler (embedded worker loops, the embedded sweeper). Rules: prompt (text,
 a model request a deadline cuts off, a tool that is not idempotent, an idempotent tool
-that takes a while), prompt again with a used message id, steer, `session.cancel()`,
-`turn.cancel()`, a worker starting, stopping or being killed, a wake handled by a worker
-process whose registry lacks the session's agent, and time passing past leases and
-deadlines (real time: the settings below are short).
+that takes a while, and prompts whose turn parks: `refund:<n>` and `refund:a,b`, calls
+of a tool that waits for approval, `pick:<p>`, a call of an external tool), prompt again
+with a used message id, steer, `session.cancel()`, `turn.cancel()`, decisions (approve or
+deny a refund call, submit a pick's result, approve a pick: FX_DECISION_INVALID) for a
+call the model knows waits (its `approval_request` line), a second decision for a call
+decided already (its message id again: `repeated`; another: FX_DECISION_REPEATED, or
+FX_DECISION_UNKNOWN_CALL once its turn ended), a decision for a call no turn made
+(FX_DECISION_UNKNOWN_CALL), a cancel of a parked turn, a worker starting, stopping or being
+killed, a wake handled by a worker process whose registry lacks the session's agent, and
+time passing past leases and deadlines (real time: the settings below are short).
 
 Invariants, after every step:
 - no tool that is not idempotent runs twice for one execution id (§11.2);
@@ -16,9 +22,20 @@ Invariants, after every step:
   `lines_bound` and `epoch_bound`): no loop that writes or claims without progress;
 - a sweep never queues a wake for a session whose wake is still queued or running, and
   no session has more than `SYSTEM_WAKES_IN_FLIGHT` wakes the system sent itself queued or
-  running at once (`wake_check`).
-At quiescence (teardown): a capable worker is started, every session is idle within
-`QUIET_S`, and every prompt ended exactly once (§11.1).
+  running at once (`wake_check`);
+- a refund runs at most once per execution id, only once its approval was accepted, never
+  after a denial, never for a call of a turn cancelled while parked on it; an external
+  tool's body never runs; a first decision for a call the store said waits is accepted
+  (FX_DECISION_UNKNOWN_CALL only once its turn ended), and a second one never is;
+- a parked session holds no lease once it was let go (unless a fault left a dead holder's),
+  and while nothing is sent to it (no prompt, steer, cancel, decision, foreign wake) its
+  epoch, its lines and the wakes the system sent for it stay as they were: nothing claims,
+  writes to or sweeps a parked session (`parked_sessions_stay_put`).
+At quiescence (teardown): a capable worker is started; every session is idle or parked
+within `QUIET_S`, every call a parked turn waits on is decided (approve or deny, a pick's
+result), and so on until every session is idle; every prompt ended exactly once (§11.1),
+a turn cancelled while parked ended `cancelled`, and with no fault and no cancel each
+approved refund ran exactly once.
 
 Minimal sequences it found (each one a failure of the invariant named):
 - idle within a bound: `prompt(i=1, prompt="send:bob")`, then `kill_worker(index=0,
@@ -681,3 +698,52 @@ def test_sessions_driven_by_their_users_keep_the_contract(machine: type[SessionM
             suppress_health_check=list(HealthCheck), database=None,
         ),
     )
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.xfail(strict=True, reason=(
+    "a cancel of a parked turn does not put the session back in the ready set (cancel.lua; the "
+    "release that parked it took it out): when the cancel's wake is lost, the sweeper never "
+    "finds the session, which stays `waiting` with its cancelled turn open for ever"))
+def test_a_cancel_of_a_parked_turn_whose_wake_is_lost_is_swept(model: ScriptedModel,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The minimal sequence the model found (`prompt_that_parks("refund:1,2")`, then
+    `cancel_parked` while the workers were stopped and killed around it, until the
+    quiescence found the session `waiting` 15 s): a turn parks, the session is cancelled
+    and the wake of that cancel is lost (the worker it was handed to dies before it claims,
+    or the broker drops it). A lost wake is what the sweeper is for (§7): within the wake
+    trust and a sweep, a worker must claim the session and end the turn `cancelled`."""
+    effects = Effects()
+    agent = Agent(MAIN, store=embedded_store(prefix=f"fxm{uuid.uuid4().hex[:8]}"),
+                  waker=embedded.InProcessWaker(start_workers=False), model="scripted", api_key="test-key",
+                  tools=tools(effects), settings=SETTINGS,
+                  provider={"name": "scripted", "base_url": model.base_url,
+                            "models": {"scripted": {"context_window": 100_000, "max_output_tokens": 4096,
+                                                    "supports_tools": True}}})
+    embedded.stop_embedded_workers()
+    embedded.start_embedded_workers(1)
+    try:
+        session = agent.blocking_session()
+        turn = session.prompt("refund:1,2")
+        wait_until(lambda: agent.store.sync.state(session.id).status == "paused", CALL_S, what="the turn to park")
+        real = embedded.handle_wake
+
+        async def lost(payload: dict[str, Any], **kwargs: Any) -> None:
+            return None  # the wake never reaches a worker
+
+        monkeypatch.setattr(embedded, "handle_wake", lost)
+        session.cancel()
+        monkeypatch.setattr(embedded, "handle_wake", real)
+        state = agent.store.sync.state(session.id)
+        assert state.status == "waiting" and state.cancel_requested and state.has_work
+
+        def ended() -> bool:
+            return any(line["type"] == "turn_end" and line["messageId"] == turn.message_id
+                       for line in agent.store.sync.read_lines(session.id, 0))
+
+        # The sender trusts its wake for SENDER_TRUST_MS (10 s); the sweeper then wakes it.
+        wait_until(ended, 10.0 + 8.0, interval_s=0.1, what="the cancelled parked turn to end")
+        assert effects.refunded() == {}
+    finally:
+        embedded.stop_embedded_workers()
+        agent.close()
