@@ -23,13 +23,18 @@ part of the fault.
 - a steer 4: its `user_message`, or a turn of its own (`turn_start`, two `text_delta`,
   `turn_end`);
 - a cancel writes no line of its own (it ends a turn the prompt counted): 1 to spare;
+- a decision accepted for a parked call 5: the resume's `turn_resume`, its
+  `approval_decision`, the approved call's `tool_start` and `tool_end` (a denial: its
+  `tool_end`), and the `turn_pause` of a turn that parks again on its other call (the
+  prompt counted its `approval_request` lines and first `turn_pause` within its 17);
 - a yield 3: `turn_yield`, the next delivery's `turn_resume`, a cut-off call's rerun `tool_start`;
 - a fault 6: a `turn_resume`, the lines of a step it retracted and redid (a reply's two
   `text_delta`, a call's `tool_start` and `tool_end`), a `session_error`;
 - 2 to spare.
 
 **Epochs** (`bound: ... epoch`): a session's epoch (meta `epoch`: every claim bumps it,
-whether or not it stores a line) is at most `P + S + C + Y + 3 F + 2`. Each input sends one
+whether or not it stores a line) is at most `P + S + C + D + Y + 3 F + 2` (D: decisions
+accepted, each an input that wakes the parked turn). Each input sends one
 wake, and each yield requeues one; a claim that runs nothing is `idle` and bumps nothing
 (`claim.lua`), so a claim needs work that an input or a yield brought, and a release that
 finds an input waiting wakes the claim that runs it instead of the input's own wake (which
@@ -78,6 +83,7 @@ TOUCHING = frozenset({"kill", "stop", "term", "redis", "clients", "squeeze", "st
 FAULT_SPAN_S = 5.0  # the longest a fault lasts after it is recorded (a squeeze, a SIGSTOP past the lease)
 SOFT_STOP_S = 8.0  # FX_DELIVERY_TIMEOUT_S 12 - FX_RESERVE_S 4 (tests.chaos.system)
 LINES_PER_PROMPT, LINES_PER_STEER, LINES_PER_CANCEL, LINES_PER_YIELD, LINES_PER_FAULT, LINES_SLACK = 17, 4, 1, 3, 6, 2
+LINES_PER_DECISION = 5
 EPOCHS_PER_INPUT, EPOCHS_PER_YIELD, EPOCHS_PER_FAULT, EPOCH_SLACK = 1, 1, 3, 2
 CALLS_PER_TURN, CALLS_PER_RESUME = 6, 2
 MAX_QUEUED_WAKES = 1
@@ -92,6 +98,9 @@ def _inputs(obs: Observation) -> dict[str, Counter[str]]:
     for op in obs.callers:
         if op["kind"] == "cancel":
             inputs[op["session"]]["cancel"] += 1
+    accepted = {(d["session"], d["messageId"]) for d in obs.decisions if d.get("status") == 202}
+    for session_id, _ in accepted:
+        inputs[session_id]["decision"] += 1
     return inputs
 
 
@@ -116,16 +125,16 @@ def progress(obs: Observation, violations: list[str]) -> dict[str, Any]:
     ratios: list[float] = []
     for session_id, lines in sorted(obs.streams.items()):
         n = inputs.get(session_id, Counter())
-        p, s, c = n["prompt"], n["steer"], n["cancel"]
+        p, s, c, d = n["prompt"], n["steer"], n["cancel"], n["decision"]
         y = sum(1 for ln in lines if ln["type"] == "turn_yield")
         f = _faults_touching(obs, session_id)
         epoch = max(obs.epochs.get(session_id, 0), max((int(ln["epoch"]) for ln in lines), default=0))
-        most_lines = (LINES_PER_PROMPT * p + LINES_PER_STEER * s + LINES_PER_CANCEL * c + LINES_PER_YIELD * y
-                      + LINES_PER_FAULT * f + LINES_SLACK)
-        most_epoch = EPOCHS_PER_INPUT * (p + s + c) + EPOCHS_PER_YIELD * y + EPOCHS_PER_FAULT * f + EPOCH_SLACK
+        most_lines = (LINES_PER_PROMPT * p + LINES_PER_STEER * s + LINES_PER_CANCEL * c + LINES_PER_DECISION * d
+                      + LINES_PER_YIELD * y + LINES_PER_FAULT * f + LINES_SLACK)
+        most_epoch = EPOCHS_PER_INPUT * (p + s + c + d) + EPOCHS_PER_YIELD * y + EPOCHS_PER_FAULT * f + EPOCH_SLACK
         first, end = _window(obs, session_id)
         most_yields = int((end - first) // SOFT_STOP_S) + f + 1
-        said = f"({p} prompts, {s} steers, {c} cancels, {y} yields, {f} faults in its window)"
+        said = f"({p} prompts, {s} steers, {c} cancels, {d} decisions, {y} yields, {f} faults in its window)"
         if len(lines) > most_lines:
             violations.append(f"bound: {session_id} stored {len(lines)} lines, at most {most_lines} {said}")
         if epoch > most_epoch:

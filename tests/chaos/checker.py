@@ -26,6 +26,15 @@ queue, and each the transport cannot decode is in the dead-letter list, which ho
 else (a wake with bad arguments decodes: its task refuses it, and it may or may not be
 dead-lettered).
 
+Parked calls (`approval:`, docs/design.md §6 "Paused turns"; the decisions are sent by
+`tests.chaos.approvals`): each `refund` execution id started at most once; a call started
+only if an approval of it was accepted (or sent and never answered: it may be stored); a
+call whose accepted decision was a denial never started; at most one decision accepted per
+call whatever the senders and web processes (one message id answered 202, every other
+refused 409 `FX_DECISION_REPEATED`, or `FX_DECISION_UNKNOWN_CALL` once its turn ended), and
+one exactly unless the turn ended first (a cancel: `cancelled`); every turn that took a
+decision ended exactly once.
+
 Bounds on work without progress (`bound:`, `tests.chaos.bounds`, where the constants are
 explained): per session, its stored lines, its epoch (claims) and its yields against its
 inputs, yields and the faults of its window; per turn, the calls it started; at most one wake of a session queued in the
@@ -83,6 +92,7 @@ class Observation:
     callers: list[dict[str, Any]] = field(default_factory=list)  # caller, storm, cancel, ghost operations
     wakes: list[dict[str, Any]] = field(default_factory=list)  # samples of the queued wakes (tests.chaos.wakes)
     drained_t: float | None = None  # when the drain ended
+    decisions: list[dict[str, Any]] = field(default_factory=list)  # decisions sent and their answers (approvals.py)
 
 
 @dataclass
@@ -99,7 +109,8 @@ def check(obs: Observation) -> Verdict:
     violations: list[str] = []
     figures: dict[str, Any] = {}
     for rule in (lost_inputs, duplicated_effects, intents, stale_lines, turn_order, cutoffs, readers, credentials,
-                 worker_exits, dead_letters, progress, turn_calls, queued_wakes, no_worker, caller_actions):
+                 worker_exits, dead_letters, progress, turn_calls, queued_wakes, no_worker, caller_actions,
+                 approvals):
         figures.update(rule(obs, violations))
     figures.update(counts(obs))
     return Verdict(figures, violations)
@@ -168,6 +179,112 @@ def intents(obs: Observation, violations: list[str]) -> dict[str, Any]:
     for execution_id in missing:
         violations.append(f"§11.3 the non-idempotent call {execution_id} started before its intent was stored")
     return {"starts_without_intent": len(missing)}
+
+
+# ----------------------------------------------------------------------------- parked calls
+
+DECISION_REFUSALS = ("FX_DECISION_REPEATED", "FX_DECISION_UNKNOWN_CALL")
+NEAR_FAULT_S = 2.0  # a decision sent this soon after a kill, SIGSTOP or SIGTERM of a worker
+UNDECIDED_ENDS = ("cancelled", "error")  # how a parked turn may end with none of its calls decided
+
+
+def _call_of(execution_id: str) -> str:
+    return execution_id.rsplit(":", 1)[-1]
+
+
+def accepted_decisions(obs: Observation) -> dict[str, dict[str, dict[str, Any]]]:
+    """Call id -> message id -> the decision answered 202 under it (repeated or not)."""
+    out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for d in obs.decisions:
+        if d.get("status") == 202:
+            out[d["call"]].setdefault(d["messageId"], d)
+    return out
+
+
+def approvals(obs: Observation, violations: list[str]) -> dict[str, Any]:
+    refunds = _starts(obs, "refund")
+    for execution_id, tokens in sorted(refunds.items()):
+        if len(tokens) > 1:
+            violations.append(f"approval: the refund call {execution_id} started {len(tokens)} times")
+    ran = Counter(_call_of(x) for x in refunds)
+    asked: dict[str, tuple[str, str]] = {}  # call id -> (session, turn)
+    for session_id, lines in obs.streams.items():
+        for ln in lines:
+            if ln["type"] == "approval_request":
+                asked.setdefault(ln["id"], (session_id, str(ln.get("messageId"))))
+    ends: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for session_id, lines in obs.streams.items():
+        for ln in lines:
+            if ln["type"] == "turn_end" and not ln.get("repeated"):
+                ends[(session_id, str(ln.get("messageId")))].append(ln)
+    accepted = accepted_decisions(obs)
+    sent: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for d in obs.decisions:
+        sent[d["call"]].append(d)
+    for call_id in sorted(set(ran) - set(asked)):
+        violations.append(f"approval: refund {call_id} started, but no turn asked a decision for it")
+    figures: Counter[str] = Counter()
+    decided_turns: set[tuple[str, str]] = set()
+    for call_id, (session_id, turn) in sorted(asked.items()):
+        ds = sent.get(call_id, [])
+        ok = accepted.get(call_id, {})
+        types = {d["type"] for d in ok.values()}
+        unanswered = [d for d in ds if d.get("status") is None]
+        ended = ends.get((session_id, turn), [])
+        for d in ds:
+            status, code = d.get("status"), d.get("code")
+            if status not in (202, 409, None) or (status == 409 and code not in DECISION_REFUSALS):
+                violations.append(f"approval: {d['type']} {d['messageId']} of {call_id} answered {status} {code}")
+            if status == 409 and code == "FX_DECISION_UNKNOWN_CALL" and not ended:
+                violations.append(f"approval: {d['type']} {d['messageId']} of {call_id} refused {code}, "
+                                  f"but its turn {turn} never ended")
+            if status == 409 and code == "FX_DECISION_REPEATED" and not ok and not unanswered:
+                violations.append(f"approval: {d['type']} {d['messageId']} of {call_id} refused {code}, "
+                                  "but no decision of it was accepted")
+        if len(ok) > 1:
+            violations.append(f"approval: {len(ok)} decisions of {call_id} accepted: "
+                              f"{sorted((d['type'], d['messageId'], d['web']) for d in ok.values())}")
+        approved = "approve" in types or any(d["type"] == "approve" for d in unanswered)
+        if ran[call_id] and not approved:
+            violations.append(f"approval: refund {call_id} started with no approval accepted "
+                              f"(accepted: {sorted(types) or 'none'})")
+        if ran[call_id] and "deny" in types:
+            violations.append(f"approval: refund {call_id} started though its denial was accepted")
+        if ds and not ok and not unanswered and not any(e.get("stopReason") in UNDECIDED_ENDS for e in ended):
+            violations.append(f"approval: no decision of {call_id} accepted of {len(ds)} sent, and its turn {turn} "
+                              f"did not end first ({[e.get('stopReason') for e in ended] or 'no turn_end'})")
+        if ok:
+            decided_turns.add((session_id, turn))
+        figures["refund_calls"] += 1
+        figures["refund_calls_decided"] += bool(ok)
+        figures["refund_calls_approved"] += "approve" in types
+        figures["refund_calls_denied"] += "deny" in types
+        figures["refund_calls_started"] += bool(ran[call_id])
+        figures[f"mode_{(ds[0] if ds else {}).get('mode', 'none')}"] += 1
+    for session_id, turn in sorted(decided_turns):
+        n = len(ends.get((session_id, turn), []))
+        if n != 1:
+            violations.append(f"approval: the parked turn {turn} of {session_id} took a decision and ended {n} times")
+    kills = [float(f["t"]) for f in obs.faults if f["fault"] in ("kill", "stop", "term")]
+    repeated_ok = sum(1 for d in obs.decisions if d.get("status") == 202 and d.get("repeated"))
+    return {
+        "refund_calls": figures["refund_calls"], "refund_calls_decided": figures["refund_calls_decided"],
+        "refund_calls_approved": figures["refund_calls_approved"], "refund_calls_denied": figures["refund_calls_denied"],
+        "refund_calls_started": figures["refund_calls_started"],
+        "refund_starts": sum(len(t) for t in refunds.values()),
+        "parked_turns_decided": len(decided_turns),
+        "parked_turns_ended_undecided": sum(
+            1 for (s, t) in {v for v in asked.values()} - decided_turns
+            if any(e.get("stopReason") in UNDECIDED_ENDS for e in ends.get((s, t), []))),
+        "decisions_sent": len(obs.decisions),
+        "decisions_accepted": sum(len(v) for v in accepted.values()),
+        "decisions_repeated_202": repeated_ok,
+        "decisions_refused": dict(Counter(str(d.get("code")) for d in obs.decisions if d.get("status") == 409)),
+        "decisions_unanswered": sum(1 for d in obs.decisions if d.get("status") is None),
+        "decision_modes": {k[5:]: v for k, v in figures.items() if k.startswith("mode_")},
+        "decisions_near_faults": sum(1 for d in obs.decisions
+                                     if any(0 <= float(d.get("sent_t", -99)) - k <= NEAR_FAULT_S for k in kills)),
+    }
 
 
 # ----------------------------------------------------------------------------- §11.4

@@ -3,7 +3,8 @@
     python -m tests.chaos.run [--duration S] [--seed N] [--sessions S] [--workers N] [--cluster]
 
 Starts the system (`tests.chaos.system`), runs the session drivers, the nemesis and the
-callers (`tests.chaos.callers`; not with `--no-callers`) for `--duration` seconds, with the
+callers (`tests.chaos.callers`; not with `--no-callers`) for `--duration` seconds, and the
+deciders of parked calls (`tests.chaos.approvals`) until the drain ends, with the
 wake queues sampled and the `late` agent's wakes let through a valve (`tests.chaos.wakes`),
 stops the faults, lets every acknowledged input run to its end (at most `--drain` seconds;
 a `ghost` session's until its give-up has had time), has every reader read to the end of its stream, then reads the
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from fxworker.keys import queue_name, session_keys
+from tests.chaos.approvals import Approver
 from tests.chaos.callers import Callers
 from tests.chaos.checker import Observation, Verdict, check, fault_kinds
 from tests.chaos.history import History
@@ -144,6 +146,9 @@ def run(args: argparse.Namespace, seed: int) -> tuple[Verdict, Observation, Hist
         callers = None
         if not args.no_callers:
             callers = Callers(system.web.url, seed, history, stop_at, drivers=drivers, valve=valve).start()
+        assert system.web2 is not None
+        approver = Approver((system.web.url, system.web2.url), seed, history,
+                            lambda: _sessions(drivers) + (list(callers.sessions) if callers is not None else [])).start()
         for d in drivers:
             d.start()
             time.sleep(0.1)
@@ -162,6 +167,7 @@ def run(args: argparse.Namespace, seed: int) -> tuple[Verdict, Observation, Hist
         system.pool.fill()
         drained = drain(system, sessions, args.drain)
         history.record("drained", complete=drained)
+        approver.stop()
         if callers is not None:
             callers.join_watchers()
         for s in sessions:
@@ -249,6 +255,7 @@ def observe(system: System, drivers: list[SessionDriver], history: History, seed
         callers=history.of("caller", "caller_failed", "storm", "ghost", "cancel"),
         wakes=history.of("wakes", "wakes_final"),
         drained_t=next((op["t"] for op in history.of("drained")), None),
+        decisions=history.of("decision"),
     )
 
 
@@ -348,6 +355,17 @@ def table(verdict: Verdict, seed: int, elapsed_s: float, *, cluster: bool = Fals
                                                        f"{f.get('cancels', 0)}"),
         ("ghost sessions: noWorker shown / inputs ended FX_NO_AGENT",
          f"{f['ghost_sessions']}: {f['ghost_no_worker_shown']} / {f['ghost_inputs_ended_no_agent']}"),
+        ("refund calls parked: decided (approved / denied) / started",
+         f"{f['refund_calls']}: {f['refund_calls_decided']} ({f['refund_calls_approved']} / "
+         f"{f['refund_calls_denied']}) / {f['refund_calls_started']} ({f['refund_starts']} starts)"),
+        ("decisions sent: accepted / 202 repeated / 409 by code / unanswered",
+         f"{f['decisions_sent']}: {f['decisions_accepted']} / {f['decisions_repeated_202']} / "
+         f"{', '.join(f'{k} {v}' for k, v in sorted(f['decisions_refused'].items())) or '-'} / "
+         f"{f['decisions_unanswered']}"),
+        ("decision modes (calls)", ", ".join(f"{k} {v}" for k, v in sorted(f["decision_modes"].items())) or "-"),
+        ("decisions sent within 2 s of a kill / stop / term", f["decisions_near_faults"]),
+        ("parked turns decided / ended undecided (cancelled)",
+         f"{f['parked_turns_decided']} / {f['parked_turns_ended_undecided']}"),
         ("inputs ended twice", f["ended_twice"]),
         ("epochs (highest share of a session's bound)", f"{f['epochs']} ({f['epoch_of_bound_max']:.2f})"),
         ("lines / epoch / yield bounds exceeded", f["bounds_exceeded"]),

@@ -5,7 +5,9 @@
   and restored by the nemesis, which `CONFIG SET` may do: the server is the run's own);
 - the scripted model server (in this process), answering with random delays, stalling
   some streams when the nemesis says so (`MODEL_IDLE_TIMEOUT_S`);
-- one web process (`fx web`, `tests.web._server.WebProcess`), which the workload talks HTTP to;
+- two web processes (`fx web`, `tests.web._server.WebProcess`): the workload talks HTTP to
+  the first (`web`); the deciders of parked calls (`tests.chaos.approvals`) to either, and
+  to both at once for one call (`web2`);
 - a pool of N Celery worker processes (`tests.chaos.faults.Pool`, agents of
   `tests.chaos.agents`), which the nemesis kills, freezes and stops and refills; they
   consume `fx.default` only, and run `default` and `late`; the web process also declares
@@ -91,6 +93,7 @@ class System:
         self._cluster_wanted = cluster
         self.model: ScriptedModel | None = None
         self.web: WebProcess | None = None
+        self.web2: WebProcess | None = None
         self.pool: Pool | None = None
         self._workers: Workers | None = None
         self._client: Any = None
@@ -112,7 +115,10 @@ class System:
         self._workers = Workers(redis_url=self.redis.url, prefix=self.prefix)
         self.pool = Pool(self._workers, env, size=self.size, concurrency=8)
         self.pool.fill()
-        self.web = WebProcess(env=self._web_env(env)).wait_ready()
+        self.web = WebProcess(env=self._web_env(env))
+        self.web2 = WebProcess(env=self._web_env(env))
+        self.web.wait_ready()
+        self.web2.wait_ready()
         return self
 
     def _web_env(self, worker_env: dict[str, str]) -> dict[str, str]:
@@ -125,8 +131,9 @@ class System:
         return env
 
     def close(self) -> None:
-        if self.web is not None:
-            self.web.close()
+        for web in (self.web, self.web2):
+            if web is not None:
+                web.close()
         if self._workers is not None:
             self._workers.close()
         if self.model is not None:

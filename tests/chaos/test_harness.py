@@ -153,7 +153,7 @@ def test_a_session_looping_on_a_cancel_fails_its_epoch_bound() -> None:
     # a prompt and a cancel: at most 1 + 1 + 2 claims
     assert check(_observation(GOOD, callers=cancel, epochs={"s": 4})).violations == []
     violations = _only("bound:", _observation(GOOD, callers=cancel, epochs={"s": 300}))
-    assert violations == ["bound: s is at epoch 300, at most 4 (1 prompts, 0 steers, 1 cancels, 0 yields, "
+    assert violations == ["bound: s is at epoch 300, at most 4 (1 prompts, 0 steers, 1 cancels, 0 decisions, 0 yields, "
                           "0 faults in its window): claims without progress"]
 
 
@@ -165,7 +165,7 @@ def test_faults_count_toward_a_session_only_within_its_window() -> None:
     assert check(_observation(GOOD, faults=[inside, follow_up, after], **window)).violations == []  # 1 + 3 + 2
     # the kill after its last turn_end, and the follow-up of the one inside, count for nothing
     assert _only("bound:", _observation(GOOD, faults=[after, follow_up], **window)) == [
-        "bound: s is at epoch 6, at most 3 (1 prompts, 0 steers, 0 cancels, 0 yields, 0 faults in its window): "
+        "bound: s is at epoch 6, at most 3 (1 prompts, 0 steers, 0 cancels, 0 decisions, 0 yields, 0 faults in its window): "
         "claims without progress"]
 
 
@@ -366,3 +366,51 @@ async def test_a_start_finds_its_intent_in_the_log_at_rest_or_in_the_checkpoint(
     finally:
         await store.aclose()
         await client.aclose()
+
+
+# ----------------------------------------------------------------------------- parked calls
+
+PARKED = [_line(1, "turn_start", messageId="a"), {**_line(2, "approval_request", id="c1", messageId="a"), "kind": "approval"},
+          _line(3, "turn_pause", messageId="a"), _line(4, "turn_resume", epoch=2, messageId="a"),
+          _line(5, "approval_decision", epoch=2, id="c1", decision="approve", messageId="a"),
+          _line(6, "tool_start", epoch=2, id="c1", messageId="a"), _line(7, "tool_end", epoch=2, id="c1", messageId="a"),
+          _line(8, "turn_end", epoch=2, messageId="a", stopReason="end_turn")]
+REFUND = {"tool": "refund", "x": "s:a:1:c1", "token": "1", "intent": True}
+
+
+def _decision(how: str, mid: str, status: int | None = 202, code: str | None = None, **fields: object) -> dict:
+    return {"session": "s", "call": "c1", "turn": "a", "mode": "race", "type": how, "messageId": mid, "web": "a",
+            "status": status, "code": code, "repeated": False, **fields}
+
+
+def _parked(lines: list[dict] = PARKED, **overrides: object) -> Observation:
+    return _observation(lines, **{"readers": {"s": list(lines)}, "epochs": {"s": 2}, **overrides})
+
+
+def test_a_call_decided_once_and_run_once_passes() -> None:
+    race = [_decision("approve", "m1"), _decision("deny", "m2", 409, "FX_DECISION_REPEATED", web="b"),
+            _decision("approve", "m1", repeated=True, web="b"),
+            _decision("deny", "m3", 409, "FX_DECISION_UNKNOWN_CALL")]
+    verdict = check(_parked(runs=[REFUND], decisions=race))
+    assert verdict.violations == []
+    assert verdict.figures["refund_calls_started"] == 1 and verdict.figures["decisions_accepted"] == 1
+
+
+def test_each_broken_decision_rule_fails() -> None:
+    approve = _decision("approve", "m1")
+    cancelled = [*PARKED[:3], _line(4, "turn_end", messageId="a", stopReason="cancelled")]
+    cases = {
+        "started twice": _parked(runs=[REFUND, {**REFUND, "token": "2"}], decisions=[approve]),
+        "no approval": _parked(runs=[REFUND], decisions=[]),
+        "denied": _parked(runs=[REFUND], decisions=[_decision("deny", "m1")]),
+        "two accepted": _parked(runs=[REFUND], decisions=[approve, _decision("approve", "m2", web="b")]),
+        "none accepted": _parked(decisions=[_decision("approve", "m1", 409, "FX_DECISION_UNKNOWN_CALL")]),
+        "unknown while open": _parked(PARKED[:3], acks=[], decisions=[_decision("approve", "m1", 409,
+                                                                                "FX_DECISION_UNKNOWN_CALL")]),
+        "other code": _parked(runs=[REFUND], decisions=[approve, _decision("deny", "m2", 409, "FX_DECISION_INVALID")]),
+    }
+    for name, obs in cases.items():
+        violations = check(obs).violations
+        assert violations and any(v.startswith("approval:") for v in violations), (name, violations)
+    assert check(_parked(cancelled, decisions=[_decision("approve", "m1", 409, "FX_DECISION_UNKNOWN_CALL")],
+                         epochs={"s": 1})).violations == []

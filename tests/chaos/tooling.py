@@ -10,6 +10,10 @@ so a test knows which process to kill, stop or signal. Its tools record each sta
 - `effect` (not idempotent): the same, but an effect: each start is one execution the
   tests require to happen at most once; after its release it pushes to `...:fault:done:<name>`.
 - `slow` (idempotent): sleeps `seconds` (aborts with the turn); answers `slept`.
+- `refund` (not idempotent, `approval=True`): a call of it parks its turn until a person
+  approves or denies it (`tests.chaos.approvals`); once approved it starts as `effect` does
+  (a start record, tool `refund`) and answers `refunded <amount>`. The checker requires each
+  call to start at most once, and never unless its approval was accepted.
 
 `probe` and `effect` take an optional `ms`: how long they run after their start (the
 window a fault can hit). Each start of either also pushes one JSON object to
@@ -60,7 +64,7 @@ def release_key(name: str, prefix: str = PREFIX) -> str:
 
 
 def runs_key(prefix: str = PREFIX) -> str:
-    """Every start of `probe` and `effect`, one JSON object per list entry (see the module doc)."""
+    """Every start of `probe`, `effect` and `refund`, one JSON object per list entry (see the module doc)."""
     return f"{prefix}:fault:runs"
 
 
@@ -165,6 +169,11 @@ async def _slow(input: dict[str, Any], ctx: Any) -> str:
     return "aborted"
 
 
+async def _refund(input: dict[str, Any], ctx: Any) -> str:
+    await _start(str(input.get("name", "")), ctx, "refund")
+    return f"refunded {input.get('amount', 0)}"
+
+
 # A planted fault the chaos checker must catch (tests/chaos/run.py --plant duplicate-effects):
 # with FX_TEST_DUPLICATE_EFFECTS=1 in a worker, each call of `effect` starts twice.
 DUPLICATE_EFFECTS = os.environ.get("FX_TEST_DUPLICATE_EFFECTS") == "1"
@@ -183,6 +192,9 @@ def tools() -> list[Tool]:
         Tool("probe", "Probes something (idempotent).", named, idempotent=True, execute=_probe),
         Tool("effect", "Has an effect (not idempotent).", named, idempotent=False, execute=effect),
         Tool("slow", "Takes a while (idempotent).", timed, idempotent=True, execute=_slow),
+        Tool("refund", "Refunds an order (a person approves it first; not idempotent).",
+             {"type": "object", "properties": {"name": {"type": "string"}, "amount": {"type": "integer"}}},
+             idempotent=False, execute=_refund, approval=True),
     ]
 
 

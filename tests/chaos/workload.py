@@ -25,6 +25,8 @@ compare them with the stream the store holds (§11.7).
 - `both:<tag>`: both kinds of call in one response (the effect runs alone, after the probe);
 - `chain:<tag>:<n>`: n probe calls in a row (long enough to yield at the soft stop);
 - `slow:<tag>`: a call that outlasts every delivery (cut off until the third cut-off);
+- `refund:<tag>`: one or two `refund` calls in one response (the script's draw): the turn
+  parks until each is decided (`tests.chaos.approvals` answers over HTTP), then text;
 - `steer:<tag>` (a steer's text): text answering the steer.
 `<tag>` is `s<driver>g<session>.<prompt>`; the script keeps, per session, the pid of the worker
 process that made its last model request (from the `x-fx-pid` header), which is how the
@@ -167,6 +169,13 @@ class ModelScript:
             if results:
                 return Reply(wait, text("slow done ", tag))
             return Reply(wait, self._call("slow", {"seconds": SLOW_TOOL_S}))
+        if kind == "refund":
+            if results:
+                return Reply(wait, text("refund done ", tag))
+            with self._lock:
+                calls = self._rng.choice((1, 1, 2))
+            return Reply(wait, *(self._call("refund", {"name": f"r-{tag}-{n}", "amount": 10 + n})
+                                 for n in range(calls)))
         if kind == "steer":
             return Reply(wait, text("steered ", tag))
         return Reply(wait, text("echo ", tag), chunk_delay_ms=5)
@@ -174,7 +183,7 @@ class ModelScript:
 
 # ----------------------------------------------------------------------------- drivers
 
-PROMPT_KINDS = (("echo", 3), ("probe", 2), ("effect", 3), ("both", 2), ("chain", 1))
+PROMPT_KINDS = (("echo", 3), ("probe", 2), ("effect", 3), ("both", 2), ("chain", 1), ("refund", 2))
 
 
 def prompt_text(rng: random.Random, tag: str) -> str:
