@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from fxworker.keys import live_workers_key
+from fxworker.store.types import LAYOUT_LEVEL
 from tests.chaos.history import History
 from tests.chaos.system import STORE_ERRORS, System
 
@@ -160,9 +161,12 @@ class Valve:
     def mark_live(self) -> None:
         """Writes the valve's live mark (fxworker/store/_live.py's layout): it is what runs
         `late` wakes, as a worker consuming `fx.late` would be, always busy, so the sweepers
-        count `late` as served and never take one of its held wakes for lost."""
+        count `late` as served and never take one of its held wakes for lost. It reads what
+        this release stores (`reads`): without it the mark counts as a process of a release
+        before layout levels, and every decision is refused FX_UPGRADE_IN_PROGRESS."""
         body = json.dumps({"v": 1, "agents": ["late"], "expiresMs": int(time.time() * 1000) + 3500,
-                           "freeSinceMs": None, "tookSentMs": 0, "host": "chaos-valve", "pid": os.getpid()})
+                           "freeSinceMs": None, "tookSentMs": 0, "host": "chaos-valve", "pid": os.getpid(),
+                           "reads": LAYOUT_LEVEL})
         try:
             self.system.retrying(lambda r: r.hset(live_workers_key(self.system.prefix), "chaos-valve", body),
                                  timeout_s=2.0)
