@@ -3,7 +3,8 @@
 A short seeded schedule passes with every kind of fault applied at least once (also on a
 Redis Cluster store, where the nemesis kills primaries), and the same harness fails, naming §11.2 and the seed, when the workers run with the test-only
 switch that starts each non-idempotent call twice (the checker is shown to catch a fault).
-The checker's rules are also run on small hand-made histories, and the nemesis's poison
+The checker's rules are also run on small hand-made histories (the rules of parked calls
+and their decisions among them), and the nemesis's poison
 messages and model stalls are checked to be what they claim.
 """
 
@@ -50,6 +51,7 @@ def test_a_short_seeded_schedule_applies_every_fault_and_passes(tmp_path: Path) 
     assert figures["prompts"] > 0 and figures["turns"] >= figures["prompts"]
     assert figures["effect_calls"] > 0 and figures["reader_lines"] == figures["lines"]
     assert figures["worker_exits"] == 0 and figures["poison_messages"] == len(poison.KINDS) * figures["faults"]["poison"]
+    assert figures["refund_calls_decided"] > 0 and figures["decisions_refused"], figures
     assert "chaos: passed (seed 11)" in proc.stdout
 
 
