@@ -47,8 +47,9 @@ Minimal sequences it found (each one a failure of the invariant named):
   `cancel_parked`, and the wake of that cancel is lost (its worker killed or stopped before
   it claims); at quiescence the session stays `waiting` (cancel requested, both calls still
   paused, epoch 1): the release that parked it took it out of the ready set and the cancel
-  does not put it back (cancel.lua), so no sweep finds it. Pinned, with the wake dropped by
-  hand, as `test_a_cancel_of_a_parked_turn_whose_wake_is_lost_is_swept` (strict xfail).
+  did not put it back (cancel.lua), so no sweep found it. Now a cancel marks its session
+  ready first, as an input does; kept, with the wake dropped by hand, as
+  `test_a_cancel_of_a_parked_turn_whose_wake_is_lost_is_swept`.
 
 The default run is seeded and short; `FX_MODEL_EXAMPLES=2000` runs the long version (with
 shrinking; `FX_MODEL_SHRINK=1` shrinks a default run's failure too; `FX_MODEL_STEPS` sets
@@ -707,10 +708,6 @@ def test_sessions_driven_by_their_users_keep_the_contract(machine: type[SessionM
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason=(
-    "a cancel of a parked turn does not put the session back in the ready set (cancel.lua; the "
-    "release that parked it took it out): when the cancel's wake is lost, the sweeper never "
-    "finds the session, which stays `waiting` with its cancelled turn open for ever"))
 def test_a_cancel_of_a_parked_turn_whose_wake_is_lost_is_swept(model: ScriptedModel,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """The minimal sequence the model found (`prompt_that_parks("refund:1,2")`, then
