@@ -1,5 +1,4 @@
-"""What the page tests share: the Chromium they drive, a fresh page of it per test, and the
-scripted model behind `fx dev` (one per test module)."""
+"""What the page tests share: the Chromium they drive and a fresh page of it per test."""
 
 from __future__ import annotations
 
@@ -9,9 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from fxengine.testing import ScriptedModel
-from tests.web._model import responder
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
@@ -45,10 +41,3 @@ def browser_page() -> Iterator[object]:
         finally:
             context.close()
             shutil.rmtree(profile, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def page_model() -> Iterator[ScriptedModel]:
-    with ScriptedModel() as m:
-        m.responder = responder
-        yield m

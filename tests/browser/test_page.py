@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from fxengine.testing import ScriptedModel
+from tests.web._model import responder
 from tests.browser.conftest import ARTIFACTS, skip_without_chromium
 from tests.web._server import WebProcess
 
@@ -15,6 +16,13 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 skip_without_chromium()
+
+
+@pytest.fixture(scope="module")
+def page_model() -> Iterator[ScriptedModel]:
+    with ScriptedModel() as m:
+        m.responder = responder
+        yield m
 
 
 @pytest.fixture(scope="module")

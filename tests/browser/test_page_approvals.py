@@ -16,6 +16,7 @@ import redis
 
 from fxengine.testing import ScriptedModel
 from tests.durable.tooling import refunds_key
+from tests.web._model import responder
 from tests.browser.conftest import ARTIFACTS, skip_without_chromium
 from tests.web._server import WebProcess
 
@@ -24,6 +25,13 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.redis]
 DENIED = "The user denied this tool call"
 
 skip_without_chromium()
+
+
+@pytest.fixture(scope="module")
+def page_model() -> Iterator[ScriptedModel]:
+    with ScriptedModel() as m:
+        m.responder = responder
+        yield m
 
 
 @pytest.fixture(scope="module")
