@@ -40,6 +40,9 @@ class Code(StrEnum):
     DECISION_REPEATED = "FX_DECISION_REPEATED"
     DECISION_EXPIRED = "FX_DECISION_EXPIRED"
     UPGRADE_IN_PROGRESS = "FX_UPGRADE_IN_PROGRESS"
+    DELEGATION_DEPTH = "FX_DELEGATION_DEPTH"
+    DELEGATION_FANOUT = "FX_DELEGATION_FANOUT"
+    DELEGATION_INVALID = "FX_DELEGATION_INVALID"
 
     # -- limits ------------------------------------------------------------------------------
     LIMIT = "FX_LIMIT"

@@ -9,8 +9,9 @@ docs/reference.md "Stream lines"):
     model events   text_delta, reasoning_delta, tool_start, tool_end, user_message,
                    approval_request, approval_decision (built by the functions here, emitted
                    by the engine's turn loop)
-    control lines  turn_start, turn_resume, turn_yield, turn_pause, turn_end, session_error
-                   (built here, written by the worker around the engine's events)
+    control lines  turn_start, turn_resume, turn_yield, turn_pause, turn_end, session_error,
+                   delegate_start, delegate_end (built here, written by the worker around the
+                   engine's events)
     store lines    session_waiting (written by claim.lua); idle (an HTTP answer, never stored)
 
 A new line type is declared here (its TypedDict in a union, its type in the matching tuple
@@ -203,6 +204,32 @@ class TurnEnd(_Stored, EndBody):
     repeated: NotRequired[bool]  # added by a reader answering an ended turn again
 
 
+class DelegateStart(_Stored):
+    """A call of a delegating tool started a turn of another agent's session (its own
+    stream, from cursor 0, shows that turn); the parent turn parks until it ends."""
+
+    type: Literal["delegate_start"]
+    messageId: str | None
+    callId: str
+    sessionId: str  # the child session
+    agent: str  # the agent that runs it
+    childMessageId: str  # the child turn's id (its prompt's message id)
+    depth: int  # 1 for a child of a turn no agent delegated
+
+
+class DelegateEnd(_Stored):
+    """The child's turn ended; its answer became the call's result."""
+
+    type: Literal["delegate_end"]
+    messageId: str | None
+    callId: str
+    sessionId: str
+    agent: str
+    stopReason: str
+    usage: dict[str, int]
+    error: NotRequired[dict[str, object]]
+
+
 class SessionError(_Stored):
     type: Literal["session_error"]
     messageId: str | None
@@ -238,10 +265,12 @@ MODEL_EVENT_TYPES: Final[tuple[ModelEventType, ...]] = (
     "text_delta", "reasoning_delta", "tool_start", "tool_end", "user_message", "approval_request",
     "approval_decision")
 
-ControlLine = TurnStart | TurnResume | TurnYield | TurnPause | TurnEnd | SessionError
-ControlLineType = Literal["turn_start", "turn_resume", "turn_yield", "turn_pause", "turn_end", "session_error"]
+ControlLine = TurnStart | TurnResume | TurnYield | TurnPause | TurnEnd | SessionError | DelegateStart | DelegateEnd
+ControlLineType = Literal["turn_start", "turn_resume", "turn_yield", "turn_pause", "turn_end", "session_error",
+                          "delegate_start", "delegate_end"]
 CONTROL_LINE_TYPES: Final[tuple[ControlLineType, ...]] = (
-    "turn_start", "turn_resume", "turn_yield", "turn_pause", "turn_end", "session_error")
+    "turn_start", "turn_resume", "turn_yield", "turn_pause", "turn_end", "session_error", "delegate_start",
+    "delegate_end")
 
 StoredLine = ModelEvent | ControlLine | SessionWaiting  # what a session's stream holds
 Line = StoredLine | Idle
@@ -374,6 +403,21 @@ def turn_end(message_id: str | None, body: EndBody) -> TurnEnd:
                      "usage": body["usage"]}
     if "error" in body:
         line["error"] = body["error"]
+    return line
+
+
+def delegate_start(message_id: str | None, *, call_id: str, session_id: str, agent: str, child_message_id: str,
+                   depth: int) -> DelegateStart:
+    return {"type": "delegate_start", "messageId": message_id, "callId": call_id, "sessionId": session_id,
+            "agent": agent, "childMessageId": child_message_id, "depth": depth}
+
+
+def delegate_end(message_id: str | None, *, call_id: str, session_id: str, agent: str, stop_reason: str,
+                 usage: Mapping[str, int], error: Mapping[str, object] | None = None) -> DelegateEnd:
+    line: DelegateEnd = {"type": "delegate_end", "messageId": message_id, "callId": call_id, "sessionId": session_id,
+                         "agent": agent, "stopReason": stop_reason, "usage": dict(usage)}
+    if error:
+        line["error"] = dict(error)
     return line
 
 

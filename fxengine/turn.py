@@ -35,6 +35,8 @@ class TurnResult:
         pending_calls: for a `paused` turn, the calls it waits on (``{id, executionId,
             name, kind: "approval" | "external", step, input | inputPreview}``), to be
             decided by `engine.resume(decisions=...)`.
+        delegated_usage: for a session turn that delegated calls to other agents
+            (`delegate_end` lines), the usage of those agents' turns, summed.
     """
 
     stop_reason: str
@@ -45,6 +47,7 @@ class TurnResult:
     message_id: str | None = None
     epoch: int | None = None
     pending_calls: list[PendingCall] = field(default_factory=list)
+    delegated_usage: dict[str, int] = field(default_factory=dict)
 
 
 class TurnDriver(Protocol):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .agent import Agent, BlockingSession, BlockingTurn, Session, Turn
+from .delegation import DelegateTool, delegate_tool
 from .errors import (
     FxAckUnsupportedError,
     FxAgentExistsError,
@@ -35,6 +36,9 @@ __all__ = [
     "TurnResult",
     "agents",
     "get_agent",
+    # agents that call agents
+    "DelegateTool",
+    "delegate_tool",
     "new_session_id",
     # credentials
     "redis_refresh_lock",

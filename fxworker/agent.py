@@ -52,9 +52,11 @@ from fxengine.providers.auth import RefreshLockFn
 from fxengine.providers.check import PROVIDER_NAMES
 from fxengine.tools import Tool, check_tools
 from fxengine.turn import TurnResult
+from fxengine.usage import add_usage
 from opentelemetry import trace
 
-from . import metrics, registry, tracing
+from . import delegation, metrics, registry, tracing
+from .delegation import DelegateTool, delegate_tool
 from .embedded import InProcessWaker, stop_embedded_workers
 from .errors import FxConfigError, FxInvalidCursorError, FxUnknownSessionError
 from .export import export_checkpoint
@@ -140,6 +142,11 @@ class Agent:
         decision_timeout_s: how long a parked turn waits for its decisions (§6 "Paused
             turns"); past it the sweeper denies the calls still waiting ("no decision came
             within N s") and the turn goes on. None (the default): it waits for ever.
+        max_delegation_depth / max_children: the bounds of delegation (§6 "Delegated
+            turns"): how many agents deep a chain of delegated turns may go from a turn of
+            this agent (default 3), and how many of its delegated calls may wait at once
+            (default 8); a call past either is answered with `FX_DELEGATION_DEPTH` /
+            `FX_DELEGATION_FANOUT` and runs nothing.
 
     The model, instructions and provider are checked here by the checks the engine runs
     (`fxengine.providers.check_model`, `fxengine.limits.check_instructions`), so a worker
@@ -180,6 +187,8 @@ class Agent:
         refresh_lock: RefreshLockFn | None = None,
         model_catalog: object = None,
         decision_timeout_s: float | None = None,
+        max_delegation_depth: int = delegation.DEFAULT_MAX_DEPTH,
+        max_children: int = delegation.DEFAULT_MAX_CHILDREN,
     ) -> None:
         if not isinstance(name, str) or not _AGENT_NAME.fullmatch(name):
             raise FxConfigError(f"agent name must be 1 to 64 of A-Z a-z 0-9 . _ -, got {name!r}")
@@ -209,6 +218,10 @@ class Agent:
                                                or not 0 < decision_timeout_s <= MAX_DECISION_TIMEOUT_S):
             raise FxConfigError(f"decision_timeout_s must be a number of seconds, 0 < s <= {MAX_DECISION_TIMEOUT_S}, "
                                 f"or None (a parked turn waits for its decisions for ever), got {decision_timeout_s!r}")
+        for label, value, top in (("max_delegation_depth", max_delegation_depth, delegation.MAX_DEPTH_LIMIT),
+                                  ("max_children", max_children, delegation.MAX_CHILDREN_LIMIT)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
+                raise FxConfigError(f"{label} must be an int from 0 to {top}, got {value!r}")
         self.name = name
         self.model = model
         self.instructions = instructions
@@ -219,6 +232,8 @@ class Agent:
         self.max_model_turns = max_model_turns
         self.resize_image = resize_image
         self.decision_timeout_s = decision_timeout_s
+        self.max_delegation_depth = max_delegation_depth
+        self.max_children = max_children
         self._settings = settings
         self._store = store
         self._waker = waker
@@ -262,6 +277,23 @@ class Agent:
             else:
                 self._waker = InProcessWaker()
         return self._waker
+
+    def as_tool(self, name: str | None = None, *, description: str | None = None, keep: bool = False) -> DelegateTool:
+        """A tool another agent's model calls to hand a task to this agent (§6 "Delegated
+        turns"): each call prompts a turn of this agent in a session of its own (`keep`:
+        one session per caller's session, which remembers earlier calls), run by this
+        agent's workers; the caller's turn parks, holding nothing, until that turn ends,
+        and reads its final text (or its error) as the call's result.
+
+        `name` defaults to the agent's name (dots become `_`); the model passes the task as
+        `input`. For other arguments, or a prompt built from them, use
+        `fxworker.delegate_tool`.
+        """
+        return delegate_tool(
+            self.name, name=name or self.name.replace(".", "_"),
+            description=description or f"Hands a task to agent {self.name} and returns its answer. Give the task "
+                                       "in full in `input`: the agent sees nothing else of this conversation.",
+            keep=keep)
 
     def new_session_id(self) -> str:
         """A new session id (`fxs_` + ULID)."""
@@ -649,6 +681,8 @@ class Turn:
         self._idle = idle
         self._end: TurnEnd | TurnPause | Idle | None = None
         self._lines: AsyncIterator[Line] | None = None
+        self._delegated: set[str] = set()  # calls answered by other agents' turns (`delegate_start`)
+        self._delegated_usage: dict[str, int] = {}
 
     def __repr__(self) -> str:
         state = self._end.get("stopReason") if self._end else "open"
@@ -675,7 +709,14 @@ class Turn:
                     continue
             if mid != self.message_id:
                 continue
+            if line["type"] == "delegate_start":
+                self._delegated.add(line["callId"])
+            elif line["type"] == "delegate_end":
+                self._delegated_usage = dict(add_usage(self._delegated_usage, line["usage"]))
             if line["type"] == "turn_pause" and not self.repeated:
+                if all(call["id"] in self._delegated for call in line["pendingCalls"]):
+                    yield line  # it waits on other agents' turns only: their ends resume it
+                    continue
                 self._end = line  # parked: its decisions' followers read on (`Session.follow`)
                 yield line
                 return
@@ -722,7 +763,7 @@ class Turn:
             return TurnResult("idle", {}, None, False)
         if end is not None and end["type"] == "turn_pause":
             return TurnResult("paused", {}, None, False, message_id=self.message_id, epoch=end.get("epoch"),
-                              pending_calls=list(end["pendingCalls"]))
+                              pending_calls=list(end["pendingCalls"]), delegated_usage=self._delegated_usage)
         return TurnResult(
             stop_reason=end.get("stopReason", "unknown") if end else "unknown",
             usage=(end.get("usage") if end else None) or {},
@@ -730,6 +771,7 @@ class Turn:
             repeated=bool(self.repeated),
             message_id=self.message_id,
             epoch=end.get("epoch") if end else None,
+            delegated_usage=self._delegated_usage,
         )
 
 

@@ -20,6 +20,8 @@ from fxengine import lines
 from fxengine.lines import CONTROL_LINE_TYPES as CONTROL_LINE_TYPES
 from fxengine.lines import TURN_ENDS as TURN_ENDS
 from fxengine.lines import ControlLine as ControlLine
+from fxengine.lines import DelegateEnd as DelegateEnd
+from fxengine.lines import DelegateStart as DelegateStart
 from fxengine.lines import EndBody as EndBody
 from fxengine.lines import ErrorBody as ErrorBody
 from fxengine.lines import SessionError as SessionError
@@ -28,6 +30,8 @@ from fxengine.lines import TurnResume as TurnResume
 from fxengine.lines import TurnStart as TurnStart
 from fxengine.lines import TurnPause as TurnPause
 from fxengine.lines import TurnYield as TurnYield
+from fxengine.lines import delegate_end as delegate_end
+from fxengine.lines import delegate_start as delegate_start
 from fxengine.lines import end_body as end_body
 from fxengine.lines import session_error as session_error
 from fxengine.lines import turn_end as turn_end
@@ -88,6 +92,8 @@ class WorkerAgent(Protocol):
     api_key: str | None
     max_model_turns: int
     decision_timeout_s: float | None
+    max_delegation_depth: int
+    max_children: int
 
     @property
     def model(self) -> str | Mapping[str, object]: ...

@@ -33,7 +33,7 @@ from fxengine.lines import LineType, PendingCall
 from fxengine.providers.credentials import mask_secret
 from fxengine.turn import Turn
 
-from . import metrics, protocol, tracing
+from . import delegation, metrics, protocol, tracing
 from .deadline import Deadline
 from .errors import FxLeaseLostError, FxStoreUnavailableError
 from .ids import now_ms
@@ -217,6 +217,7 @@ class TurnRun:
         self.ride: EndRide | None = None  # its end line, handed over to ride with its end record
         self.driving = False  # awaiting the running turn's end in `drive`
         self.engine_broken = False  # the engine could not end the turn: its state is suspect
+        self.replied = False  # a delegated turn's answer went to its parent
 
     def __repr__(self) -> str:
         return f"<TurnRun {self.turn_id} opened={self.opened} running={self.turn is not None}>"
@@ -230,6 +231,60 @@ class TurnRun:
         """Whatever the engine's turn still does is not stored."""
         if self.turn is not None:
             self.turn.detach()
+
+    @property
+    def input(self) -> Input | None:
+        """The input this turn runs (its prompt), when this delivery knows it."""
+        if self.entry is not None:
+            return self.entry
+        open_turn = self.delivery.claim.open_turn
+        return open_turn.input if open_turn is not None and open_turn.message_id == self.turn_id else None
+
+    @property
+    def link(self) -> delegation.Link | None:
+        """The parent call this turn answers (a delegated turn), if any."""
+        turn_input = self.input
+        return delegation.link_of(turn_input.settings) if turn_input is not None else None
+
+    def parent(self) -> delegation.Parent:
+        """This turn as the parent of the turns its delegating calls start."""
+        delivery = self.delivery
+        turn_input = self.input
+        agent = delivery.agent
+        return delegation.Parent(
+            delivery.session_id, self.turn_id, agent, delivery.store, self.link,
+            context=turn_input.context if turn_input is not None else None,
+            max_depth=agent.max_delegation_depth, max_children=agent.max_children)
+
+    def delegated_calls(self) -> list[delegation.Call]:
+        """The parked turn's waiting calls of delegating tools."""
+        if self.engine is None:
+            return []
+        return delegation.waiting_calls(self.engine, self.delivery.agent.tools)
+
+    async def start_children(self) -> None:
+        """Prompts the child turn of each waiting delegated call (idempotent): run before
+        the record that parks the turn, and by a claim that finds it parked."""
+        calls = self.delegated_calls()
+        if calls:
+            await delegation.start_children(self.parent(), calls, self.writer)
+
+    async def cancel_children(self) -> None:
+        calls = self.delegated_calls()
+        if calls:
+            await delegation.cancel_children(self.parent(), calls)
+
+    async def reply(self, stop_reason: str, error: Mapping[str, Any] | None, usage: Mapping[str, int] | None,
+                    text: str) -> None:
+        """A delegated turn's answer to its parent's call, sent before its end is stored
+        (`delegation.reply`); once per turn run."""
+        link = self.link
+        if link is None or self.replied:
+            return
+        delivery = self.delivery
+        await delegation.reply(delivery.agent, delivery.store, link, child_session=delivery.session_id,
+                               child_turn=self.turn_id, stop_reason=stop_reason, text=text, error=error, usage=usage)
+        self.replied = True
 
     # ------------------------------------------------------------------ start and resume
 
@@ -305,6 +360,8 @@ class TurnRun:
                 log.warning("decision %s of %s cannot apply: %s", entry.message_id, self.delivery.session_id, exc)
                 decision = approvals.deny(f"the decision could not apply ({exc.code}: {exc})")
             decided[call_id], taken[call_id] = decision, entry.message_id
+            if (line := delegation.delegate_end(self.turn_id, body)) is not None:
+                self.writer.push(line)
         return decided, taken, stale
 
     async def _run(self, *, cancel: bool = False) -> Outcome:
@@ -362,12 +419,14 @@ class TurnRun:
                 return
             if kind == "turn_pause":
                 self.ride = persistence.ride_with_end(dict(protocol.turn_pause(
-                    self.turn_id, self.engine.pending_calls, at_ms=now_ms())))
+                    self.turn_id, self.engine.pending_calls, at_ms=now_ms())), before=self.start_children)
                 return
-            self.ride = persistence.ride_with_end(self._end_line(event["stopReason"], event.get("usage"),
-                                                                 event.get("error")),
+            stop_reason, usage, error = event["stopReason"], event.get("usage"), event.get("error")
+            text = delegation.final_text(self.engine)
+            self.ride = persistence.ride_with_end(self._end_line(stop_reason, usage, error),
                                                   release=self._may_release,
-                                                  checkpoint=self.engine.settled_checkpoint)
+                                                  checkpoint=self.engine.settled_checkpoint,
+                                                  before=lambda: self.reply(stop_reason, error, usage, text))
             return
         self.writer.push({**event, "messageId": self.turn_id})
 
@@ -480,6 +539,7 @@ class TurnRun:
                 marks.append(protocol.drop(self.entry.message_id))
         if not self._rode("turn_end"):
             self.writer.push(self._end_line(stop_reason, usage, error))
+        await self.reply(stop_reason, error, usage, "")  # a delegated turn's answer, unless it went with its end record
         await self.writer.flush(marks=marks)
         self.turn = None
         return Outcome.ENDED

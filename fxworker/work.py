@@ -21,6 +21,7 @@ from fxengine.codes import Code
 from fxengine.engine import Engine, create_engine
 from fxengine.errors import FxJournalVersionError
 
+from . import delegation
 from .protocol import ErrorBody, Outcome
 from .store.persistence import LineWriter, StorePersistence
 from .store.types import LAYOUT_LEVEL, Claim, Input
@@ -185,6 +186,9 @@ class Work:
             turn = self._turn(entry.message_id, entry=entry, opened=False)
             return await self._settled(turn.end_cancelled(entry))
         check_readable(entry)
+        refused = delegation.refusal(delegation.link_of(entry.settings))
+        if refused is not None:
+            return await self._end_unstarted(entry, refused)  # a bound of delegation: its parent reads why
         engine = await self._open_engine(entry.context, entry.settings)
         if engine is None:
             self.delivery.waiting.put_back(entry)
@@ -219,9 +223,14 @@ class Work:
         while True:
             turn = self._turn(turn_id)
             if self.claim.cancel_requested or self.delivery.waiting.cancelled_open:
+                await turn.cancel_children()  # cancel travels down to the turns it delegated to
                 return await self._settled(turn.end("cancelled"))
             decisions = self.delivery.waiting.take_decisions()
             if not decisions:
+                # Its children were prompted before it parked; again here (a repeat is the
+                # store's `repeated`) for a pause stored by a worker that died right after.
+                await turn.start_children()
+                await self.writer.flush()
                 return Outcome.PAUSED
             outcome = await turn.resume(decisions)
             if outcome != Outcome.PAUSED or self.delivery.stopped or self.delivery.deadline.past_soft():

@@ -56,6 +56,7 @@ LAYERS: list[list[str]] = [
     ["fxworker.wakers"],
     ["fxworker.timeline"],
     ["fxworker.export"],
+    ["fxworker.delegation"],
     ["fxworker.turns"],
     ["fxworker.work"],
     ["fxworker.runner"],

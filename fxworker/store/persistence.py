@@ -410,11 +410,15 @@ class EndRide:
     `checkpoint()` gives (the conversation exactly through that record, or None), so the
     session rests without a log (§5 "Packed at rest"); without a checkpoint it lets go only
     when no compaction is due after the record (`save_checkpoint` writes under the lease).
+    `before()`, when given, is awaited before that call (what must be stored elsewhere
+    before the turn ends or parks: a delegated turn's answer, the children a parked turn
+    waits on); lines it pushes ride in the call.
     """
 
     line: Line
     release: Callable[[], bool] | None = None
     checkpoint: Callable[[], bytes | None] | None = None
+    before: Callable[[], Awaitable[object]] | None = None  # awaited first (retried while the store is away)
     stored: bool = False  # the line went in its record's call
     released: bool = False  # and that call let the session go: nothing more under this epoch
 
@@ -476,10 +480,11 @@ class StorePersistence:
         *,
         release: Callable[[], bool] | None = None,
         checkpoint: Callable[[], bytes | None] | None = None,
+        before: Callable[[], Awaitable[object]] | None = None,
     ) -> EndRide:
         """Stores `line` last in the call of the next record that ends, yields or parks a
         turn; that call may also let the session go (`EndRide`)."""
-        ride = self._ride = EndRide({**line, "epoch": self.epoch}, release, checkpoint)
+        ride = self._ride = EndRide({**line, "epoch": self.epoch}, release, checkpoint, before)
         return ride
 
     def _take_ride(self, marks: list[Mark]) -> EndRide | None:
@@ -499,6 +504,10 @@ class StorePersistence:
     ) -> str:
         record = StoreRecord(idempotency_key, bytes(data), list(marks))
         ride = self._take_ride(marks)
+        if ride is not None and ride.before is not None:
+            await retry_unavailable(ride.before, due_ms=self.writer.lease_due_ms,
+                                    what=f"what goes before record {idempotency_key} of {self.session_id}",
+                                    stop=lambda: self.writer.closed)
         async with self.writer.lock:
             await self.writer.send_held()  # an earlier batch that may have run goes first
             # Asked last, just before the call: the runner's state as the call leaves.

@@ -1,0 +1,189 @@
+"""Agents that call agents (docs/design.md §6 "Delegated turns"), on the embedded store
+(the production Lua on fakeredis) and a real Redis, with in-process workers.
+
+A call of a delegating tool (`Agent.as_tool()`) parks the caller's turn and prompts a
+turn of the tool's agent in a session of its own; that turn's end answers the call, and
+the caller resumes. The real-worker and fault tests are in
+tests/durable/test_delegation_celery.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from fxengine import Tool, ToolContext
+from fxengine.testing import Reply, ScriptedModel, hold, text, tool_call, usage
+from fxworker import Agent, Settings, delegate_tool, embedded
+from fxworker.embedded import InProcessWaker
+from fxworker.store import embedded_store, redis_store
+from tests.durable.conftest import stored_lines, wait_idle
+from tests.durable.tooling import provider
+from tests.support.redis_server import delete_prefix
+
+pytestmark = pytest.mark.timeout(60)
+
+TURN_S = 15.0
+
+
+def _system(request: Any) -> str:
+    for m in request.body.get("messages") or []:
+        if m.get("role") == "system":
+            c = m.get("content")
+            return c if isinstance(c, str) else json.dumps(c)
+    return ""
+
+
+def _last(request: Any) -> tuple[str, str]:
+    messages = request.body.get("messages") or []
+    last = messages[-1] if messages else {}
+    content = last.get("content")
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return last.get("role", ""), content or ""
+
+
+def responder(request: Any) -> Reply:
+    """triage: `ask:<a>|<b>` calls `billing` once per task in one response, then answers
+    with the results it read; billing: `charge:<x>` calls the non-idempotent `charge` tool,
+    `hold:<n>` waits for a release, else answers `billed <task>`; `loop` (agent `looper`)
+    delegates to itself for ever."""
+    system = _system(request)
+    role, last = _last(request)
+    if "triage" in system:
+        if role == "tool":
+            results = [m["content"] for m in request.body["messages"] if m.get("role") == "tool"]
+            return Reply(text("answer: " + " + ".join(results)), usage(5, 3))
+        tasks = last[4:].split("|") if last.startswith("ask:") else [last]
+        return Reply(*[tool_call(f"call_{uuid.uuid4().hex[:8]}", "billing", {"input": t}) for t in tasks],
+                     usage(7, 2))
+    if "looper" in system:
+        if role == "tool":
+            return Reply(text("gave up: " + last))
+        return Reply(tool_call(f"call_{uuid.uuid4().hex[:8]}", "looper", {"input": "loop"}))
+    if role == "tool":
+        return Reply(text("billed after " + last), usage(11, 4))
+    if last.startswith("charge:"):
+        return Reply(tool_call(f"call_{uuid.uuid4().hex[:8]}", "charge", {"amount": int(last[7:])}))
+    if last.startswith("hold:"):
+        return Reply(text("working "), hold(last[5:]), text("billed held"), usage(11, 4))
+    return Reply(text("billed " + last), usage(11, 4))
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[ScriptedModel]:
+    with ScriptedModel() as m:
+        m.responder = responder
+        yield m
+
+
+class Team:
+    def __init__(self, triage: Agent, billing: Agent, charges: list[str]) -> None:
+        self.triage, self.billing, self.charges = triage, billing, charges
+
+
+@pytest.fixture(params=["fakeredis", "redis"])
+def team(request: pytest.FixtureRequest, model: ScriptedModel) -> Iterator[Team]:
+    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    prefix = f"fxe{uuid.uuid4().hex[:8]}"
+    store = redis_store(url, prefix=prefix) if url else embedded_store(prefix=prefix)
+    charges: list[str] = []
+
+    def charge(input: Any, ctx: ToolContext) -> str:
+        charges.append(ctx.execution_id)
+        return f"charged {input['amount']}"
+
+    common: dict[str, Any] = dict(model="scripted", provider=provider(model.base_url), api_key="test-key", store=store,
+                                  waker=InProcessWaker(start_workers=False),
+                                  settings=Settings(lease_s=2.0, reserve_s=4.0, sweep_s=0.5))
+    billing = Agent("billing", instructions="You are billing.", tools=[
+        Tool("charge", "Charges.", {"type": "object", "properties": {"amount": {"type": "integer"}}},
+             idempotent=False, execute=charge)], **common)
+    triage = Agent("triage", instructions="You are triage.", tools=[billing.as_tool()], **common)
+    embedded.start_embedded_workers(2)
+    try:
+        yield Team(triage, billing, charges)
+    finally:
+        embedded.stop_embedded_workers()
+        triage.close()
+        billing.close()
+        if url:
+            delete_prefix(url, prefix)
+
+
+async def test_a_parent_delegates_two_calls_and_ends_with_both_answers(team: Team) -> None:
+    session = team.triage.session()
+    turn = await session.prompt("ask:charge:5|plain")
+    result = await asyncio.wait_for(turn.result(), TURN_S)
+    assert result.stop_reason == "end_turn", result
+    lines = await stored_lines(team.triage, session.id)
+    starts = [line for line in lines if line["type"] == "delegate_start"]
+    ends = [line for line in lines if line["type"] == "delegate_end"]
+    assert len(starts) == 2 and len(ends) == 2
+    assert {line["sessionId"] for line in starts} == {line["sessionId"] for line in ends}
+    assert all(line["agent"] == "billing" and line["depth"] == 1 for line in starts)
+    assert all(line["stopReason"] == "end_turn" for line in ends)
+    final = "".join(line["delta"] for line in lines if line["type"] == "text_delta")
+    assert "billed after charged 5" in final and "billed plain" in final
+    assert len(team.charges) == 1
+    for start in starts:
+        child = team.billing.session(start["sessionId"])
+        child_lines = await stored_lines(team.billing, child.id)
+        assert [line["type"] for line in child_lines if line["type"] in ("turn_start", "turn_end")] == [
+            "turn_start", "turn_end"]
+    assert result.delegated_usage.get("inputTokens") == 22
+
+
+async def test_cancel_of_the_parent_cancels_its_children(team: Team, model: ScriptedModel) -> None:
+    session = team.triage.session()
+    hold_name = f"h{uuid.uuid4().hex[:6]}"
+    turn = await session.prompt(f"ask:hold:{hold_name}")
+    async for line in turn.ndjson():
+        if b'"turn_pause"' in line:
+            break  # parked on its child, whose model holds
+    lines = await stored_lines(team.triage, session.id)
+    [start] = [line for line in lines if line["type"] == "delegate_start"]
+    child_turn = team.billing.session(start["sessionId"])
+    await session.cancel()
+    state = await wait_idle(team.billing, child_turn.id, timeout_s=TURN_S)
+    assert state.status == "idle"
+    child_lines = await stored_lines(team.billing, child_turn.id)
+    [end] = [line for line in child_lines if line["type"] == "turn_end"]
+    assert end["stopReason"] == "cancelled"
+    parent_lines = await stored_lines(team.triage, session.id)
+    assert [line["stopReason"] for line in parent_lines if line["type"] == "turn_end"] == ["cancelled"]
+    model.release(hold_name)
+
+
+async def test_recursion_stops_at_the_depth_bound(model: ScriptedModel) -> None:
+    store = embedded_store(prefix=f"fxe{uuid.uuid4().hex[:8]}")
+    looper = Agent("looper", instructions="You are looper.", model="scripted", provider=provider(model.base_url),
+                   api_key="test-key", store=store, waker=InProcessWaker(start_workers=False),
+                   settings=Settings(lease_s=2.0, reserve_s=4.0, sweep_s=0.5), max_delegation_depth=2,
+                   tools=[delegate_tool("looper", name="looper", description="Asks looper.")])
+    embedded.start_embedded_workers(1)
+    try:
+        session = looper.session()
+        result = await asyncio.wait_for((await session.prompt("loop")).result(), TURN_S)
+        assert result.stop_reason == "end_turn"
+        depth = 0
+        sid = session.id
+        codes = []
+        while True:
+            lines = await stored_lines(looper, sid)
+            starts = [line for line in lines if line["type"] == "delegate_start"]
+            ends = [line for line in lines if line["type"] == "delegate_end"]
+            codes += [line.get("error", {}).get("code") for line in ends]
+            if not starts:
+                break
+            depth = starts[0]["depth"]
+            sid = starts[0]["sessionId"]
+        assert depth == 3 and "FX_DELEGATION_DEPTH" in codes
+    finally:
+        embedded.stop_embedded_workers()
+        looper.close()
