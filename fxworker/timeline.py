@@ -23,6 +23,11 @@ A turn's `waits` are the calls it parked on: what each waited for (`approval`, o
 waits), by whom when the decision named them, and how long it waited (`waitedMs`: from the
 pause to the decision's acceptance, both stamped on their lines).
 
+A turn's `delegations` are its calls of delegating tools (§6 "Delegated turns"): the child
+session and turn each started, its agent and depth, and how it ended (`stopReason`,
+`usage`, `error`; None while it runs). `read(..., children=True)` also reads each child's
+turn and nests it (`turn`), down the chain of delegations: one view of the whole work.
+
 A step whose output a later part withdrew (`turn_resume.retract`, §4) is `withdrawn`. A tool
 call is `ran` (started once, answered), `rerun` (started again by a later epoch: an
 idempotent call a stopped worker left running, the engine's `tool.rerun`), `may have partly
@@ -49,7 +54,7 @@ one page of lines (`store.read_lines`), never the session.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Literal, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 from fxengine.lines import DELTA_TYPES, line_type
 from fxengine.loop import AMBIGUOUS_RESULT
@@ -60,6 +65,7 @@ INPUT_PREVIEW_CHARS = 200
 # Turns in one page of `read`: the web route's default, and the most it answers at once.
 DEFAULT_PAGE_TURNS = 20
 MAX_PAGE_TURNS = 100
+MAX_CHILD_DEPTH = 16  # how deep `read(children=True)` follows delegations
 
 How = Literal["ended", "yielded", "cut off", "died", "paused", "running"]
 Outcome = Literal["ran", "rerun", "may have partly run", "running", "unfinished"]
@@ -93,6 +99,18 @@ class Wait(TypedDict):
     waitedMs: int | None
 
 
+class Delegation(TypedDict):
+    callId: str
+    sessionId: str
+    agent: str
+    childMessageId: str | None
+    depth: int
+    stopReason: str | None
+    usage: dict[str, int] | None
+    error: dict[str, object] | None
+    turn: NotRequired[Turn | None]  # the child's turn, read with `children=True` (None: not found)
+
+
 class Step(TypedDict):
     step: int
     epoch: int
@@ -111,6 +129,7 @@ class Turn(TypedDict):
     tools: list[ToolCall]
     steers: int
     waits: list[Wait]
+    delegations: list[Delegation]
 
 
 class Timeline(TypedDict):
@@ -161,7 +180,7 @@ class TimelineBuilder:
         turn = self._turns.get(mid)
         if turn is None:
             turn = self._turns[mid] = Turn(messageId=mid, input=None, stopReason=None, error=None, deliveries=[],
-                                           steps=[], tools=[], steers=0, waits=[])
+                                           steps=[], tools=[], steers=0, waits=[], delegations=[])
             self._calls[mid] = {}
         kind = line_type(line)
         if kind == "session_error":
@@ -184,6 +203,15 @@ class TimelineBuilder:
                                       pausedAtMs=None, decidedAtMs=None, waitedMs=None))
         elif kind == "approval_decision":
             _decided(turn, line)
+        elif kind == "delegate_start":
+            depth = line.get("depth")
+            child = line.get("childMessageId")
+            turn["delegations"].append(Delegation(
+                callId=str(line.get("callId") or ""), sessionId=str(line.get("sessionId") or ""),
+                agent=str(line.get("agent") or ""), childMessageId=child if isinstance(child, str) else None,
+                depth=_int(depth), stopReason=None, usage=None, error=None))
+        elif kind == "delegate_end":
+            _delegated(turn, line)
         elif kind == "turn_end":
             part["how"] = "ended"
             stop = line.get("stopReason")
@@ -251,7 +279,7 @@ def timeline_of(session_id: str, lines: Iterable[Mapping[str, object]],
 
 
 async def read(store: RedisStore, session_id: str, *, state: Mapping[str, object] | None = None, cursor: int = 0,
-               limit: int = DEFAULT_PAGE_TURNS) -> TimelinePage:
+               limit: int = DEFAULT_PAGE_TURNS, children: bool = False) -> TimelinePage:
     """A page of the timeline of `session_id`: the turns whose lines follow stream cursor
     `cursor` (0: the first turns), at most `limit` of them, read a page of lines at a time.
 
@@ -263,7 +291,9 @@ async def read(store: RedisStore, session_id: str, *, state: Mapping[str, object
     page of lines (`READ_PAGE_LINES`), whatever the session's length.
 
     `state` is the session's `state()` if the caller has it (read before the lines, so
-    the lines are at least as new); otherwise it is read here, first.
+    the lines are at least as new); otherwise it is read here, first. `children`: each
+    delegation's child turn is read too and nested (`Delegation.turn`), and theirs, at
+    most `MAX_CHILD_DEPTH` deep.
     `FxUnknownSessionError` for no such session; `FxInvalidCursorError` for a cursor that
     is no stream cursor; `ValueError` for a `limit` below 1."""
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -280,7 +310,39 @@ async def read(store: RedisStore, session_id: str, *, state: Mapping[str, object
                 return _page(builder.result(state), next_cursor=int(line["cursor"]) - 1)
             builder.add(line)
         after = int(lines[-1]["cursor"])
-    return _page(builder.result(state), next_cursor=None)
+    page = _page(builder.result(state), next_cursor=None)
+    if children:
+        await _nest_children(store, page["turns"], depth=1)
+    return page
+
+
+async def _nest_children(store: RedisStore, turns: list[Turn], *, depth: int) -> None:
+    """Reads the child turn of each delegation of `turns` into it (`Delegation.turn`)."""
+    for turn in turns:
+        for delegation in turn["delegations"]:
+            delegation["turn"] = await _child_turn(store, delegation) if depth <= MAX_CHILD_DEPTH else None
+            child = delegation["turn"]
+            if child is not None:
+                await _nest_children(store, [child], depth=depth + 1)
+
+
+async def _child_turn(store: RedisStore, delegation: Delegation) -> Turn | None:
+    """The child's turn a delegation started (its session's lines, read until it is found)."""
+    session_id, message_id = delegation["sessionId"], delegation["childMessageId"]
+    found = await store.state(session_id) if message_id else None
+    if found is None:
+        return None
+    state = {"status": found.status, "epoch": found.epoch}
+    builder = TimelineBuilder(session_id)
+    after = 0
+    while lines := await store.read_lines(session_id, after):
+        for line in lines:
+            if line.get("messageId") == message_id:
+                builder.add(line)
+        after = int(lines[-1]["cursor"])
+    for turn in builder.result(state)["turns"]:
+        return turn
+    return None
 
 
 def _page(timeline: Timeline, *, next_cursor: int | None) -> TimelinePage:
@@ -340,6 +402,17 @@ def _decided(turn: Turn, line: Mapping[str, object]) -> None:
                 wait["decidedAtMs"] = at
                 if wait["pausedAtMs"] is not None:
                     wait["waitedMs"] = max(0, at - wait["pausedAtMs"])
+            return
+
+
+def _delegated(turn: Turn, line: Mapping[str, object]) -> None:
+    for delegation in turn["delegations"]:
+        if delegation["callId"] == line.get("callId") and delegation["stopReason"] is None:
+            stop, usage, error = line.get("stopReason"), line.get("usage"), line.get("error")
+            delegation["stopReason"] = stop if isinstance(stop, str) else "unknown"
+            delegation["usage"] = ({k: v for k, v in usage.items() if isinstance(v, int)}
+                                   if isinstance(usage, dict) else {})
+            delegation["error"] = error if isinstance(error, dict) else None
             return
 
 

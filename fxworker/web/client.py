@@ -133,10 +133,13 @@ class ApiClient:
         result: SessionInfo = self._request("GET", f"/v1/sessions/{session_id}").json()
         return result
 
-    def timeline(self, session_id: str, *, cursor: int = 0, limit: int | None = None) -> TimelinePage:
+    def timeline(self, session_id: str, *, cursor: int = 0, limit: int | None = None,
+                 children: bool = False) -> TimelinePage:
         """A page of what the session went through: the turns after `cursor`, the workers that
-        ran them, their tools, and `next` (the cursor of the page after it, or None)."""
-        params = {"cursor": cursor, **({"limit": limit} if limit is not None else {})}
+        ran them, their tools, and `next` (the cursor of the page after it, or None);
+        `children`: each delegated call's child turn nested in it."""
+        params = {"cursor": cursor, **({"limit": limit} if limit is not None else {}),
+                  **({"children": 1} if children else {})}
         result: TimelinePage = self._request("GET", f"/v1/sessions/{session_id}/timeline", params=params).json()
         return result
 

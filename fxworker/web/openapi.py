@@ -37,7 +37,7 @@ TIMELINE_SCHEMA: dict[str, object] = {
         "turns": {"type": "array", "items": {
             "type": "object",
             "required": ["messageId", "input", "stopReason", "error", "deliveries", "steps", "tools", "steers",
-                         "waits"],
+                         "waits", "delegations"],
             "properties": {
                 "messageId": {"type": "string"},
                 "input": {"type": ["string", "null"], "maxLength": 200},
@@ -67,6 +67,16 @@ TIMELINE_SCHEMA: dict[str, object] = {
                         "decision": {"type": ["string", "null"]}, "by": {"type": ["string", "null"]},
                         "reason": {"type": ["string", "null"]}, "pausedAtMs": _STEP, "decidedAtMs": _STEP,
                         "waitedMs": _STEP}}},
+                "delegations": {"type": "array", "items": {
+                    "type": "object", "required": ["callId", "sessionId", "agent", "childMessageId", "depth",
+                                                   "stopReason", "usage", "error"],
+                    "properties": {
+                        "callId": {"type": "string"}, "sessionId": {"type": "string"}, "agent": {"type": "string"},
+                        "childMessageId": {"type": ["string", "null"]}, "depth": _INT,
+                        "stopReason": {"type": ["string", "null"]}, "usage": {"type": ["object", "null"]},
+                        "error": {"type": ["object", "null"]},
+                        "turn": {"description": "with children=1: the child's turn, as a turn of this page "
+                                                "(null: not found)"}}}},
             }}},
     }}
 
@@ -140,6 +150,8 @@ def document() -> dict[str, object]:
                         {"name": "limit", "in": "query", "schema": {"type": "string"},
                          "description": f"at most this many turns, 1 to {MAX_PAGE_TURNS} "
                                         f"(default {DEFAULT_PAGE_TURNS})"},
+                        {"name": "children", "in": "query", "schema": {"type": "string", "enum": ["0", "1"]},
+                         "description": "1: each delegation's child turn nested in it (`turn`), down the chain"},
                     ],
                     "responses": {"200": _json(TIMELINE, "the timeline"), **_errors(*COMMON)}},
         },

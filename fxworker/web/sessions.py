@@ -289,13 +289,17 @@ async def timeline(request: Request) -> Response:
     """`GET /v1/sessions/{id}/timeline?cursor=N&limit=K`: a page of at most K turns (those
     after stream cursor N), each with the workers that ran it (epoch, how each part ended),
     its steps and its tool calls, and `next`, the cursor of the page after it
-    (`fxworker.timeline`). Its own hook action, `timeline`: it shows the prompts' text."""
+    (`fxworker.timeline`); `children=1` nests each delegated call's child turn (the hook
+    is asked for the parent session only: the children are its work). Its own hook action,
+    `timeline`: it shows the prompts' text."""
     session_id = request.path_params["session_id"]
     await check_access(request, session_id, "timeline")
     cursor = parse_cursor(request.query_params.get("cursor"))
     limit = parse_turns(request.query_params.get("limit"))
+    children = parse_flag(request.query_params.get("children"), name="children", default=False)
     session, found = await _existing(request)  # the state first: the lines read after are newer
-    return JSONResponse(await read_timeline(session.store, session.id, state=found, cursor=cursor, limit=limit))
+    return JSONResponse(await read_timeline(session.store, session.id, state=found, cursor=cursor, limit=limit,
+                                            children=children))
 
 
 async def list_sessions(request: Request) -> Response:

@@ -187,3 +187,51 @@ async def test_recursion_stops_at_the_depth_bound(model: ScriptedModel) -> None:
     finally:
         embedded.stop_embedded_workers()
         looper.close()
+
+
+async def test_one_timeline_shows_the_parent_and_its_children(team: Team) -> None:
+    from fxworker import timeline
+
+    session = team.triage.session()
+    result = await asyncio.wait_for((await session.prompt("ask:charge:9|plain")).result(), TURN_S)
+    assert result.stop_reason == "end_turn"
+    flat = await timeline.read(team.triage.store, session.id)
+    [turn] = flat["turns"]
+    assert [d["stopReason"] for d in turn["delegations"]] == ["end_turn", "end_turn"]
+    assert all("turn" not in d for d in turn["delegations"])  # nested only when asked
+    assert [d["usage"] for d in turn["delegations"]] == [{"inputTokens": 11, "outputTokens": 4}] * 2
+    nested = await timeline.read(team.triage.store, session.id, children=True)
+    [turn] = nested["turns"]
+    children = [d["turn"] for d in turn["delegations"]]
+    assert all(child is not None and child["stopReason"] == "end_turn" for child in children)
+    assert sorted(child["input"] or "" for child in children if child) == ["charge:9", "plain"]
+    [charging] = [child for child in children if child and child["input"] == "charge:9"]
+    assert [(t["name"], t["outcome"]) for t in charging["tools"]] == [("charge", "ran")]
+    assert turn["deliveries"][0]["how"] == "paused" and turn["deliveries"][-1]["how"] == "ended"
+
+
+async def test_a_repeated_start_of_the_children_prompts_no_second_child(team: Team) -> None:
+    """A parked parent claimed again without decisions (a worker that died right after its
+    pause was stored, a resume) prompts its children again: the store answers `repeated`,
+    no second child turn runs and no second `delegate_start` is written."""
+    from fxworker import delegation
+
+    session = team.triage.session()
+    result = await asyncio.wait_for((await session.prompt("ask:plain")).result(), TURN_S)
+    assert result.stop_reason == "end_turn"
+    lines = await stored_lines(team.triage, session.id)
+    [start] = [line for line in lines if line["type"] == "delegate_start"]
+    child = start["sessionId"]
+    [tool] = team.triage.tools
+    assert isinstance(tool, delegation.DelegateTool)
+    link_parent = delegation.Parent(session.id, result.message_id or "", team.triage, team.triage.store, None)
+    execution = [line for line in lines if line["type"] == "approval_request"][0]
+    call = delegation.Call(start["callId"], f"{session.id}:{result.message_id}:1:{start['callId']}",
+                           {"input": "plain"}, tool)
+    assert delegation.child_session_id(session.id, tool, call.execution_id) == child
+    assert delegation.child_message_id(call.execution_id) == start["childMessageId"]
+    await delegation.start_children(link_parent, [call], None)
+    await wait_idle(team.billing, child, timeout_s=TURN_S)
+    child_lines = await stored_lines(team.billing, child)
+    assert [line["type"] for line in child_lines].count("turn_start") == 1
+    assert execution["kind"] == "external"

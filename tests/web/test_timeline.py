@@ -62,7 +62,7 @@ def test_a_turn_whose_worker_died_mid_tool_and_the_next_epoch_ended() -> None:
         "steps": [{"step": 1, "epoch": 1, "textChars": 7, "reasoningChars": 0, "withdrawn": False},
                   {"step": 2, "epoch": 2, "textChars": 6, "reasoningChars": 0, "withdrawn": False}],
         "tools": [{"id": "c1", "name": "lookup", "step": 1, "epochs": [1, 2], "outcome": "rerun", "isError": False}],
-        "waits": [],
+        "waits": [], "delegations": [],
     }]}
 
 
