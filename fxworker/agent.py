@@ -73,7 +73,7 @@ from .liveness import SENDER_TRUST_MS, layout_all_read
 from .runtime import LoopThread, SharedLoop
 from .settings import Settings
 from .store import RedisStore, close_default_store, default_store
-from .store.types import LAYOUT_LEVEL, Accepted, InputKind, SessionStatus
+from .store.types import PARKED_LEVEL, Accepted, InputKind, SessionStatus
 from .wakers import CeleryWaker, Waker, wake_failures
 
 log = logging.getLogger("fxworker.agent")
@@ -555,10 +555,10 @@ class Session:
         """`FX_UPGRADE_IN_PROGRESS` while a live process of an older release runs: it could
         not read a decision, nor the parked turn's journal."""
         level = layout_all_read(await self.store.live_workers())
-        if level < LAYOUT_LEVEL:
+        if level < PARKED_LEVEL:
             raise FxError(
                 f"a live process of an older release reads stored layout level {level}; decisions need level "
-                f"{LAYOUT_LEVEL}: an upgrade is in progress; send the decision again once every process runs this "
+                f"{PARKED_LEVEL}: an upgrade is in progress; send the decision again once every process runs this "
                 "release",
                 code=Code.UPGRADE_IN_PROGRESS,
             )

@@ -47,6 +47,7 @@ from fxengine.tools.runner import parse_arguments
 
 from . import protocol, tracing
 from .ids import SESSION_PREFIX, now_ms
+from .store.types import DELEGATED_LEVEL
 
 if TYPE_CHECKING:
     from fxengine.engine import Engine
@@ -266,6 +267,7 @@ async def start_children(parent: Parent, calls: Sequence[Call], writer: LineWrit
             input=blocks if isinstance(blocks, list) else check_prompt_input(blocks, json_only=True),
             context=parent.context, settings={LINK_KEY: dict(link)}, now_ms=now_ms(),
             traceparent=tracing.current_traceparent() if tracing.enabled() else None,
+            needs=DELEGATED_LEVEL,  # a process of an older release would never answer the parent
         )
         if not accepted.repeated and writer is not None:
             writer.push(dict(protocol.delegate_start(parent.turn_id, call_id=call.id, session_id=child,

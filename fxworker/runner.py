@@ -40,7 +40,7 @@ from typing import Any
 
 import httpx
 
-from . import metrics, registry
+from . import delegation, metrics, registry
 from .deadline import Deadline
 from .errors import FxLeaseLostError, FxStoreUnavailableError
 from .ids import new_holder_id, now_ms
@@ -50,7 +50,7 @@ from .protocol import Outcome, RunResult, WorkerAgent
 from .runtime import StopSignal
 from .store import RedisStore
 from .store.persistence import LineWriter, retry_unavailable
-from .store.types import LAYOUT_LEVEL, Claim, Idle, Input, Newer, Released, Serving, Unserved
+from .store.types import DELEGATED_LEVEL, LAYOUT_LEVEL, PARKED_LEVEL, Claim, Idle, Input, Newer, Released, Serving, Unserved
 from .turns import MAX_CUTOFFS, MAX_DEATHS, STOPS, Closed, Stopped, TurnRun, Unsettled
 from .waiting import Waiting
 from .watch import InboxWatcher
@@ -163,8 +163,9 @@ class Runner:
         if self.released is not None:  # the turn's end record let the session go
             return outcome
         cut_off = Stopped.CUT_OFF in self.stopped
-        released = self.released = await self._release(cutoff=cut_off,
-                                                        input_at_rest=outcome == Outcome.PAUSED and await self._all_read())
+        released = self.released = await self._release(
+            cutoff=cut_off, newer=DELEGATED_LEVEL if outcome != Outcome.DONE and self._delegated() else None,
+            input_at_rest=outcome == Outcome.PAUSED and await self._all_read())
         if cut_off:
             # The store's count: it restarts only when the turn moved on (append.lua).
             cutoffs = released.cutoffs if released is not None else int(self.claim.cutoffs) + 1
@@ -286,11 +287,20 @@ class Runner:
         self.deadline.reserve_ms = int(owner.reserve_s * 1000)
         return True
 
+    def _delegated(self) -> bool:
+        """Whether the claim held a delegated turn's input (open or waiting): left unfinished,
+        only a process that reads delegated turns may claim the session next."""
+        claim = self._claimed
+        if claim is None:
+            return False
+        inputs = [claim.open_turn.input] if claim.open_turn is not None else []
+        return any(i is not None and delegation.link_of(i.settings) is not None for i in [*inputs, *claim.pending])
+
     async def _all_read(self) -> bool:
         """Whether every live process reads this release's stored layout (a parked turn's
         input may then wait in `rest`, which a previous release's process does not read)."""
         try:
-            return layout_all_read(await self.store.live_workers()) >= LAYOUT_LEVEL
+            return layout_all_read(await self.store.live_workers()) >= PARKED_LEVEL
         except Exception:  # noqa: BLE001 - not known: store it the way every release reads
             return False
 

@@ -98,6 +98,7 @@ def accept(
     call_id: str = "",
     expired: bool = False,
     decision: str = "",
+    needs: int = 0,
 ) -> Call:
     """accept.lua: store a prompt (`kind="p"`), steer (`"s"`) or decision (`"d"`, for
     `call_id`; `expired`: the wait's timeout; `decision`: "a" approve, "d" deny, "r" a
@@ -105,6 +106,7 @@ def accept(
 
     `steer_bytes` is what a steer counts against its limits: the UTF-8 bytes of its text
     (the script checks it and keeps the queued totals); without it, its JSON's length.
+    `needs`: the stored layout level a claim must read to run the input (a delegated turn's).
 
     With `ready` (standalone Redis only: those keys sit in another cluster slot) the same
     script first marks `session_id` ready, as `mark_ready` does; without it the caller
@@ -123,6 +125,9 @@ def accept(
             args.append(traceparent)
     elif context_json or settings_json:
         args += (context_json, settings_json)
+    if needs:
+        args += [""] * (17 - len(args))
+        args.append(needs)
     return Call(_ACCEPT, keys.names if ready is None else keys.names + ready.names, args)
 
 

@@ -13,6 +13,9 @@
 --       14 the W3C trace context of the request that sent it ("" or absent: none)
 --       15 a decision's call id   16 "1": the decision is the wait's timeout
 --       17 the decision: "a" approve | "d" deny | "r" a result        (15-17: decisions only)
+--       18 the stored layout level a claim must read to run this input ("" or absent: any;
+--         a delegated turn's prompt: meta `newer` is raised to it, so an older release's
+--         claims leave the session, claim.lua)
 -- Returns {"ok", agent, state, seq, end_cursor, ui_cursor, created(0|1), wake(0|1), open turn}
 --         {"repeated", agent, state, seq, end_cursor, ui_cursor, 0, wake(0|1), open turn}
 --   wake: 1 when the sender should send a wake now; 0 when one it or another sender sent
@@ -52,7 +55,7 @@ local kind, mid, input, agent, now_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV
 if KEYS[11] then redis.call('ZADD', KEYS[11], 'GT', now_ms, ARGV[7]) end
 
 local m = redis.call('HMGET', meta, 'agent', 'ui', 'inbox', 'steers', 'steer_bytes', 'expiring', 'context', 'head', 'epoch',
-  'rest', 'turn', 'through', 'woken', 'unserved_ms', 'paused', 'decided', 'expired', 'decisions')
+  'rest', 'turn', 'through', 'woken', 'unserved_ms', 'paused', 'decided', 'expired', 'decisions', 'newer')
 local owner, ui = m[1], tonumber(m[2] or 0)
 -- A session with a key gone is refused; one that was set to expire is gone: what is left
 -- of it goes, and the input finds no session.
@@ -156,6 +159,10 @@ if decided then
   if ARGV[16] == '1' then
     fields[#fields + 1], fields[#fields + 2] = 'expired', (m[17] or '\n') .. ARGV[15] .. '\n'
   end
+end
+local needs = tonumber(ARGV[18] or '')
+if needs and needs > tonumber(m[19] or 0) then
+  fields[#fields + 1], fields[#fields + 2] = 'newer', needs
 end
 if m[6] == '1' then
   -- New input revives a finished session that was set to expire.

@@ -60,6 +60,6 @@ elseif (m[3] or '') ~= '' then
     parked(KEYS[11], ARGV[5], tonumber(m[6] or 0), ARGV[7] == '1')
     waiting = 0
   end
-  redis.call('HSET', meta, 'newer', PARKED_LEVEL)
+  redis.call('HSET', meta, 'newer', math.max(tonumber(ARGV[6] or '') or 0, PARKED_LEVEL))
 end
 return {'ok', 1, cutoffs, waiting}

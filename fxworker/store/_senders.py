@@ -32,7 +32,7 @@ from .types import (
 def _accept(
     core: StoreCore, session_id: str, *, agent: str, kind: InputKind = "prompt", message_id: str, input: object,
     context: object = None, settings: object = None, now_ms: int | None = None, create: bool = True,
-    traceparent: str | None = None, call_id: str = "", expired: bool = False, decision: str = "",
+    traceparent: str | None = None, call_id: str = "", expired: bool = False, decision: str = "", needs: int = 0,
 ) -> Op[Accepted]:
     """Stores a prompt, steer or decision; returns once Redis (and the `ack` level) has it.
 
@@ -50,7 +50,8 @@ def _accept(
     agent on first input. `create=False` refuses an unknown session
     (`FxUnknownSessionError`). `Accepted.agent` is the owner: compare it with `agent`
     to detect a forwarded session. `traceparent` (a W3C trace context) is kept with the
-    input, for the worker that runs it to continue the trace.
+    input, for the worker that runs it to continue the trace. `needs`: only a process that
+    reads this stored layout level runs the input (meta `newer`; a delegated turn's prompt).
     """
     keys = core.keys(session_id)
     validate_message_id(message_id)
@@ -72,7 +73,7 @@ def _accept(
         agent=agent, now_ms=now, create=create, steer_max_bytes=STEER_MAX_BYTES,
         steer_max_count=STEER_MAX_QUEUED, steer_max_total_bytes=STEER_MAX_QUEUED_BYTES,
         ready=None if cluster else core.index, session_id=session_id, steer_bytes=steer_bytes,
-        traceparent=traceparent or "", call_id=call_id, expired=expired, decision=decision,
+        traceparent=traceparent or "", call_id=call_id, expired=expired, decision=decision, needs=needs,
     )
     # The ready mark goes first (§5): a sender that dies after the acknowledgement
     # leaves the session for the sweeper. On one server the accept script marks it

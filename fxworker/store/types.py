@@ -19,9 +19,13 @@ SessionStatus = Literal["idle", "waiting", "running", "paused"]
 # records `FXJ` of fxengine's FORMAT_VERSION, checkpoints `FXZ\x01` (with their CRC),
 # line chunks of format 1 (with their checksum), live marks v1; level 2 adds parked turns
 # (journal records `tool_wait`, `turn_pause`, `tool_approved`, decision inputs `d` in the
-# inbox, meta `paused`/`decided`/`decisions`). A release that writes a layout the
-# previous one cannot read raises it (docs/operations.md, "Upgrading").
-LAYOUT_LEVEL = 2
+# inbox, meta `paused`/`decided`/`decisions`); level 3 adds delegated turns (an input's
+# settings carry the `delegation` link its end answers: a process that ignored it would end
+# the turn and never answer the parent). A release that writes a layout the previous one
+# cannot read raises it (docs/operations.md, "Upgrading").
+LAYOUT_LEVEL = 3
+PARKED_LEVEL = 2  # what reading parked turns and decisions needs
+DELEGATED_LEVEL = 3  # what running a delegated turn needs (meta `newer` while one waits)
 
 # The limits of docs/design.md §5 and §6, enforced inside the scripts.
 CHECKPOINT_MAX_BYTES = 4 * 1024 * 1024

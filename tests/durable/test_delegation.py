@@ -235,3 +235,43 @@ async def test_a_repeated_start_of_the_children_prompts_no_second_child(team: Te
     child_lines = await stored_lines(team.billing, child)
     assert [line["type"] for line in child_lines].count("turn_start") == 1
     assert execution["kind"] == "external"
+
+
+async def test_a_delegated_prompt_is_claimed_only_by_a_process_that_reads_delegated_turns(team: Team) -> None:
+    """A process of an older release would run a child's prompt as a plain one and never
+    answer the parent: the prompt raises meta `newer` to DELEGATED_LEVEL, so such a claim
+    takes nothing (`Newer`), and this release's claim takes it."""
+    from fxworker import delegation
+    from fxworker.store.types import DELEGATED_LEVEL, PARKED_LEVEL, Claim, Newer
+
+    embedded.stop_embedded_workers()
+    [tool] = team.triage.tools
+    assert isinstance(tool, delegation.DelegateTool)
+    parent = delegation.Parent(team.triage.new_session_id(), "msg_parent", team.triage, team.triage.store, None)
+    call = delegation.Call("call_1", f"{parent.session_id}:msg_parent:1:call_1", {"input": "plain"}, tool)
+    await delegation.start_children(parent, [call], None)
+    child = delegation.child_session_id(parent.session_id, tool, call.execution_id)
+    state = await team.billing.store.state(child)
+    assert state is not None and state.newer == DELEGATED_LEVEL and state.pending == 1
+    older = await team.billing.store.claim(child, holder="old", lease_ms=2000, only_work=True, reads=PARKED_LEVEL)
+    assert isinstance(older, Newer) and older.level == DELEGATED_LEVEL
+    assert (await team.billing.store.state(child)).pending == 1  # type: ignore[union-attr]
+    claim = await team.billing.store.claim(child, holder="new", lease_ms=2000, only_work=True)
+    assert isinstance(claim, Claim) and [i.message_id for i in claim.pending] == [
+        delegation.child_message_id(call.execution_id)]
+    link = delegation.link_of(claim.pending[0].settings)
+    assert link is not None and link["parent"] == parent.session_id and link["call"] == "call_1"
+    assert link["depth"] == 1 and link["refuse"] is None
+
+
+def test_a_link_is_checked_as_it_is_read() -> None:
+    from fxworker import delegation
+
+    good = {"v": 1, "parent": "fxs_x", "turn": "t", "call": "c", "depth": 2, "maxDepth": 3, "refuse": None}
+    assert delegation.link_of({"delegation": good}) == good
+    assert delegation.link_of(None) is None and delegation.link_of({"model": "m"}) is None
+    for broken in ({**good, "v": 2}, {**good, "depth": "2"}, {**good, "call": ""}, {**good, "depth": True}, "x"):
+        assert delegation.link_of({"delegation": broken}) is None
+    forged = delegation.link_of({"delegation": {**good, "refuse": {"code": "FX_OTHER", "message": "m"}}})
+    assert forged is not None and forged["refuse"] == {"code": "FX_DELEGATION_INVALID",
+                                                       "message": "the delegation was refused"}
