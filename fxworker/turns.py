@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -323,6 +323,21 @@ class TurnRun:
         if span is not None and decisions:
             span.set_attribute("fx.turn.decisions", len(decisions))
         decided, taken, stale = self._decisions(decisions)
+        denied = [call for call in self.delegated_calls()
+                  if isinstance(d := decided.get(call.id), Mapping) and d.get("type") == "deny"]
+        if denied:
+            # A delegated call answered otherwise (its wait timed out): its child turn stops,
+            # and its answer, should one still come, finds the call decided.
+            parent = self.parent()
+            for call in denied:
+                reason = decided[call.id]
+                self.writer.push(dict(protocol.delegate_end(
+                    self.turn_id, call_id=call.id,
+                    session_id=delegation.child_session_id(parent.session_id, call.tool, call.execution_id),
+                    agent=call.tool.agent, stop_reason="cancelled", usage={},
+                    error={"code": Code.DECISION_EXPIRED, "message": str(reason.get("reason") or "denied")}
+                    if isinstance(reason, Mapping) else None)))
+            await delegation.cancel_children(parent, denied)
         if stale:
             await self.writer.flush(marks=[protocol.drop(message_id) for message_id in stale])
         with _current(span):
@@ -418,17 +433,30 @@ class TurnRun:
                 self.ride = persistence.ride_with_end(dict(protocol.turn_yield(self.turn_id)))
                 return
             if kind == "turn_pause":
+                calls = self.delegated_calls()
                 self.ride = persistence.ride_with_end(dict(protocol.turn_pause(
-                    self.turn_id, self.engine.pending_calls, at_ms=now_ms())), before=self.start_children)
+                    self.turn_id, self.engine.pending_calls, at_ms=now_ms())),
+                    before=(lambda: delegation.start_children(self.parent(), calls, self.writer)) if calls else None)
                 return
             stop_reason, usage, error = event["stopReason"], event.get("usage"), event.get("error")
-            text = delegation.final_text(self.engine)
             self.ride = persistence.ride_with_end(self._end_line(stop_reason, usage, error),
                                                   release=self._may_release,
                                                   checkpoint=self.engine.settled_checkpoint,
-                                                  before=lambda: self.reply(stop_reason, error, usage, text))
+                                                  before=self._answer(stop_reason, error, usage))
             return
         self.writer.push({**event, "messageId": self.turn_id})
+
+    def _answer(self, stop_reason: str, error: Mapping[str, Any] | None,
+                usage: Mapping[str, int] | None) -> Callable[[], Awaitable[None]] | None:
+        """For a delegated turn, its answer to the parent, sent before its end record is
+        stored (`EndRide.before`); None for any other turn."""
+        if self.link is None:
+            return None
+        text = delegation.final_text(self.engine)  # the last response, as the end record leaves it
+
+        async def answer() -> None:
+            await self.reply(stop_reason, error, usage, text)
+        return answer
 
     def _may_release(self) -> bool:
         """Asked as the end record is sent: may that call let the session go? Only for a

@@ -13,6 +13,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -87,9 +88,10 @@ class Team:
         self.triage, self.billing, self.charges = triage, billing, charges
 
 
-@pytest.fixture(params=["fakeredis", "redis"])
-def team(request: pytest.FixtureRequest, model: ScriptedModel) -> Iterator[Team]:
-    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+@contextmanager
+def make_team(model: ScriptedModel, url: str | None, *, keep: bool = False, **triage_options: Any) -> Iterator[Team]:
+    """`triage` (whose `billing` tool delegates to agent `billing`) and `billing` (with a
+    non-idempotent `charge`), on one store of their own, with two in-process workers."""
     prefix = f"fxe{uuid.uuid4().hex[:8]}"
     store = redis_store(url, prefix=prefix) if url else embedded_store(prefix=prefix)
     charges: list[str] = []
@@ -104,7 +106,8 @@ def team(request: pytest.FixtureRequest, model: ScriptedModel) -> Iterator[Team]
     billing = Agent("billing", instructions="You are billing.", tools=[
         Tool("charge", "Charges.", {"type": "object", "properties": {"amount": {"type": "integer"}}},
              idempotent=False, execute=charge)], **common)
-    triage = Agent("triage", instructions="You are triage.", tools=[billing.as_tool()], **common)
+    triage = Agent("triage", instructions="You are triage.", tools=[billing.as_tool(keep=keep)], **common,
+                   **triage_options)
     embedded.start_embedded_workers(2)
     try:
         yield Team(triage, billing, charges)
@@ -114,6 +117,19 @@ def team(request: pytest.FixtureRequest, model: ScriptedModel) -> Iterator[Team]
         billing.close()
         if url:
             delete_prefix(url, prefix)
+
+
+@pytest.fixture(params=["fakeredis", "redis"])
+def team(request: pytest.FixtureRequest, model: ScriptedModel) -> Iterator[Team]:
+    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    with make_team(model, url) as t:
+        yield t
+
+
+async def delegations(agent: Agent, session_id: str) -> tuple[list[Any], list[Any]]:
+    lines = await stored_lines(agent, session_id)
+    return ([line for line in lines if line["type"] == "delegate_start"],
+            [line for line in lines if line["type"] == "delegate_end"])
 
 
 async def test_a_parent_delegates_two_calls_and_ends_with_both_answers(team: Team) -> None:
@@ -275,3 +291,52 @@ def test_a_link_is_checked_as_it_is_read() -> None:
     forged = delegation.link_of({"delegation": {**good, "refuse": {"code": "FX_OTHER", "message": "m"}}})
     assert forged is not None and forged["refuse"] == {"code": "FX_DELEGATION_INVALID",
                                                        "message": "the delegation was refused"}
+
+
+async def test_past_max_children_a_call_is_answered_with_its_code_and_runs_nothing(model: ScriptedModel) -> None:
+    with make_team(model, None, max_children=2) as team:
+        session = team.triage.session()
+        result = await asyncio.wait_for((await session.prompt("ask:a1|a2|a3")).result(), TURN_S)
+        assert result.stop_reason == "end_turn"
+        starts, ends = await delegations(team.triage, session.id)
+        by_call = {line["callId"]: line for line in ends}
+        outcomes = [(by_call[s["callId"]]["stopReason"], by_call[s["callId"]].get("error", {}).get("code"))
+                    for s in starts]
+        assert outcomes == [("end_turn", None), ("end_turn", None), ("error", "FX_DELEGATION_FANOUT")]
+        refused = starts[2]["sessionId"]
+        refused_lines = await stored_lines(team.billing, refused)
+        assert [line["type"] for line in refused_lines if line["type"] in ("turn_start", "turn_end", "text_delta")] \
+            == ["turn_end"]  # ended before any model request
+        texts = [m["content"] for r in model.requests for m in r.body["messages"] if m.get("role") == "tool"]
+        assert any("FX_DELEGATION_FANOUT" in t for t in texts)  # the parent's model read why
+
+
+async def test_a_kept_child_session_remembers_the_calls_before(model: ScriptedModel) -> None:
+    with make_team(model, None, keep=True) as team:
+        session = team.triage.session()
+        first = await asyncio.wait_for((await session.prompt("ask:one")).result(), TURN_S)
+        second = await asyncio.wait_for((await session.prompt("ask:two")).result(), TURN_S)
+        assert first.stop_reason == second.stop_reason == "end_turn"
+        starts, _ = await delegations(team.triage, session.id)
+        assert len(starts) == 2 and starts[0]["sessionId"] == starts[1]["sessionId"]
+        child = starts[0]["sessionId"]
+        assert (await team.billing.session(child).state())["turns"] == 2
+        other = team.triage.session()
+        await asyncio.wait_for((await other.prompt("ask:three")).result(), TURN_S)
+        [start], _ = await delegations(team.triage, other.id)
+        assert start["sessionId"] != child  # kept per parent session
+
+
+async def test_a_delegated_call_whose_wait_times_out_stops_its_child(model: ScriptedModel) -> None:
+    with make_team(model, None, decision_timeout_s=0.5) as team:
+        session = team.triage.session()
+        hold_name = f"h{uuid.uuid4().hex[:6]}"
+        result = await asyncio.wait_for((await session.prompt(f"ask:hold:{hold_name}")).result(), TURN_S)
+        assert result.stop_reason == "end_turn"  # the timeout's denial answered the call
+        [start], [end] = await delegations(team.triage, session.id)
+        assert end["callId"] == start["callId"] and end["stopReason"] == "cancelled"
+        assert end["error"]["code"] == "FX_DECISION_EXPIRED"
+        state = await wait_idle(team.billing, start["sessionId"], timeout_s=TURN_S)
+        child_lines = await stored_lines(team.billing, state.session_id)
+        assert [line["stopReason"] for line in child_lines if line["type"] == "turn_end"] == ["cancelled"]
+        model.release(hold_name)
