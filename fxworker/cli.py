@@ -313,7 +313,7 @@ def _print_lines(lines: Iterable[Mapping[str, object]], *, as_json: bool) -> str
             click.echo(json.dumps(line, ensure_ascii=False))
         else:
             click.echo(transcript.feed(line), nl=False)
-        if line_type(line) == "turn_pause":
+        if line_type(line) == "turn_pause" and not transcript.delegated_only(line):
             stop = "paused"
         elif line_type(line) in TURN_STOPS:
             reason = line.get("stopReason")

@@ -322,6 +322,7 @@ class Transcript:
     def __init__(self) -> None:
         self._turn: str | None = None
         self._shown: list[tuple[int | None, str]] = []  # (step, text) printed for the current turn
+        self._delegated: set[str] = set()  # calls other agents' turns answer (`delegate_start`)
 
     def __repr__(self) -> str:
         return f"<Transcript turn={self._turn} pieces={len(self._shown)}>"
@@ -333,13 +334,23 @@ class Transcript:
         kind = line_type(line)
         if kind == "turn_start" or (message_id is not None and message_id != self._turn):
             self._turn, self._shown = message_id, []
+        if kind == "delegate_start":
+            self._delegated.add(str(line.get("callId")))
         text = render_line(line)
+        if kind == "turn_pause" and self.delegated_only(line):
+            text = "\n[waiting for the delegated agents' turns]\n"
         if kind == "turn_resume":
             text += self._retract(line, lead=not text)
         step = line.get("step")
         if text:
             self._shown.append((step if isinstance(step, int) else None, text))
         return text
+
+    def delegated_only(self, line: Mapping[str, object]) -> bool:
+        """Whether a `turn_pause` waits on delegated calls only (no person's decision)."""
+        calls = line.get("pendingCalls")
+        ids = [c.get("id") for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+        return bool(ids) and all(i in self._delegated for i in ids)
 
     def _retract(self, line: Mapping[str, object], *, lead: bool) -> str:
         retract = line.get("retract")
@@ -384,6 +395,12 @@ def render_line(line: Mapping[str, object]) -> str:
         calls = line.get("pendingCalls")
         ids = [str(c.get("id")) for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
         return f"\n[paused: waiting for a decision on {', '.join(ids)}; fx approve / fx deny SESSION CALL]\n"
+    if kind == "delegate_start":
+        return f"⇒ {line.get('agent')} in session {line.get('sessionId')} (fx tail {line.get('sessionId')})\n"
+    if kind == "delegate_end":
+        error = line.get("error")
+        detail = f": {error.get('code')}" if isinstance(error, dict) else ""
+        return f"⇐ {line.get('agent')} ended {line.get('stopReason')}{detail}\n"
     if kind == "session_error":
         return f"\n[{line.get('code')}: {line.get('message')}]\n"
     if kind == "session_waiting":

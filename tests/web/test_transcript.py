@@ -45,3 +45,21 @@ def test_a_retract_of_a_step_that_printed_nothing_needs_no_marker() -> None:
     transcript = Transcript()  # a tail that started after the cut-off step's text
     resumed = transcript.feed({"type": "turn_resume", "messageId": "msg_3", "interrupted": True, "retract": [1]})
     assert resumed == "\n[resumed after an interruption]\n"
+
+
+def test_a_turn_waiting_on_delegated_agents_names_them_and_is_not_a_pause_for_a_person() -> None:
+    turn, child = "msg_3", "fxs_01J0000000000000000000000C"
+    transcript = Transcript()
+    approval = {"type": "approval_request", "messageId": turn, "id": "c1", "name": "billing", "kind": "external",
+                "input": {"input": "refund 5"}, "step": 1}
+    start = {"type": "delegate_start", "messageId": turn, "callId": "c1", "sessionId": child, "agent": "billing",
+             "childMessageId": "dlg_1", "depth": 1}
+    pause = {"type": "turn_pause", "messageId": turn, "pendingCalls": [{"id": "c1"}]}
+    end = {"type": "delegate_end", "messageId": turn, "callId": "c1", "sessionId": child, "agent": "billing",
+           "stopReason": "end_turn", "usage": {}}
+    printed = [transcript.feed(line) for line in (approval, start, pause, end)]
+    assert printed[1] == f"⇒ billing in session {child} (fx tail {child})\n"
+    assert printed[2] == "\n[waiting for the delegated agents' turns]\n" and transcript.delegated_only(pause)
+    assert printed[3] == "⇐ billing ended end_turn\n"
+    person = {"type": "turn_pause", "messageId": turn, "pendingCalls": [{"id": "c1"}, {"id": "c2"}]}
+    assert not transcript.delegated_only(person) and "fx approve" in transcript.feed(person)
