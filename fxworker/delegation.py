@@ -64,6 +64,9 @@ MAX_DEPTH_LIMIT = 16
 MAX_CHILDREN_LIMIT = 64
 DEFAULT_MAX_DEPTH = 3
 DEFAULT_MAX_CHILDREN = 8
+# A child that answers before its parent's pause is stored waits for it, this long at most.
+REPLY_WAIT_S = 30.0
+REPLY_RETRY_FIRST_S = 0.05
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _DECISION_REFUSALS = (Code.DECISION_UNKNOWN_CALL, Code.DECISION_REPEATED, Code.DECISION_EXPIRED)
 _REFUSALS = frozenset({Code.DELEGATION_DEPTH, Code.DELEGATION_FANOUT, Code.DELEGATION_INVALID})
@@ -234,9 +237,14 @@ class Parent:
     max_children: int = DEFAULT_MAX_CHILDREN
 
 
-async def start_children(parent: Parent, calls: Sequence[Call], writer: LineWriter | None) -> int:
-    """Prompts the child of each call (idempotent), pushes a `delegate_start` line for each
-    child this start created, and wakes them; the number of calls it prompted."""
+async def start_children(parent: Parent, calls: Sequence[Call], writer: LineWriter | None, *,
+                         wake: bool = True) -> list[tuple[str, str]]:
+    """Prompts the child of each call (idempotent) and pushes a `delegate_start` line for
+    each child this start created. With `wake`, wakes them; else returns the wakes to send
+    (child, agent) once the parent's pause is stored: a child that ran first could answer
+    before its parent waits on the call (the accept marked it ready and woken, so should the
+    parent's worker die first, the sweeper wakes it)."""
+    wakes: list[tuple[str, str]] = []
     depth = parent.link["depth"] + 1 if parent.link else 1
     max_depth = min(parent.max_depth, parent.link["maxDepth"]) if parent.link else parent.max_depth
     for index, call in enumerate(calls):
@@ -274,8 +282,16 @@ async def start_children(parent: Parent, calls: Sequence[Call], writer: LineWrit
                                                      agent=accepted.agent or call.tool.agent,
                                                      child_message_id=message_id, depth=depth)))
         if accepted.wake:
-            await _wake(parent.agent, child, accepted.agent or call.tool.agent, "delegate")
-    return len(calls)
+            wakes.append((child, accepted.agent or call.tool.agent))
+    if wake:
+        await wake_children(parent.agent, wakes)
+        return []
+    return wakes
+
+
+async def wake_children(agent: WorkerAgent, wakes: Sequence[tuple[str, str]]) -> None:
+    for child, owner in wakes:
+        await _wake(agent, child, owner, "delegate")
 
 
 async def cancel_children(parent: Parent, calls: Sequence[Call]) -> None:
@@ -340,19 +356,36 @@ async def reply(
     if error:
         delegate["error"] = dict(error)
     body = {"callId": link["call"], "decision": decision, "by": f"agent:{agent.name}", "delegate": delegate}
-    try:
-        accepted = await store.accept(
-            link["parent"], agent=agent.name, kind="decision", message_id=reply_message_id(child_session, child_turn),
-            input=body, now_ms=now_ms(), create=False, call_id=link["call"], decision="r",
-        )
-    except FxError as exc:
-        if exc.code in _DECISION_REFUSALS:
+    delay_s, waited_s = REPLY_RETRY_FIRST_S, 0.0
+    while True:
+        try:
+            accepted = await store.accept(
+                link["parent"], agent=agent.name, kind="decision",
+                message_id=reply_message_id(child_session, child_turn), input=body, now_ms=now_ms(), create=False,
+                call_id=link["call"], decision="r",
+            )
+            break
+        except FxError as exc:
+            if exc.code not in _DECISION_REFUSALS:
+                raise
+            if exc.code == Code.DECISION_UNKNOWN_CALL and waited_s < REPLY_WAIT_S and await _parking(store, link):
+                # The parent's pause is not stored yet (its worker is slow, or died before
+                # it and its turn resumes): the call will wait soon.
+                await asyncio.sleep(delay_s)
+                waited_s += delay_s
+                delay_s = min(delay_s * 2, 2.0)
+                continue
             log.info("the answer of %s to %s call %s was not taken (%s)", child_session, link["parent"], link["call"],
                      exc.code)
             return
-        raise
     if accepted.wake:
         await _wake(agent, link["parent"], accepted.agent or agent.name, "decision")
+
+
+async def _parking(store: RedisStore, link: Link) -> bool:
+    """Whether the parent's turn is still open and not parked: its call may wait soon."""
+    state = await store.state(link["parent"])
+    return state is not None and state.open_turn == link["turn"] and not state.paused_calls
 
 
 def delegate_end(turn_id: str, body: Mapping[str, object]) -> dict[str, object] | None:

@@ -218,6 +218,7 @@ class TurnRun:
         self.driving = False  # awaiting the running turn's end in `drive`
         self.engine_broken = False  # the engine could not end the turn: its state is suspect
         self.replied = False  # a delegated turn's answer went to its parent
+        self.child_wakes: list[tuple[str, str]] = []  # children prompted before its pause, woken after it
 
     def __repr__(self) -> str:
         return f"<TurnRun {self.turn_id} opened={self.opened} running={self.turn is not None}>"
@@ -433,10 +434,8 @@ class TurnRun:
                 self.ride = persistence.ride_with_end(dict(protocol.turn_yield(self.turn_id)))
                 return
             if kind == "turn_pause":
-                calls = self.delegated_calls()
                 self.ride = persistence.ride_with_end(dict(protocol.turn_pause(
-                    self.turn_id, self.engine.pending_calls, at_ms=now_ms())),
-                    before=(lambda: delegation.start_children(self.parent(), calls, self.writer)) if calls else None)
+                    self.turn_id, self.engine.pending_calls, at_ms=now_ms())), before=self._children_before())
                 return
             stop_reason, usage, error = event["stopReason"], event.get("usage"), event.get("error")
             self.ride = persistence.ride_with_end(self._end_line(stop_reason, usage, error),
@@ -445,6 +444,17 @@ class TurnRun:
                                                   before=self._answer(stop_reason, error, usage))
             return
         self.writer.push({**event, "messageId": self.turn_id})
+
+    def _children_before(self) -> Callable[[], Awaitable[None]] | None:
+        """For a turn that parks on delegated calls, their children's prompts, stored before
+        the record that parks it (`EndRide.before`); woken once it is stored (`park`)."""
+        calls = self.delegated_calls()
+        if not calls:
+            return None
+
+        async def start() -> None:
+            self.child_wakes = await delegation.start_children(self.parent(), calls, self.writer, wake=False)
+        return start
 
     def _answer(self, stop_reason: str, error: Mapping[str, Any] | None,
                 usage: Mapping[str, int] | None) -> Callable[[], Awaitable[None]] | None:
@@ -529,6 +539,8 @@ class TurnRun:
             self.writer.push(dict(protocol.turn_pause(self.turn_id, pending_calls, at_ms=now_ms())))
         await self.writer.flush()
         self.turn = None
+        wakes, self.child_wakes = self.child_wakes, []
+        await delegation.wake_children(self.delivery.agent, wakes)  # the calls wait now: the children may answer
         timeout_s = self.delivery.agent.decision_timeout_s
         if timeout_s is not None:
             # Past it the sweeper denies what still waits (`Sweeper.end_waits`); a crash

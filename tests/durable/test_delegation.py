@@ -60,6 +60,9 @@ def responder(request: Any) -> Reply:
         if role == "tool":
             results = [m["content"] for m in request.body["messages"] if m.get("role") == "tool"]
             return Reply(text("answer: " + " + ".join(results)), usage(5, 3))
+        if last.startswith("early:"):  # early:<hold>:<call id>:<task>: the call comes after a hold
+            _, name, call_id, task = last.split(":", 3)
+            return Reply(hold(name), tool_call(call_id, "billing", {"input": task}))
         tasks = last[4:].split("|") if last.startswith("ask:") else [last]
         return Reply(*[tool_call(f"call_{uuid.uuid4().hex[:8]}", "billing", {"input": t}) for t in tasks],
                      usage(7, 2))
@@ -340,3 +343,69 @@ async def test_a_delegated_call_whose_wait_times_out_stops_its_child(model: Scri
         child_lines = await stored_lines(team.billing, state.session_id)
         assert [line["stopReason"] for line in child_lines if line["type"] == "turn_end"] == ["cancelled"]
         model.release(hold_name)
+
+
+async def test_an_answer_that_comes_before_its_parent_parks_waits_for_the_pause(team: Team,
+                                                                                 model: ScriptedModel) -> None:
+    """Order of calls: a child's answer reaches the parent while the parent's turn is open but
+    its pause is not stored yet (its worker is slow): the door refuses it (no call waits), so
+    the child retries while the parent's turn stays open and unparked, and is taken once the
+    call waits. A late second answer for the call finds it decided and is dropped."""
+    from fxworker import delegation
+
+    session = team.triage.session()
+    parent_hold, child_hold = f"p{uuid.uuid4().hex[:6]}", f"c{uuid.uuid4().hex[:6]}"
+    call_id = f"call_{uuid.uuid4().hex[:8]}"
+    turn = await session.prompt(f"early:{parent_hold}:{call_id}:hold:{child_hold}")
+    await asyncio.wait_for(_open(team.triage, session.id, turn.message_id), TURN_S)
+    link: delegation.Link = {"v": 1, "parent": session.id, "turn": turn.message_id or "", "call": call_id,
+                             "depth": 1, "maxDepth": 3, "refuse": None}
+    early = asyncio.ensure_future(delegation.reply(
+        team.billing, team.billing.store, link, child_session="fxs_01J00000000000000000000EAR", child_turn="t1",
+        stop_reason="end_turn", text="the early answer", error=None, usage={"inputTokens": 1}))
+    await asyncio.sleep(0.3)
+    assert not early.done()  # refused (no call waits yet) and retrying while the turn is open
+    model.release(parent_hold)
+    await asyncio.wait_for(early, TURN_S)
+    result = await asyncio.wait_for(turn.result(), TURN_S)
+    assert result.stop_reason == "end_turn"
+    texts = [m["content"] for r in model.requests for m in r.body["messages"]
+             if m.get("role") == "tool" and m.get("tool_call_id") == call_id]
+    assert texts and set(texts) == {"the early answer"}
+    model.release(child_hold)  # the real child ends now: its answer finds the call decided
+    starts, ends = await delegations(team.triage, session.id)
+    [start] = starts
+    await wait_idle(team.billing, start["sessionId"], timeout_s=TURN_S)
+    _, ends = await delegations(team.triage, session.id)
+    assert len(ends) == 1 and ends[0]["sessionId"].endswith("EAR")
+
+
+async def test_an_answer_for_a_turn_that_moved_on_stops_retrying(team: Team, model: ScriptedModel) -> None:
+    """The bound of that retry: once the parent's turn no longer might wait on the call (it
+    parked on other calls, it ended), the answer is dropped at once."""
+    from fxworker import delegation
+
+    session = team.triage.session()
+    hold_name = f"p{uuid.uuid4().hex[:6]}"
+    turn = await session.prompt(f"early:{hold_name}:call_{uuid.uuid4().hex[:8]}:plain")
+    await asyncio.wait_for(_open(team.triage, session.id, turn.message_id), TURN_S)
+    link: delegation.Link = {"v": 1, "parent": session.id, "turn": turn.message_id or "", "call": "call_none",
+                             "depth": 1, "maxDepth": 3, "refuse": None}
+    early = asyncio.ensure_future(delegation.reply(
+        team.billing, team.billing.store, link, child_session="fxs_01J00000000000000000000EAR", child_turn="t2",
+        stop_reason="end_turn", text="x", error=None, usage=None))
+    await asyncio.sleep(0.2)
+    assert not early.done()
+    model.release(hold_name)
+    await asyncio.wait_for(early, TURN_S)  # returns once the turn parked on its own call
+    assert (await asyncio.wait_for(turn.result(), TURN_S)).stop_reason == "end_turn"
+    _, ends = await delegations(team.triage, session.id)
+    assert [end["sessionId"].endswith("EAR") for end in ends] == [False]
+
+
+async def _open(agent: Agent, session_id: str, turn_id: str | None) -> None:
+    while True:
+        state = await agent.store.state(session_id)
+        if state is not None and state.open_turn == turn_id and state.status == "running":
+            return
+        await asyncio.sleep(0.02)
