@@ -202,6 +202,7 @@ class TurnEnd(_Stored, EndBody):
     type: Literal["turn_end"]
     messageId: str | None
     repeated: NotRequired[bool]  # added by a reader answering an ended turn again
+    delegatedUsage: NotRequired[dict[str, int]]  # the usage of the turns its delegated calls ran
 
 
 class DelegateStart(_Stored):

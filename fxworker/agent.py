@@ -771,7 +771,7 @@ class Turn:
             repeated=bool(self.repeated),
             message_id=self.message_id,
             epoch=end.get("epoch") if end else None,
-            delegated_usage=self._delegated_usage,
+            delegated_usage=dict(end.get("delegatedUsage") or self._delegated_usage) if end else self._delegated_usage,
         )
 
 

@@ -32,6 +32,7 @@ from fxengine.approvals import check_decisions
 from fxengine.lines import LineType, PendingCall
 from fxengine.providers.credentials import mask_secret
 from fxengine.turn import Turn
+from fxengine.usage import add_usage
 
 from . import delegation, metrics, protocol, tracing
 from .deadline import Deadline
@@ -219,6 +220,7 @@ class TurnRun:
         self.engine_broken = False  # the engine could not end the turn: its state is suspect
         self.replied = False  # a delegated turn's answer went to its parent
         self.child_wakes: list[tuple[str, str]] = []  # children prompted before its pause, woken after it
+        self.delegated_usage: dict[str, int] = {}  # its `delegate_end` lines' usage, summed (its `turn_end` says it)
 
     def __repr__(self) -> str:
         return f"<TurnRun {self.turn_id} opened={self.opened} running={self.turn is not None}>"
@@ -378,6 +380,7 @@ class TurnRun:
             decided[call_id], taken[call_id] = decision, entry.message_id
             if (line := delegation.delegate_end(self.turn_id, body)) is not None:
                 self.writer.push(line)
+                self._count_delegated(line)
         return decided, taken, stale
 
     async def _run(self, *, cancel: bool = False) -> Outcome:
@@ -587,7 +590,15 @@ class TurnRun:
     def _end_line(self, stop_reason: str, usage: Mapping[str, int] | None,
                   error: Mapping[str, Any] | None) -> dict[str, Any]:
         """The turn's `turn_end` line: built here only, for the end record's call and for `end`."""
-        return dict(protocol.turn_end(self.turn_id, protocol.end_body(stop_reason, usage, error)))
+        line = protocol.turn_end(self.turn_id, protocol.end_body(stop_reason, usage, error))
+        if self.delegated_usage:
+            line["delegatedUsage"] = dict(self.delegated_usage)
+        return dict(line)
+
+    def _count_delegated(self, line: Mapping[str, Any]) -> None:
+        """Adds a `delegate_end` line's usage to the turn's (this resume read the earlier ones)."""
+        usage = line.get("usage")
+        self.delegated_usage = add_usage(self.delegated_usage, usage if isinstance(usage, Mapping) else None)
 
     async def _end_in_engine(self, stop_reason: str, error: Mapping[str, Any] | None) -> dict[str, int] | None:
         """Ends the turn the engine holds open (its end record); its usage, or None when no
@@ -626,8 +637,12 @@ class TurnRun:
                 return steps
             for line in lines:
                 cursor = int(line["cursor"])
-                if line.get("messageId") == self.turn_id and isinstance(line.get("step"), int):
+                if line.get("messageId") != self.turn_id:
+                    continue
+                if isinstance(line.get("step"), int):
                     steps.add(line["step"])
+                elif line.get("type") == "delegate_end":
+                    self._count_delegated(line)
 
     def _trace(self, traceparent: str | None, *, resumed: bool) -> trace.Span | None:
         """This delivery's part of the turn, in the trace of the request that sent its

@@ -232,7 +232,15 @@ class Work:
                 await turn.start_children()
                 await self.writer.flush()
                 return Outcome.PAUSED
+            waiting = turn.delegated_calls()
             outcome = await turn.resume(decisions)
+            if outcome == Outcome.ENDED:
+                # Ended with delegated calls still waiting (a cancel while it ran the others):
+                # their children's turns stop too.
+                answered = {d.input.get("callId") for d in decisions if isinstance(d.input, Mapping)}
+                left = [call for call in waiting if call.id not in answered]
+                if left:
+                    await delegation.cancel_children(turn.parent(), left)
             if outcome != Outcome.PAUSED or self.delivery.stopped or self.delivery.deadline.past_soft():
                 return outcome
 

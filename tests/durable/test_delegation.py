@@ -155,7 +155,12 @@ async def test_a_parent_delegates_two_calls_and_ends_with_both_answers(team: Tea
         child_lines = await stored_lines(team.billing, child.id)
         assert [line["type"] for line in child_lines if line["type"] in ("turn_start", "turn_end")] == [
             "turn_start", "turn_end"]
-    assert result.delegated_usage.get("inputTokens") == 22
+    assert result.delegated_usage == {"inputTokens": 22, "outputTokens": 8}  # both children's, one level
+    [end] = [line for line in lines if line["type"] == "turn_end"]
+    assert end["delegatedUsage"] == result.delegated_usage and end["usage"]["inputTokens"] == 12  # its own two steps
+    again = await asyncio.wait_for((await session.prompt("ask:charge:5|plain", message_id=turn.message_id)).result(),
+                                   TURN_S)
+    assert again.repeated and again.delegated_usage == result.delegated_usage
 
 
 async def test_cancel_of_the_parent_cancels_its_children(team: Team, model: ScriptedModel) -> None:
