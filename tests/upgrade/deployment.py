@@ -45,8 +45,8 @@ class Deployment:
         self.webs.append(web)
         return web.wait_ready()
 
-    def worker(self, tree: Tree) -> TreeWorker:
-        worker = TreeWorker(tree, redis_url=self.redis.url, prefix=self.prefix, env=self.env)
+    def worker(self, tree: Tree, *, queues: tuple[str, ...] = ("default",)) -> TreeWorker:
+        worker = TreeWorker(tree, redis_url=self.redis.url, prefix=self.prefix, env=self.env, queues=queues)
         self.workers.append(worker)
         return worker.start()
 

@@ -28,10 +28,12 @@ _names = itertools.count(1)
 
 
 class TreeWorker(CeleryWorker):
-    """A Celery worker of `tree` (`-Q fx.default`, the agents of `tests.chaos.agents`)."""
+    """A Celery worker of `tree` (`-Q fx.default` unless `queues` names others, the agents of
+    its environment's `FX_AGENTS`)."""
 
-    def __init__(self, tree: Tree, *, redis_url: str, prefix: str, env: dict[str, str], concurrency: int = 8) -> None:
-        super().__init__(redis_url=redis_url, prefix=prefix, queues=("default",), env=env, concurrency=concurrency,
+    def __init__(self, tree: Tree, *, redis_url: str, prefix: str, env: dict[str, str], concurrency: int = 8,
+                 queues: tuple[str, ...] = ("default",)) -> None:
+        super().__init__(redis_url=redis_url, prefix=prefix, queues=queues, env=env, concurrency=concurrency,
                          name=f"{tree.label}{next(_names)}")
         self.tree = tree
 
