@@ -305,7 +305,9 @@ function render(line) {
       // The turn parks until its calls are decided; it is not over (no turn_end yet).
       if (t.paused) t.paused.remove();
       const n = (line.pendingCalls || []).length;
-      t.paused = el("div", "paused", "waiting for a decision" + (n > 1 ? " on " + n + " calls" : ""));
+      const handed = [...t.body.querySelectorAll(".tool.waiting")].every((box) => box.dataset.delegate);
+      t.paused = el("div", "paused", (handed ? "waiting for the agents it handed the work to" : "waiting for a decision")
+        + (n > 1 ? " on " + n + " calls" : ""));
       t.body.appendChild(t.paused);
       if (!t.body.querySelector(".tool.waiting")) { t.paused.remove(); t.paused = null; } // decided already
       t.lastText = null;
@@ -323,6 +325,32 @@ function render(line) {
       t.body.appendChild(end);
       t.lastText = null;
       if (openTurn === line.messageId) setOpenTurn(null);
+      break;
+    }
+    case "delegate_start": {
+      // The call went to a turn of another agent, in a session of its own: a link opens it here.
+      const box = t.tools.get(line.callId) || t.body.appendChild(el("div", "tool"));
+      t.tools.set(line.callId, box);
+      box.dataset.delegate = line.sessionId;
+      const controls = box.querySelector(".decide"); // that agent's turn answers the call, not the page
+      if (controls) controls.remove();
+      const note = box.querySelector(".note");
+      if (note && !box.dataset.settled) note.textContent = "waiting for agent " + line.agent;
+      const row = el("div", "delegate", "→ " + line.agent + " (session ");
+      const link = el("a", null, line.sessionId);
+      link.href = "?session=" + encodeURIComponent(line.sessionId);
+      row.append(link, ")");
+      box.appendChild(row);
+      t.lastText = null;
+      break;
+    }
+    case "delegate_end": {
+      const box = t.tools.get(line.callId) || t.body;
+      const err = line.error ? " · " + (line.error.code || "") + " " + (line.error.message || "") : "";
+      const end = el("div", "delegate-end", "← " + line.agent + ": " + (STOP_LABELS[line.stopReason] || line.stopReason) + err);
+      end.dataset.stop = line.stopReason;
+      box.appendChild(end);
+      t.lastText = null;
       break;
     }
     case "session_error":
