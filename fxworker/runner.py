@@ -50,7 +50,9 @@ from .protocol import Outcome, RunResult, WorkerAgent
 from .runtime import StopSignal
 from .store import RedisStore
 from .store.persistence import LineWriter, retry_unavailable
-from .store.types import DELEGATED_LEVEL, LAYOUT_LEVEL, PARKED_LEVEL, Claim, Idle, Input, Newer, Released, Serving, Unserved
+from .store.types import (
+    DELEGATED_LEVEL, LAYOUT_LEVEL, PARKED_LEVEL, Claim, Idle, Input, Newer, Released, Serving, Unserved,
+)
 from .turns import MAX_CUTOFFS, MAX_DEATHS, STOPS, Closed, Stopped, TurnRun, Unsettled
 from .waiting import Waiting
 from .watch import InboxWatcher
