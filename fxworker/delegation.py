@@ -238,9 +238,10 @@ class Parent:
 
 
 async def start_children(parent: Parent, calls: Sequence[Call], writer: LineWriter | None, *,
-                         wake: bool = True) -> list[tuple[str, str]]:
+                         wake: bool = True, announce_all: bool = False) -> list[tuple[str, str]]:
     """Prompts the child of each call (idempotent) and pushes a `delegate_start` line for
-    each child this start created. With `wake`, wakes them; else returns the wakes to send
+    each child this start created (`announce_all`: for each child, as the lines ride with
+    the pause that stores the calls). With `wake`, wakes them; else returns the wakes to send
     (child, agent) once the parent's pause is stored: a child that ran first could answer
     before its parent waits on the call (the accept marked it ready and woken, so should the
     parent's worker die first, the sweeper wakes it)."""
@@ -277,7 +278,7 @@ async def start_children(parent: Parent, calls: Sequence[Call], writer: LineWrit
             traceparent=tracing.current_traceparent() if tracing.enabled() else None,
             needs=DELEGATED_LEVEL,  # a process of an older release would never answer the parent
         )
-        if not accepted.repeated and writer is not None:
+        if (announce_all or not accepted.repeated) and writer is not None:
             writer.push(dict(protocol.delegate_start(parent.turn_id, call_id=call.id, session_id=child,
                                                      agent=accepted.agent or call.tool.agent,
                                                      child_message_id=message_id, depth=depth)))

@@ -221,6 +221,7 @@ class TurnRun:
         self.replied = False  # a delegated turn's answer went to its parent
         self.child_wakes: list[tuple[str, str]] = []  # children prompted before its pause, woken after it
         self.delegated_usage: dict[str, int] = {}  # its `delegate_end` lines' usage, summed (its `turn_end` says it)
+        self.announce_all = False  # no `delegate_start` of its calls may be stored yet (`_children_before`)
 
     def __repr__(self) -> str:
         return f"<TurnRun {self.turn_id} opened={self.opened} running={self.turn is not None}>"
@@ -308,7 +309,8 @@ class TurnRun:
         turn resumes with `decisions` (inputs of kind `decision`, each for one of its calls)."""
         engine, claim = self.engine, self.delivery.claim
         assert engine is not None and claim.open_turn is not None
-        parked = bool(engine.pending_calls)
+        open_turn = engine.core.conversation.open
+        parked = open_turn is not None and open_turn.paused  # its pause was stored: not an interruption
         in_flight = engine.in_flight
         steps_seen = await self._steps_seen()
         recorded = engine.recorded_steps(self.turn_id)
@@ -325,6 +327,7 @@ class TurnRun:
         span = self._trace(turn_input.traceparent if turn_input is not None else None, resumed=True)
         if span is not None and decisions:
             span.set_attribute("fx.turn.decisions", len(decisions))
+        self.announce_all = not decisions
         decided, taken, stale = self._decisions(decisions)
         denied = [call for call in self.delegated_calls()
                   if isinstance(d := decided.get(call.id), Mapping) and d.get("type") == "deny"]
@@ -456,7 +459,12 @@ class TurnRun:
             return None
 
         async def start() -> None:
-            self.child_wakes = await delegation.start_children(self.parent(), calls, self.writer, wake=False)
+            # The `delegate_start` lines ride with the pause; a resume with no decision
+            # announces every child (a worker that died before storing the pause may have
+            # prompted them already: their starts are `repeated`), a resume whose decisions
+            # leave calls waiting only the new ones.
+            self.child_wakes = await delegation.start_children(self.parent(), calls, self.writer, wake=False,
+                                                               announce_all=self.announce_all)
         return start
 
     def _answer(self, stop_reason: str, error: Mapping[str, Any] | None,

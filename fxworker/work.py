@@ -226,6 +226,12 @@ class Work:
                 await turn.cancel_children()  # cancel travels down to the turns it delegated to
                 return await self._settled(turn.end("cancelled"))
             decisions = self.delivery.waiting.take_decisions()
+            open_turn = turn.engine.core.conversation.open if turn.engine is not None else None
+            if not decisions and open_turn is not None and not open_turn.paused:
+                # Its worker died after the calls that wait were held and before the pause was
+                # stored (a sibling call ran meanwhile): the resume settles the rest of that
+                # response and stores the pause (and prompts the children) then.
+                return await turn.resume()
             if not decisions:
                 # Its children were prompted before it parked; again here (a repeat is the
                 # store's `repeated`) for a pause stored by a worker that died right after.

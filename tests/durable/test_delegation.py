@@ -57,9 +57,12 @@ def responder(request: Any) -> Reply:
     system = _system(request)
     role, last = _last(request)
     if "triage" in system:
-        if role == "tool":
+        if role == "tool" or last.startswith("Resuming from"):  # the results (and a resume's notice)
             results = [m["content"] for m in request.body["messages"] if m.get("role") == "tool"]
             return Reply(text("answer: " + " + ".join(results)), usage(5, 3))
+        if last.startswith("both:"):  # both:<task>: a delegated call and a slow call of `file` in one response
+            return Reply(tool_call(f"call_{uuid.uuid4().hex[:8]}", "billing", {"input": last[5:]}),
+                         tool_call(f"call_{uuid.uuid4().hex[:8]}", "file", {}))
         if last.startswith("early:"):  # early:<hold>:<call id>:<task>: the call comes after a hold
             _, name, call_id, task = last.split(":", 3)
             return Reply(hold(name), tool_call(call_id, "billing", {"input": task}))
@@ -92,7 +95,8 @@ class Team:
 
 
 @contextmanager
-def make_team(model: ScriptedModel, url: str | None, *, keep: bool = False, **triage_options: Any) -> Iterator[Team]:
+def make_team(model: ScriptedModel, url: str | None, *, keep: bool = False, extra_tools: tuple[Tool, ...] = (),
+              **triage_options: Any) -> Iterator[Team]:
     """`triage` (whose `billing` tool delegates to agent `billing`) and `billing` (with a
     non-idempotent `charge`), on one store of their own, with two in-process workers."""
     prefix = f"fxe{uuid.uuid4().hex[:8]}"
@@ -109,7 +113,7 @@ def make_team(model: ScriptedModel, url: str | None, *, keep: bool = False, **tr
     billing = Agent("billing", instructions="You are billing.", tools=[
         Tool("charge", "Charges.", {"type": "object", "properties": {"amount": {"type": "integer"}}},
              idempotent=False, execute=charge)], **common)
-    triage = Agent("triage", instructions="You are triage.", tools=[billing.as_tool(keep=keep)], **common,
+    triage = Agent("triage", instructions="You are triage.", tools=[billing.as_tool(keep=keep), *extra_tools], **common,
                    **triage_options)
     embedded.start_embedded_workers(2)
     try:
@@ -413,4 +417,45 @@ async def _open(agent: Agent, session_id: str, turn_id: str | None) -> None:
         state = await agent.store.state(session_id)
         if state is not None and state.open_turn == turn_id and state.status == "running":
             return
+        await asyncio.sleep(0.02)
+
+
+async def test_a_parent_whose_worker_dies_before_its_pause_is_stored_parks_once_and_ends(
+        model: ScriptedModel) -> None:
+    """Order of calls: the response holds a delegated call (its wait recorded with the
+    response) and runs a slow sibling call; the worker dies during the sibling, before the
+    pause (and the children's prompts) were stored. The next worker resumes the turn, which
+    settles the sibling ("may have partly run": it is not idempotent), stores the pause,
+    prompts the child and announces it once; the child's answer ends the turn."""
+    started = asyncio.Event()
+    runs: list[str] = []
+
+    async def file(input: Any, ctx: ToolContext) -> str:
+        runs.append(ctx.execution_id)
+        if len(runs) == 1:
+            started.set()
+            await asyncio.sleep(60)  # cut short by the worker's death
+        return "filed"
+
+    slow = Tool("file", "Files the case.", {"type": "object", "properties": {}}, idempotent=False, execute=file)
+    with make_team(model, None, extra_tools=(slow,)) as team:
+        session = team.triage.session()
+        turn = await session.prompt("both:plain")
+        await asyncio.wait_for(_set_in_any_loop(started), TURN_S)
+        embedded.stop_embedded_workers()  # the worker dies: nothing more is written by it
+        starts, _ = await delegations(team.triage, session.id)
+        assert starts == [] and (await team.triage.store.state(session.id)).paused_calls == ()  # type: ignore[union-attr]
+        embedded.start_embedded_workers(2)
+        result = await asyncio.wait_for(turn.result(), TURN_S + 10)
+        assert result.stop_reason == "end_turn"
+        starts, ends = await delegations(team.triage, session.id)
+        assert len(starts) == 1 and len(ends) == 1 and ends[0]["stopReason"] == "end_turn"
+        assert len(runs) == 1  # the sibling was not run again
+        child_lines = await stored_lines(team.billing, starts[0]["sessionId"])
+        assert [line["type"] for line in child_lines].count("turn_start") == 1
+
+
+async def _set_in_any_loop(event: asyncio.Event) -> None:
+    """Waits for `event`, set by a tool on a worker's loop (another thread's): polled."""
+    while not event.is_set():
         await asyncio.sleep(0.02)
