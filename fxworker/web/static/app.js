@@ -11,6 +11,9 @@ const $ = (id) => document.getElementById(id);
 const ROOT = location.pathname.replace(/\/[^/]*$/, "");
 const params = new URLSearchParams(location.search);
 let sessionId = params.get("session");
+// The agent of a new session (`?agent=<name>`): a server that runs several agents and none
+// called `default` refuses a new session that names none (FX_UNKNOWN_AGENT).
+const agentName = params.get("agent");
 let cursor = 0;
 let lines = [];
 let controller = null;
@@ -33,16 +36,19 @@ const STOP_LABELS = {
 };
 
 // While a turn runs, the form steers it and Stop cancels it. A parked turn (it waits for a
-// decision on a tool call) is still open: Stop ends it, and what is typed waits behind it.
+// decision on a tool call, or `parked` "handed": only for the agents its calls went to) is
+// still open: Stop ends it, and what is typed waits behind it.
 function setOpenTurn(messageId, parked) {
   openTurn = messageId;
   $("stop").hidden = !messageId;
   $("send").textContent = messageId ? "Steer" : "Send";
   $("prompt").placeholder = !messageId
     ? "Ask the agent… (try: look up the weather in Lisbon, slowly — or: send a note to Ana)"
-    : parked
-      ? "The answer waits for a decision above… (what you send now waits for it)"
-      : "Steer the running answer… (it joins at the next step)";
+    : parked === "handed"
+      ? "The answer waits for the agents it handed the work to… (what you send now waits for it)"
+      : parked
+        ? "The answer waits for a decision above… (what you send now waits for it)"
+        : "Steer the running answer… (it joins at the next step)";
 }
 function newMessageId() { return "web_" + Date.now().toString(36) + Math.random().toString(36).slice(2, 8); }
 function sessionPath() { return ROOT + "/v1/sessions/" + encodeURIComponent(sessionId); }
@@ -305,13 +311,14 @@ function render(line) {
       // The turn parks until its calls are decided; it is not over (no turn_end yet).
       if (t.paused) t.paused.remove();
       const n = (line.pendingCalls || []).length;
-      const handed = [...t.body.querySelectorAll(".tool.waiting")].every((box) => box.dataset.delegate);
+      const waiting = [...t.body.querySelectorAll(".tool.waiting")];
+      const handed = waiting.length > 0 && waiting.every((box) => box.dataset.delegate);
       t.paused = el("div", "paused", (handed ? "waiting for the agents it handed the work to" : "waiting for a decision")
         + (n > 1 ? " on " + n + " calls" : ""));
       t.body.appendChild(t.paused);
       if (!t.body.querySelector(".tool.waiting")) { t.paused.remove(); t.paused = null; } // decided already
       t.lastText = null;
-      setOpenTurn(line.messageId, true);
+      setOpenTurn(line.messageId, handed ? "handed" : true);
       break;
     }
     case "turn_end": {
@@ -536,7 +543,7 @@ async function send(text) {
   const response = await fetch(path, {
     method: "POST",
     headers: headers({ "Content-Type": "application/json" }),
-    body: JSON.stringify({ input: text, messageId: newMessageId() }),
+    body: JSON.stringify(Object.assign({ input: text, messageId: newMessageId() }, !base && agentName ? { agent: agentName } : {})),
   });
   if (response.status === 401) { askToken(); return false; }
   const body = await response.json();
@@ -570,7 +577,9 @@ $("save-token").addEventListener("click", () => {
   $("token-row").classList.remove("shown");
   if (sessionId) follow();
 });
-$("new-session").addEventListener("click", () => { location.href = location.pathname; });
+$("new-session").addEventListener("click", () => {
+  location.href = location.pathname + (agentName ? "?agent=" + encodeURIComponent(agentName) : "");
+});
 $("show-timeline").addEventListener("click", toggleTimeline);
 $("stop").addEventListener("click", async () => {
   if (!sessionId) return;
