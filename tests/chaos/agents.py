@@ -10,6 +10,10 @@ The chaos run adds two more of the same kind: `late`, which every worker runs bu
 queue (`fx.late`) none consumes (the run's valve forwards its wakes, `tests.chaos.wakes`),
 and `ghost`, declared only where `FX_TEST_GHOST_AGENT=1` (the web process): no worker runs
 it, so its sessions wait for none and end `FX_NO_AGENT`.
+
+`default` also has the delegating tool `delegate` (`tests.chaos.tooling.delegate`): its
+calls prompt turns of `default` itself, each in a child session, on the same workers and
+queue as the drivers' sessions (a `delegate:<tag>` prompt, `tests.chaos.workload`).
 """
 
 from __future__ import annotations
@@ -17,13 +21,15 @@ from __future__ import annotations
 import os
 
 from fxworker import Agent
-from tests.chaos.tooling import provider, record_event, tools
+from tests.chaos.tooling import delegate, provider, record_event, tools
 
 API_KEY = os.environ.get("FX_TEST_API_KEY", "test-key")
 
 
 def _agent(name: str) -> Agent:
-    return Agent(name, model="scripted", provider=provider(), tools=tools(), api_key=API_KEY, on_event=record_event)
+    extra = [delegate()] if name == "default" else []
+    return Agent(name, model="scripted", provider=provider(), tools=[*tools(), *extra], api_key=API_KEY,
+                 on_event=record_event)
 
 
 AGENTS = {name: _agent(name) for name in ("default", "late")}

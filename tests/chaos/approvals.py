@@ -3,7 +3,8 @@
 A `refund:<tag>` prompt (`tests.chaos.workload`) makes one or two calls of the tool
 `refund` (`approval=True`): its turn parks, with an `approval_request` line per call, then
 a `turn_pause` line naming the calls it waits on (stored with the pause itself: from then
-on the store takes decisions for them). The `Approver` reads the `turn_pause` lines from
+on the store takes decisions for them; a `delegate` call's, of kind `external`, is its child
+turn's to answer, and the approver leaves it alone). The `Approver` reads the `turn_pause` lines from
 the sessions' readers (every stored line reaches one) and answers each call once over HTTP (`POST /v1/sessions/{id}/calls/{call_id}`) after a random
 pause (`DELAY_S`, so the answers land at any moment of the nemesis's schedule: during a
 kill, a SIGSTOP, a store restart), in one of the `MODES`, drawn from the seed:
@@ -87,6 +88,8 @@ class Approver:
                     if line.get("type") != "turn_pause":
                         continue
                     for call in line.get("pendingCalls") or []:
+                        if call.get("kind") != "approval":
+                            continue  # a delegated call: its child's turn answers it, not a person
                         if call.get("id") not in self._seen:
                             self._seen.add(call["id"])
                             self._answer(session_id, {"id": call["id"], "messageId": line.get("messageId")})

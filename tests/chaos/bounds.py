@@ -27,6 +27,11 @@ part of the fault.
   `approval_decision`, the approved call's `tool_start` and `tool_end` (a denial: its
   `tool_end`), and the `turn_pause` of a turn that parks again on its other call (the
   prompt counted its `approval_request` lines and first `turn_pause` within its 17);
+- a child's answer to a delegated call (`delegate:<tag>`) counts as a decision: its
+  `turn_resume`, `delegate_end`, `approval_decision`, `tool_end`, and a `turn_pause` on the
+  other call (the prompt counted its `tool_start`, `approval_request`, `delegate_start` lines
+  and first `turn_pause`); the delegated calls of a session (its `delegate_start` and
+  `delegate_end` call ids) are counted as its decisions, here and in the epochs;
 - a yield 3: `turn_yield`, the next delivery's `turn_resume`, a cut-off call's rerun `tool_start`;
 - a fault 6: a `turn_resume`, the lines of a step it retracted and redid (a reply's two
   `text_delta`, a call's `tool_start` and `tool_end`), a `session_error`;
@@ -34,7 +39,7 @@ part of the fault.
 
 **Epochs** (`bound: ... epoch`): a session's epoch (meta `epoch`: every claim bumps it,
 whether or not it stores a line) is at most `P + S + C + D + Y + 3 F + 2` (D: decisions
-accepted, each an input that wakes the parked turn). Each input sends one
+accepted and delegated calls, each answer an input that wakes the parked turn). Each input sends one
 wake, and each yield requeues one; a claim that runs nothing is `idle` and bumps nothing
 (`claim.lua`), so a claim needs work that an input or a yield brought, and a release that
 finds an input waiting wakes the claim that runs it instead of the input's own wake (which
@@ -77,7 +82,7 @@ if TYPE_CHECKING:
     from tests.chaos.checker import Observation
 
 # The kinds of caller action (`tests.chaos.callers.KINDS`).
-CALLER_KINDS = ("cancel_early", "storm", "ghost")
+CALLER_KINDS = ("cancel_early", "storm", "ghost", "cancel_parked")
 # The faults that can touch a session's deliveries (`tests.chaos.nemesis`).
 TOUCHING = frozenset({"kill", "stop", "term", "redis", "clients", "squeeze", "stall", "primary"})
 FAULT_SPAN_S = 5.0  # the longest a fault lasts after it is recorded (a squeeze, a SIGSTOP past the lease)
@@ -101,6 +106,9 @@ def _inputs(obs: Observation) -> dict[str, Counter[str]]:
     accepted = {(d["session"], d["messageId"]) for d in obs.decisions if d.get("status") == 202}
     for session_id, _ in accepted:
         inputs[session_id]["decision"] += 1
+    for session_id, lines in obs.streams.items():  # a child's answer is a decision of its own
+        inputs[session_id]["decision"] += len({ln["callId"] for ln in lines
+                                               if ln["type"] in ("delegate_start", "delegate_end")})
     return inputs
 
 

@@ -11,6 +11,11 @@ Every few seconds (`GAP_S`, drawn from the seed) one of:
 - `storm`: a burst of `STORM_SIZE` steers and cancels, in a seeded order, that one driver
   sends back to back at its next step (`tests.chaos.workload.Storms`), against the turn it
   runs and the prompts waiting behind it;
+- `cancel_parked`: a `delegate:<tag>` prompt on a new `default` session (its turn parks
+  until its child sessions' turns answer, `tests.chaos.workload`), cancelled once its
+  state reads `paused` (or after `PARK_WAIT_S`): the cancel travels down to the children,
+  whose turns must end all the same (the checker's `delegation:` rules). Recorded
+  (`caller`) with the status read when the cancel was sent;
 - `ghost`: a session of the agent `ghost`, which the web process knows and no worker runs:
   a prompt, a steer and a second prompt. A watcher reads its state (`GET
   /v1/sessions/{id}`) every `GHOST_POLL_S` until it is no longer `waiting` (or
@@ -37,11 +42,13 @@ from tests.chaos.system import NO_AGENT_GIVE_UP_S
 from tests.chaos.wakes import Valve
 from tests.chaos.workload import Driver, SessionDriver
 
-KINDS = ("cancel_early", "storm", "ghost")
-WEIGHTS = {"cancel_early": 2, "storm": 3, "ghost": 1}
+KINDS = ("cancel_early", "storm", "ghost", "cancel_parked")
+WEIGHTS = {"cancel_early": 2, "storm": 3, "ghost": 1, "cancel_parked": 1}
 GAP_S = (1.5, 4.0)
 STORM_SIZE = (3, 8)
 GHOST_POLL_S = 0.25
+PARK_WAIT_S = 8.0  # cancel_parked: how long to wait for the delegating turn to park
+PARK_POLL_S = 0.1
 # How long past the give-up a ghost session's inputs may take to end: the next sweep or
 # wake after the give-up ends them (the sweep is 0.5 s; a store fault may delay it).
 GHOST_SLACK_S = 20.0
@@ -133,6 +140,28 @@ class Callers:
         driver = self.rng.choice(self.drivers)
         driver.storms.ask(kinds)
         self.history.record("caller", action="storm", driver=driver.index, kinds=kinds)
+
+    def act_cancel_parked(self) -> None:
+        session = self._session("d", "default")
+        message_id = f"m-{self.seed}-{session.tag}.0"
+        status = None
+        with httpx.Client(base_url=self.base_url, timeout=10.0) as http:
+            try:
+                if not session.send(http, "prompt", f"delegate:{session.tag}.0", message_id):
+                    return
+                deadline = time.monotonic() + PARK_WAIT_S
+                while time.monotonic() < deadline:
+                    status = session.state(http).get("status")
+                    if status == "paused":
+                        break
+                    time.sleep(PARK_POLL_S)
+                if not session.cancel(http):
+                    return
+            finally:
+                if session.reader is not None:
+                    session.reader.retire({message_id})
+        self.history.record("caller", action="cancel_parked", session=session.session_id, messageId=message_id,
+                            status=status)
 
     def act_ghost(self) -> None:
         started = time.monotonic()

@@ -35,6 +35,16 @@ refused 409 `FX_DECISION_REPEATED`, or `FX_DECISION_UNKNOWN_CALL` once its turn 
 one exactly unless the turn ended first (a cancel: `cancelled`); every turn that took a
 decision ended exactly once.
 
+Delegated turns (`delegation:`, docs/design.md §6 "Delegated turns"; `delegate:<tag>`
+prompts, `tests.chaos.workload`): the child sessions are found from their parents' stored
+lines (`turn_pause` calls of `delegate`, `delegate_start`, `delegate_end`) and read once the
+drain ended (`Observation.children`). Per call: one `delegate_start`; one `delegate_end`
+unless its parent turn ended `cancelled` or `error`; one child turn (`turn_start` and
+`turn_end` of the call's child message id) whose stop reason the `delegate_end` gives; no
+parent turn left open once all its children ended; and each child's stream in epoch order,
+one turn at a time, cursors without a gap. A child's effects are §11.2's and §11.3's
+(their starts are recorded with every other).
+
 Bounds on work without progress (`bound:`, `tests.chaos.bounds`, where the constants are
 explained): per session, its stored lines, its epoch (claims) and its yields against its
 inputs, yields and the faults of its window; per turn, the calls it started; at most one wake of a session queued in the
@@ -93,6 +103,7 @@ class Observation:
     wakes: list[dict[str, Any]] = field(default_factory=list)  # samples of the queued wakes (tests.chaos.wakes)
     drained_t: float | None = None  # when the drain ended
     decisions: list[dict[str, Any]] = field(default_factory=list)  # decisions sent and their answers (approvals.py)
+    children: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # child session id -> its stored lines
 
 
 @dataclass
@@ -110,7 +121,7 @@ def check(obs: Observation) -> Verdict:
     figures: dict[str, Any] = {}
     for rule in (lost_inputs, duplicated_effects, intents, stale_lines, turn_order, cutoffs, readers, credentials,
                  worker_exits, dead_letters, progress, turn_calls, queued_wakes, no_worker, caller_actions,
-                 approvals):
+                 approvals, delegations):
         figures.update(rule(obs, violations))
     figures.update(counts(obs))
     return Verdict(figures, violations)
@@ -210,7 +221,7 @@ def approvals(obs: Observation, violations: list[str]) -> dict[str, Any]:
     asked: dict[str, tuple[str, str]] = {}  # call id -> (session, turn)
     for session_id, lines in obs.streams.items():
         for ln in lines:
-            if ln["type"] == "approval_request":
+            if ln["type"] == "approval_request" and ln.get("kind", "approval") == "approval":
                 asked.setdefault(ln["id"], (session_id, str(ln.get("messageId"))))
     ends: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for session_id, lines in obs.streams.items():
@@ -284,6 +295,171 @@ def approvals(obs: Observation, violations: list[str]) -> dict[str, Any]:
         "decision_modes": {k[5:]: v for k, v in figures.items() if k.startswith("mode_")},
         "decisions_near_faults": sum(1 for d in obs.decisions
                                      if any(0 <= float(d.get("sent_t", -99)) - k <= NEAR_FAULT_S for k in kills)),
+    }
+
+
+# ----------------------------------------------------------------------------- delegated turns
+
+OPEN_PARENT_ENDS = ("cancelled", "error")  # a parent turn ended so may leave a delegated call unanswered
+
+
+@dataclass
+class Delegated:
+    """One call of the delegating tool, as its parent's stored lines name it."""
+
+    parent: str
+    turn: str
+    call: str
+    child: str | None = None
+    child_message_id: str | None = None
+    starts: list[dict[str, Any]] = field(default_factory=list)  # its `delegate_start` lines
+    ends: list[dict[str, Any]] = field(default_factory=list)  # its `delegate_end` lines
+    paused: bool = False  # a stored `turn_pause` names it
+
+
+def delegated_calls(session_id: str, lines: Iterable[dict[str, Any]]) -> dict[str, Delegated]:
+    """Call id -> the delegated call of a session's turns: from its `turn_pause` lines (the
+    child's ids derive from the call's execution id, as `fxworker.delegation` derives them)
+    and its `delegate_start` / `delegate_end` lines."""
+    from fxworker.delegation import child_message_id, child_session_id
+    from tests.chaos.tooling import DELEGATE_TOOL, delegate
+
+    tool = delegate()
+    calls: dict[str, Delegated] = {}
+
+    def of(line: dict[str, Any], call_id: str) -> Delegated:
+        return calls.setdefault(call_id, Delegated(session_id, str(line.get("messageId")), call_id))
+
+    for line in lines:
+        kind = line["type"]
+        if kind == "turn_pause":
+            for pending in line.get("pendingCalls") or []:
+                if pending.get("name") != DELEGATE_TOOL or pending.get("kind") != "external":
+                    continue
+                d = of(line, pending["id"])
+                d.paused = True
+                d.child = d.child or child_session_id(session_id, tool, pending["executionId"])
+                d.child_message_id = d.child_message_id or child_message_id(pending["executionId"])
+        elif kind == "delegate_start":
+            d = of(line, line["callId"])
+            d.starts.append(line)
+            d.child = d.child or line.get("sessionId")
+            d.child_message_id = d.child_message_id or line.get("childMessageId")
+        elif kind == "delegate_end":
+            d = of(line, line["callId"])
+            d.ends.append(line)
+            d.child = d.child or line.get("sessionId")
+    return calls
+
+
+def children_of(streams: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
+    """Child session id -> its turn's message id, of every delegated call `streams` name."""
+    return {d.child: d.child_message_id or "" for session_id, lines in streams.items()
+            for d in delegated_calls(session_id, lines).values() if d.child}
+
+
+def delegations(obs: Observation, violations: list[str]) -> dict[str, Any]:
+    """Delegated turns (`delegation:`): for each call of `delegate` a parent turn made, one
+    `delegate_start`, and one `delegate_end` unless the parent turn ended `cancelled` or
+    `error` (or never ended, which is a violation when all its children ended); its child
+    session holds one turn for the call's child message id (a `turn_start`, unless it was
+    refused unstarted, and one `turn_end`), whose stop reason the `delegate_end` gives;
+    the child's stored lines keep their epochs in order and one turn at a time. A child's
+    non-idempotent effects are §11.2's (their starts are recorded with the others)."""
+    streams = {**obs.streams, **obs.children}
+    figures: Counter[str] = Counter()
+    child_ends: Counter[str] = Counter()
+    answers: Counter[str] = Counter()
+    parents: Counter[str] = Counter()
+    open_turns: dict[tuple[str, str], list[Delegated]] = defaultdict(list)
+    for session_id, lines in sorted(streams.items()):
+        ends: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for ln in lines:
+            if ln["type"] == "turn_end" and not ln.get("repeated"):
+                ends[str(ln.get("messageId"))].append(ln)
+        calls = delegated_calls(session_id, lines)
+        for turn in sorted({d.turn for d in calls.values()}):
+            parents[ends[turn][0].get("stopReason") if ends.get(turn) else "open"] += 1
+        for call_id, d in sorted(calls.items()):
+            figures["calls"] += 1
+            where = f"call {call_id} of turn {d.turn} of {session_id} (child {d.child})"
+            parent_end = ends.get(d.turn, [])
+            parent_stop = parent_end[0].get("stopReason") if parent_end else None
+            if len(d.starts) != 1:
+                violations.append(f"delegation: {where} has {len(d.starts)} delegate_start lines, not 1"
+                                  f"{' (its turn_pause is stored)' if d.paused else ''}")
+            if len(d.ends) > 1 or (not d.ends and parent_end and parent_stop not in OPEN_PARENT_ENDS):
+                violations.append(f"delegation: {where} has {len(d.ends)} delegate_end lines, not 1 "
+                                  f"(its turn ended {parent_stop})")
+            if not parent_end:
+                open_turns[(session_id, d.turn)].append(d)
+            for start in d.starts:
+                if start.get("agent") != "default" or start.get("sessionId") != d.child:
+                    violations.append(f"delegation: {where}: delegate_start names agent {start.get('agent')} "
+                                      f"session {start.get('sessionId')}")
+            if d.child is None:
+                continue
+            child_lines = obs.children.get(d.child)
+            if not child_lines:
+                violations.append(f"delegation: {where}: the child session stores no line")
+                continue
+            mid = d.child_message_id
+            starts = [ln for ln in child_lines if ln["type"] == "turn_start" and ln.get("messageId") == mid]
+            cends = [ln for ln in child_lines
+                     if ln["type"] == "turn_end" and ln.get("messageId") == mid and not ln.get("repeated")]
+            child_stop = cends[0].get("stopReason") if cends else None
+            if len(cends) != 1:
+                violations.append(f"delegation: {where}: the child's turn {mid} ended {len(cends)} times")
+            if len(starts) > 1 or (not starts and child_stop != "error"):
+                violations.append(f"delegation: {where}: the child's turn {mid} has {len(starts)} turn_start "
+                                  f"lines (it ended {child_stop})")
+            for end in d.ends:
+                answers[str(end.get("stopReason"))] += 1
+                if end.get("sessionId") != d.child:
+                    violations.append(f"delegation: {where}: delegate_end names session {end.get('sessionId')}")
+                if cends and end.get("stopReason") != child_stop:
+                    violations.append(f"delegation: {where}: delegate_end says {end.get('stopReason')}, "
+                                      f"the child's turn_end {child_stop}")
+            child_ends[str(child_stop) if cends else "open"] += 1
+    for (session_id, turn), calls_ in sorted(open_turns.items()):
+        ended = [d for d in calls_ if d.child and any(
+            ln["type"] == "turn_end" and ln.get("messageId") == d.child_message_id
+            for ln in obs.children.get(d.child, []))]
+        if len(ended) == len(calls_):
+            violations.append(f"delegation: turn {turn} of {session_id} is still open after the drain though "
+                              f"its {len(calls_)} children ended ({[d.child for d in calls_]})")
+    for child, lines in sorted(obs.children.items()):
+        head = 0
+        for line in lines:
+            if line["epoch"] < head:
+                violations.append(f"delegation: child {child} stores a line of epoch {line['epoch']} after "
+                                  f"epoch {head}: cursor {line['cursor']} {line['type']}")
+            head = max(head, line["epoch"])
+        if [ln["cursor"] for ln in lines] != list(range(1, len(lines) + 1)):
+            violations.append(f"delegation: child {child}: stored cursors are not 1..{len(lines)} in order")
+        violations.extend(f"delegation: child {child}: {p}" for p in _turns(lines)[1])
+    child_runs = [r for r in obs.runs if str(r.get("x", "")).split(":", 1)[0] in obs.children]
+    cancelled: Counter[str] = Counter()  # the `cancel_parked` callers' turns and their children, by how they ended
+    for op in obs.callers:
+        if op["kind"] != "caller" or op.get("action") != "cancel_parked":
+            continue
+        lines = obs.streams.get(op["session"], [])
+        end = next((ln for ln in lines if ln["type"] == "turn_end" and ln.get("messageId") == op["messageId"]), None)
+        cancelled[f"{op.get('status')} -> {end.get('stopReason') if end else 'open'}"] += 1
+        for d in delegated_calls(op["session"], lines).values():
+            child_end = next((ln for ln in obs.children.get(d.child or "", [])
+                              if ln["type"] == "turn_end" and ln.get("messageId") == d.child_message_id), None)
+            cancelled[f"child {child_end.get('stopReason') if child_end else 'open'}"] += 1
+    return {
+        "cancels_of_delegating_turns": dict(cancelled),
+        "delegated_calls": figures["calls"],
+        "delegate_starts": sum(1 for lines in streams.values() for ln in lines if ln["type"] == "delegate_start"),
+        "delegate_answers": dict(answers),
+        "delegating_turns": dict(parents),
+        "child_sessions": len(obs.children),
+        "children_ended": dict(child_ends),
+        "child_effect_calls": len({r["x"] for r in child_runs if r.get("tool") == "effect"}),
+        "child_probe_calls": len({r["x"] for r in child_runs if r.get("tool") == "probe"}),
     }
 
 

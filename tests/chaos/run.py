@@ -7,7 +7,8 @@ callers (`tests.chaos.callers`; not with `--no-callers`) for `--duration` second
 deciders of parked calls (`tests.chaos.approvals`) until the drain ends, with the
 wake queues sampled and the `late` agent's wakes let through a valve (`tests.chaos.wakes`),
 stops the faults, lets every acknowledged input run to its end (at most `--drain` seconds;
-a `ghost` session's until its give-up has had time), has every reader read to the end of its stream, then reads the
+a `ghost` session's until its give-up has had time), and every child session's turn (the
+delegated calls of `delegate:<tag>` prompts, found in their parents' lines), has every reader read to the end of its stream, then reads the
 store and checks the history (`tests.chaos.checker`). Prints a table of figures, writes
 `<--out>/chaos-<seed>.json` (figures, violations, settings), the history as JSON lines and
 what the store held (`.store.json`: streams, tool starts, worker diagnostics) beside it,
@@ -45,7 +46,7 @@ from typing import Any
 from fxworker.keys import queue_name, session_keys
 from tests.chaos.approvals import Approver
 from tests.chaos.callers import Callers
-from tests.chaos.checker import Observation, Verdict, check, fault_kinds
+from tests.chaos.checker import Observation, Verdict, check, children_of, fault_kinds
 from tests.chaos.history import History
 from tests.chaos.nemesis import CLUSTER_KINDS, KINDS, Nemesis
 from tests.chaos.system import System
@@ -192,13 +193,41 @@ def _sessions(drivers: list[Driver]) -> list[SessionDriver]:
 
 
 def drain(system: System, drivers: list[SessionDriver], timeout_s: float) -> bool:
-    """Waits until every acknowledged prompt of every session has its `turn_end` stored."""
+    """Waits until every acknowledged prompt of every session has its `turn_end` stored, and
+    the turn of every child session their delegated calls started (`children`) too: a
+    parent whose child still runs has not ended, and a child of a cancelled parent may
+    end after it."""
     deadline = time.monotonic() + timeout_s
+    ended: set[str] = set()  # child sessions seen ended (a child has one turn)
     while time.monotonic() < deadline:
-        if all(_finished(system, d) for d in drivers):
+        if all(_finished(system, d) for d in drivers) and _children_finished(system, drivers, ended):
             return True
         time.sleep(DRAIN_POLL_S)
     return False
+
+
+def children(system: System, session_ids: list[str]) -> dict[str, str]:
+    """Child session id -> its turn's message id, of every delegated call the sessions'
+    stored lines name, and their children's, and so on."""
+    found: dict[str, str] = {}
+    parents = list(session_ids)
+    while parents:
+        named = children_of({s: system.lines(s) for s in parents})
+        parents = [c for c in named if c not in found]
+        found.update(named)
+    return found
+
+
+def _children_finished(system: System, drivers: list[SessionDriver], ended: set[str]) -> bool:
+    for child, message_id in children(system, [d.session_id for d in drivers if d.session_id]).items():
+        if child in ended:
+            continue
+        if not any(ln["type"] == "turn_end" and ln.get("messageId") == message_id for ln in system.lines(child)):
+            return False
+        if system.retrying(lambda r, c=child: r.zcard(_pending_key(system, c))) != 0:
+            return False
+        ended.add(child)
+    return True
 
 
 def _finished(system: System, driver: SessionDriver) -> bool:
@@ -256,6 +285,7 @@ def observe(system: System, drivers: list[SessionDriver], history: History, seed
         wakes=history.of("wakes", "wakes_final"),
         drained_t=next((op["t"] for op in history.of("drained")), None),
         decisions=history.of("decision"),
+        children={c: system.lines(c) for c in children(system, sessions)},
     )
 
 
@@ -366,6 +396,16 @@ def table(verdict: Verdict, seed: int, elapsed_s: float, *, cluster: bool = Fals
         ("decisions sent within 2 s of a kill / stop / term", f["decisions_near_faults"]),
         ("parked turns decided / ended undecided (cancelled)",
          f"{f['parked_turns_decided']} / {f['parked_turns_ended_undecided']}"),
+        ("delegated calls: delegate_start / answers by stop reason",
+         f"{f['delegated_calls']}: {f['delegate_starts']} / "
+         f"{', '.join(f'{k} {v}' for k, v in sorted(f['delegate_answers'].items())) or '-'}"),
+        ("delegating turns ended by stop reason",
+         ", ".join(f"{k} {v}" for k, v in sorted(f["delegating_turns"].items())) or "-"),
+        ("child sessions: ended by stop reason",
+         f"{f['child_sessions']}: {', '.join(f'{k} {v}' for k, v in sorted(f['children_ended'].items())) or '-'}"),
+        ("child effect calls / probe calls", f"{f['child_effect_calls']} / {f['child_probe_calls']}"),
+        ("delegating turns cancelled (status when sent -> end; children)",
+         ", ".join(f"{k} {v}" for k, v in sorted(f["cancels_of_delegating_turns"].items())) or "-"),
         ("inputs ended twice", f["ended_twice"]),
         ("epochs (highest share of a session's bound)", f"{f['epochs']} ({f['epoch_of_bound_max']:.2f})"),
         ("lines / epoch / yield bounds exceeded", f["bounds_exceeded"]),
@@ -397,7 +437,7 @@ def write_results(args: argparse.Namespace, seed: int, verdict: Verdict, obs: Ob
     }
     path.write_text(json.dumps(body, indent=2, default=str) + "\n")
     history.write_jsonl(path.with_suffix(".history.jsonl"))
-    store = {"streams": obs.streams, "runs": obs.runs, "events": obs.events, "dead_letters": obs.dead_letters,
+    store = {"streams": obs.streams, "children": obs.children, "runs": obs.runs, "events": obs.events, "dead_letters": obs.dead_letters,
              "queued": obs.queued, "epochs": obs.epochs, "ended_at": obs.ended_at}
     path.with_suffix(".store.json").write_text(json.dumps(store, default=str) + "\n")
     return path

@@ -4,7 +4,7 @@ A short seeded schedule passes with every kind of fault applied at least once (a
 Redis Cluster store, where the nemesis kills primaries), and the same harness fails, naming §11.2 and the seed, when the workers run with the test-only
 switch that starts each non-idempotent call twice (the checker is shown to catch a fault).
 The checker's rules are also run on small hand-made histories (the rules of parked calls
-and their decisions among them), and the nemesis's poison
+and their decisions, and of delegated turns, among them), and the nemesis's poison
 messages and model stalls are checked to be what they claim.
 """
 
@@ -52,6 +52,7 @@ def test_a_short_seeded_schedule_applies_every_fault_and_passes(tmp_path: Path) 
     assert figures["effect_calls"] > 0 and figures["reader_lines"] == figures["lines"]
     assert figures["worker_exits"] == 0 and figures["poison_messages"] == len(poison.KINDS) * figures["faults"]["poison"]
     assert figures["refund_calls_decided"] > 0 and figures["decisions_refused"], figures
+    assert figures["delegated_calls"] > 0 and figures["child_sessions"] > 0, figures
     assert "chaos: passed (seed 11)" in proc.stdout
 
 
@@ -205,7 +206,8 @@ def _ghost(*, no_worker: bool, code: str = "FX_NO_AGENT", stop: str = "error") -
 
 def test_a_session_of_the_agent_no_worker_runs_shows_no_worker_and_ends_fx_no_agent() -> None:
     assert check(_ghost(no_worker=True)).violations == [
-        "run: the caller action cancel_early never happened", "run: the caller action storm never happened"]
+        "run: the caller action cancel_early never happened", "run: the caller action storm never happened",
+        "run: the caller action cancel_parked never happened"]
     ghost_rules = [v for v in check(_ghost(no_worker=False)).violations if not v.startswith("run:")]
     assert ghost_rules == ["§7 s (agent ghost, no worker runs it) never showed noWorker while it waited "
                            "(states read: {'waiting': 30, 'idle': 1})"]
@@ -223,7 +225,8 @@ def _callers(*, before_claim: bool, stop: str = "cancelled", stormed: bool = Tru
                {"kind": "cancel", "session": "s"},
                {"kind": "caller", "action": "storm", "driver": 0, "kinds": ["steer", "cancel"]},
                {"kind": "caller", "action": "ghost", "session": "g"},
-               {"kind": "ghost", "session": "g", "no_worker": {"agent": "ghost"}}]
+               {"kind": "ghost", "session": "g", "no_worker": {"agent": "ghost"}},
+               {"kind": "caller", "action": "cancel_parked", "session": "d", "messageId": "a", "status": "paused"}]
     if stormed:
         callers.append({"kind": "storm", "session": "t", "kinds": ["steer", "cancel"]})
     return _observation(lines, callers=callers)
@@ -416,3 +419,60 @@ def test_each_broken_decision_rule_fails() -> None:
         assert violations and any(v.startswith("approval:") for v in violations), (name, violations)
     assert check(_parked(cancelled, decisions=[_decision("approve", "m1", 409, "FX_DECISION_UNKNOWN_CALL")],
                          epochs={"s": 1})).violations == []
+
+
+# ----------------------------------------------------------------------------- delegated turns
+
+CHILD = "sess_CHILD"
+
+
+def _delegating(parent_stop: str = "end_turn", *, start: bool = True, end: str | None = "end_turn") -> list[dict]:
+    lines = [_line(1, "turn_start", messageId="a"),
+             {**_line(2, "approval_request", id="c1", name="delegate", messageId="a"), "kind": "external"},
+             _line(3, "turn_pause", messageId="a")]
+    if start:
+        lines.append(_line(4, "delegate_start", callId="c1", sessionId=CHILD, agent="default",
+                           childMessageId="dlg_1", depth=1, messageId="a"))
+    if end is not None:
+        lines += [_line(len(lines) + 1, "turn_resume", epoch=2, messageId="a"),
+                  _line(len(lines) + 2, "delegate_end", epoch=2, callId="c1", sessionId=CHILD, agent="default",
+                        stopReason=end, usage={}, messageId="a")]
+    if parent_stop:
+        lines.append(_line(len(lines) + 1, "turn_end", epoch=2, messageId="a", stopReason=parent_stop))
+    return lines
+
+
+def _child(stop: str | None = "end_turn", *, starts: int = 1) -> list[dict]:
+    lines = [_line(n + 1, "turn_start", messageId="dlg_1") for n in range(starts)]
+    if stop is not None:
+        lines.append(_line(len(lines) + 1, "turn_end", messageId="dlg_1", stopReason=stop))
+    return lines
+
+
+def _delegated(parent: list[dict], child: list[dict] | None = None, **overrides: object) -> Observation:
+    return _observation(parent, **{"readers": {"s": list(parent)}, "epochs": {"s": 2},
+                                   "children": {CHILD: _child() if child is None else child}, **overrides})
+
+
+def test_a_delegated_call_answered_once_by_its_child_passes() -> None:
+    verdict = check(_delegated(_delegating()))
+    assert verdict.violations == []
+    assert verdict.figures["delegated_calls"] == 1 and verdict.figures["children_ended"] == {"end_turn": 1}
+    cancelled = _delegating("cancelled", end=None)
+    assert check(_delegated(cancelled, _child("cancelled"))).violations == []
+
+
+def test_each_broken_delegation_rule_fails() -> None:
+    cases = {
+        "no delegate_start": _delegated(_delegating(start=False)),
+        "no delegate_end": _delegated(_delegating(end=None)),
+        "other stop reason": _delegated(_delegating(end="error")),
+        "child ended twice": _delegated(_delegating(), [*_child(), _line(3, "turn_end", messageId="dlg_1",
+                                                                         stopReason="end_turn")]),
+        "child started twice": _delegated(_delegating(), _child(starts=2)),
+        "child never stored": _delegated(_delegating(), []),
+        "parent left open": _delegated(_delegating("", end=None), acks=[]),
+    }
+    for name, obs in cases.items():
+        violations = check(obs).violations
+        assert violations and any(v.startswith("delegation:") for v in violations), (name, violations)

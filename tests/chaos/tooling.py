@@ -15,6 +15,11 @@ so a test knows which process to kill, stop or signal. Its tools record each sta
   (a start record, tool `refund`) and answers `refunded <amount>`. The checker requires each
   call to start at most once, and never unless its approval was accepted.
 
+- `delegate` (the agent `default` only, `delegate_tool`): a call's `input` is the prompt of a
+  turn of the agent `default` in a child session of its own (`fxworker.delegation`), whose
+  final text answers the call. The child's tools record their starts as above (the records
+  name the child session in their execution id).
+
 `probe` and `effect` take an optional `ms`: how long they run after their start (the
 window a fault can hit). Each start of either also pushes one JSON object to
 `<FX_PREFIX>:fault:runs` (`runs_key`) for the chaos checker (`tests/chaos/checker.py`):
@@ -41,7 +46,11 @@ import redis as redis_sync
 import redis.asyncio as aioredis
 
 from fxengine.tools import Tool
+from fxworker import delegate_tool
+from fxworker.delegation import DelegateTool
 
+DELEGATE_TOOL = "delegate"
+DELEGATE_AGENT = "default"
 PREFIX = os.environ.get("FX_PREFIX", "fx")
 REDIS_URL = os.environ.get("REDIS_URL", "")
 MODEL_URL = os.environ.get("FX_TEST_MODEL_URL", "http://127.0.0.1:9/v1")
@@ -196,6 +205,13 @@ def tools() -> list[Tool]:
              {"type": "object", "properties": {"name": {"type": "string"}, "amount": {"type": "integer"}}},
              idempotent=False, execute=_refund, approval=True),
     ]
+
+
+def delegate() -> DelegateTool:
+    """The delegating tool of the agent `default`: each call a turn of `default` itself, in
+    a child session of its own."""
+    return delegate_tool(DELEGATE_AGENT, name=DELEGATE_TOOL,
+                         description="Hands a task to another agent; answers with its final text.")
 
 
 def provider(model_url: str = MODEL_URL) -> dict[str, Any]:

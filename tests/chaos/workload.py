@@ -27,6 +27,11 @@ compare them with the stream the store holds (§11.7).
 - `slow:<tag>`: a call that outlasts every delivery (cut off until the third cut-off);
 - `refund:<tag>`: one or two `refund` calls in one response (the script's draw): the turn
   parks until each is decided (`tests.chaos.approvals` answers over HTTP), then text;
+- `delegate:<tag>`: one or two calls of `delegate` in one response (the script's draw),
+  each handing a child session of agent `default` the prompt `effect:<tag>-c<n>`,
+  `probe:<tag>-c<n>` or `echo:<tag>-c<n>`: the turn parks until each child's turn ends and
+  answers its call, then text naming the answers (the child turns are not the drivers':
+  the run finds them in the parent's lines, `tests.chaos.run.children`);
 - `steer:<tag>` (a steer's text): text answering the steer.
 `<tag>` is `s<driver>g<session>.<prompt>`; the script keeps, per session, the pid of the worker
 process that made its last model request (from the `x-fx-pid` header), which is how the
@@ -55,12 +60,16 @@ from fxengine.testing.script import Delay, Text
 from tests.chaos.faults import pid_of, tool_results, turn_prompt
 from tests.chaos.history import History
 from tests.chaos.system import MODEL_IDLE_TIMEOUT_S
+from tests.chaos.tooling import DELEGATE_TOOL
 
 ACK_TIMEOUT_S = 45.0
 SLOW_TOOL_S = 60
 # The longest ordinary pause of the script: below the workers' idle timeout with room to
 # spare on a loaded machine, so only an armed stall trips it.
 LONG_PAUSE_MS = (1000.0, MODEL_IDLE_TIMEOUT_S * 700)
+# What a `delegate:<tag>` prompt hands its children (weights): real work, a non-idempotent
+# effect most often.
+CHILD_KINDS = (("effect", 3), ("probe", 1), ("echo", 2))
 STALL_WHERE = ("before", "after")
 
 
@@ -176,6 +185,14 @@ class ModelScript:
                 calls = self._rng.choice((1, 1, 2))
             return Reply(wait, *(self._call("refund", {"name": f"r-{tag}-{n}", "amount": 10 + n})
                                  for n in range(calls)))
+        if kind == "delegate":
+            if results:
+                return Reply(wait, text("delegated ", f"{tag}: " + " | ".join(r[:60] for r in results)))
+            with self._lock:
+                calls = self._rng.choice((1, 1, 2))
+                kinds = [self._rng.choices(*zip(*CHILD_KINDS))[0] for _ in range(calls)]
+            return Reply(wait, *(self._call(DELEGATE_TOOL, {"input": f"{k}:{tag}-c{n}"})
+                                 for n, k in enumerate(kinds)))
         if kind == "steer":
             return Reply(wait, text("steered ", tag))
         return Reply(wait, text("echo ", tag), chunk_delay_ms=5)
@@ -183,7 +200,7 @@ class ModelScript:
 
 # ----------------------------------------------------------------------------- drivers
 
-PROMPT_KINDS = (("echo", 3), ("probe", 2), ("effect", 3), ("both", 2), ("chain", 1), ("refund", 2))
+PROMPT_KINDS = (("echo", 3), ("probe", 2), ("effect", 3), ("both", 2), ("chain", 1), ("refund", 2), ("delegate", 2))
 
 
 def prompt_text(rng: random.Random, tag: str) -> str:
