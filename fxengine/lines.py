@@ -104,6 +104,7 @@ class ToolStart(_Stored):
     inputTruncated: NotRequired[bool]
     step: int
     messageId: NotRequired[str | None]
+    delegate: NotRequired[str]  # the agent whose turn answers it (a delegating tool's call: no one decides it)
 
 
 class ToolEnd(_Stored):
@@ -129,6 +130,7 @@ class ApprovalRequest(_Stored):
     inputTruncated: NotRequired[bool]
     step: int
     messageId: NotRequired[str | None]
+    delegate: NotRequired[str]  # the agent whose turn answers it (a delegating tool's call: no one decides it)
 
 
 class ApprovalDecision(_Stored):

@@ -449,6 +449,8 @@ class TurnRun:
                                                   checkpoint=self.engine.settled_checkpoint,
                                                   before=self._answer(stop_reason, error, usage))
             return
+        if kind == "approval_request" and (agent := self._delegates().get(str(event.get("name")))):
+            event = {**event, "delegate": agent}  # another agent's turn answers it, not a person
         self.writer.push({**event, "messageId": self.turn_id})
 
     def _children_before(self) -> Callable[[], Awaitable[None]] | None:
@@ -478,6 +480,10 @@ class TurnRun:
         async def answer() -> None:
             await self.reply(stop_reason, error, usage, text)
         return answer
+
+    def _delegates(self) -> dict[str, str]:
+        """The agent's delegating tools: {tool name: the agent it hands calls to}."""
+        return {t.name: t.agent for t in self.delivery.agent.tools if isinstance(t, delegation.DelegateTool)}
 
     def _may_release(self) -> bool:
         """Asked as the end record is sent: may that call let the session go? Only for a

@@ -334,8 +334,8 @@ class Transcript:
         kind = line_type(line)
         if kind == "turn_start" or (message_id is not None and message_id != self._turn):
             self._turn, self._shown = message_id, []
-        if kind == "delegate_start":
-            self._delegated.add(str(line.get("callId")))
+        if kind == "delegate_start" or (kind == "approval_request" and line.get("delegate")):
+            self._delegated.add(str(line.get("callId") if kind == "delegate_start" else line.get("id")))
         text = render_line(line)
         if kind == "turn_pause" and self.delegated_only(line):
             text = "\n[waiting for the delegated agents' turns]\n"
@@ -387,6 +387,8 @@ def render_line(line: Mapping[str, object]) -> str:
         detail = f": {error.get('code')} {error.get('message')}" if isinstance(error, dict) else ""
         repeated = " (repeated)" if line.get("repeated") else ""
         return f"\n[{line.get('stopReason')}{repeated}{detail}]\n"
+    if kind == "approval_request" and line.get("delegate"):
+        return ""  # its delegate_start says where it went
     if kind == "approval_request":
         shown = f"{line.get('inputPreview', '')}…" if line.get("inputTruncated") else line.get("input")
         what = "its result from the client" if line.get("kind") == "external" else "approval"

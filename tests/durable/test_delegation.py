@@ -150,6 +150,8 @@ async def test_a_parent_delegates_two_calls_and_ends_with_both_answers(team: Tea
     assert len(starts) == 2 and len(ends) == 2
     assert {line["sessionId"] for line in starts} == {line["sessionId"] for line in ends}
     assert all(line["agent"] == "billing" and line["depth"] == 1 for line in starts)
+    requests = [line for line in lines if line["type"] == "approval_request"]
+    assert [line.get("delegate") for line in requests] == ["billing", "billing"]  # marked from the start
     assert all(line["stopReason"] == "end_turn" for line in ends)
     final = "".join(line["delta"] for line in lines if line["type"] == "text_delta")
     assert "billed after charged 5" in final and "billed plain" in final

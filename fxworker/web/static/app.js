@@ -280,8 +280,14 @@ function render(line) {
       box.dataset.kind = line.kind;
       box.appendChild(el("div", "", "→ " + line.name));
       box.appendChild(el("pre", "", line.inputTruncated ? line.inputPreview + "…" : JSON.stringify(line.input)));
-      box.appendChild(el("div", "note", line.kind === "external" ? "waiting for the client's result" : "waiting for approval"));
-      box.appendChild(decisionControls(box, line));
+      if (line.delegate) {
+        // Another agent's turn answers it (its delegate_start names the session): nothing to decide here.
+        box.dataset.delegate = line.delegate;
+        box.appendChild(el("div", "note", "waiting for agent " + line.delegate));
+      } else {
+        box.appendChild(el("div", "note", line.kind === "external" ? "waiting for the client's result" : "waiting for approval"));
+        box.appendChild(decisionControls(box, line));
+      }
       t.body.appendChild(box);
       t.tools.set(line.id, box);
       t.lastText = null;
