@@ -238,10 +238,10 @@ class Parent:
 
 
 async def start_children(parent: Parent, calls: Sequence[Call], writer: LineWriter | None, *,
-                         wake: bool = True, announce_all: bool = False) -> list[tuple[str, str]]:
-    """Prompts the child of each call (idempotent) and pushes a `delegate_start` line for
-    each child this start created (`announce_all`: for each child, as the lines ride with
-    the pause that stores the calls). With `wake`, wakes them; else returns the wakes to send
+                         wake: bool = True, announced: set[str] | None = None) -> list[tuple[str, str]]:
+    """Prompts the child of each call (idempotent) and queues a `delegate_start` line for
+    each call not `announced` (the calls whose line is stored; without it, for each child
+    this start created), adding it there. With `wake`, wakes them; else returns the wakes to send
     (child, agent) once the parent's pause is stored: a child that ran first could answer
     before its parent waits on the call (the accept marked it ready and woken, so should the
     parent's worker die first, the sweeper wakes it)."""
@@ -278,10 +278,15 @@ async def start_children(parent: Parent, calls: Sequence[Call], writer: LineWrit
             traceparent=tracing.current_traceparent() if tracing.enabled() else None,
             needs=DELEGATED_LEVEL,  # a process of an older release would never answer the parent
         )
-        if (announce_all or not accepted.repeated) and writer is not None:
-            writer.push(dict(protocol.delegate_start(parent.turn_id, call_id=call.id, session_id=child,
+        new = call.id not in announced if announced is not None else not accepted.repeated
+        if new and writer is not None:
+            # Queued, not pushed: it goes in the call of the record that parks the turn
+            # (or the caller's flush), never alone before it.
+            writer.queue([protocol.delegate_start(parent.turn_id, call_id=call.id, session_id=child,
                                                      agent=accepted.agent or call.tool.agent,
-                                                     child_message_id=message_id, depth=depth)))
+                                                     child_message_id=message_id, depth=depth)])
+            if announced is not None:
+                announced.add(call.id)
         if accepted.wake:
             wakes.append((child, accepted.agent or call.tool.agent))
     if wake:

@@ -221,7 +221,7 @@ class TurnRun:
         self.replied = False  # a delegated turn's answer went to its parent
         self.child_wakes: list[tuple[str, str]] = []  # children prompted before its pause, woken after it
         self.delegated_usage: dict[str, int] = {}  # its `delegate_end` lines' usage, summed (its `turn_end` says it)
-        self.announce_all = False  # no `delegate_start` of its calls may be stored yet (`_children_before`)
+        self.announced: set[str] = set()  # calls whose `delegate_start` is stored (read on resume) or queued
 
     def __repr__(self) -> str:
         return f"<TurnRun {self.turn_id} opened={self.opened} running={self.turn is not None}>"
@@ -327,7 +327,6 @@ class TurnRun:
         span = self._trace(turn_input.traceparent if turn_input is not None else None, resumed=True)
         if span is not None and decisions:
             span.set_attribute("fx.turn.decisions", len(decisions))
-        self.announce_all = not decisions
         decided, taken, stale = self._decisions(decisions)
         denied = [call for call in self.delegated_calls()
                   if isinstance(d := decided.get(call.id), Mapping) and d.get("type") == "deny"]
@@ -461,12 +460,11 @@ class TurnRun:
             return None
 
         async def start() -> None:
-            # The `delegate_start` lines ride with the pause; a resume with no decision
-            # announces every child (a worker that died before storing the pause may have
-            # prompted them already: their starts are `repeated`), a resume whose decisions
-            # leave calls waiting only the new ones.
+            # The `delegate_start` lines ride with the pause, one per call whose line is not
+            # stored (a worker that died before storing the pause, or a start retried after
+            # its reply was lost, finds the children `repeated`: announced all the same).
             self.child_wakes = await delegation.start_children(self.parent(), calls, self.writer, wake=False,
-                                                               announce_all=self.announce_all)
+                                                               announced=self.announced)
         return start
 
     def _answer(self, stop_reason: str, error: Mapping[str, Any] | None,
@@ -657,6 +655,8 @@ class TurnRun:
                     steps.add(line["step"])
                 elif line.get("type") == "delegate_end":
                     self._count_delegated(line)
+                elif line.get("type") == "delegate_start":
+                    self.announced.add(str(line.get("callId")))
 
     def _trace(self, traceparent: str | None, *, resumed: bool) -> trace.Span | None:
         """This delivery's part of the turn, in the trace of the request that sent its
