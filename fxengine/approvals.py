@@ -232,12 +232,18 @@ class Approvals:
 
     async def hold(self, step: int, calls: list[ToolCall], held: list[AwaitingCall]) -> list[ToolCall]:
         """Records `held` (`tool_wait`, right after the response) and emits an
-        `approval_request` for each; the calls that run now."""
+        `approval_request` for each; the calls that run now.
+
+        The hold is durable before the turn goes on: whatever the store does before the
+        record that parks the turn (a delegated call prompts its child session then) finds
+        the calls stored, so a crash before the pause resumes the same calls, never a new
+        response whose calls would start other children."""
         if not held:
             return calls
-        self._core.commit("tool_wait", {"step": step, "calls": held})
+        stored = self._core.commit("tool_wait", {"step": step, "calls": held}, barrier=True)
         for pending in pending_calls(self._core):
             await self._events.put(ev.approval_request(pending))
+        await self._core.journal.wait(stored)
         waiting = {call["id"] for call in held}
         return [call for call in calls if call["id"] not in waiting]
 
