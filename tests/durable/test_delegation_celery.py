@@ -30,12 +30,19 @@ from tests.chaos.faults import (
     lines_of,
     pid_of,
     redis_list,
+    redis_set,
     tool_results,
     turn_prompt,
     wait_line,
 )
 from tests.durable.conftest import Client
-from tests.durable.delegation_tooling import LOOPER_MAX_DEPTH, charges_key
+from fxengine.tool_calls import AMBIGUOUS_RESULT
+from tests.durable.delegation_tooling import (
+    LOOPER_MAX_DEPTH,
+    charge_done_key,
+    charge_release_key,
+    charges_key,
+)
 from tests.support.redis_server import delete_prefix
 from tests.support.workers import CeleryWorker, Workers, wait_until
 
@@ -251,6 +258,54 @@ def test_two_children_on_another_queue_outlive_kill_9_of_the_parents_and_the_chi
         assert [ln["interrupted"] for ln in of_type(child_lines, "turn_resume")] == [True]
     assert stack.charges() == [charge], "the charge ran once, before the kill"
     assert sum(e["usage"].get("inputTokens", 0) for e in delegate_ends) == result.delegated_usage.get("inputTokens")
+
+
+def test_a_child_whose_worker_dies_mid_charge_is_not_charged_again_and_its_parent_ends_once(
+    stack: Stack, model: ScriptedModel
+) -> None:
+    """One child runs `charge` (not idempotent, held mid-run), the other ends at once (so
+    the parent resumes with one answer of two and parks again). kill -9 of the billing
+    worker mid-charge: a new one resumes the child, which never runs the charge again (its
+    model reads that it may have partly run) and ends once; its answer resumes the parent
+    once more, which ends with both answers."""
+    stack.start("triage")
+    billing = stack.start("billing")
+    n, plain = f"n{tag()}", f"p{tag()}"
+    charged = f"charge:950:{n}"
+    parent = stack.agent("triage").blocking_session()
+    parent.prompt(f"ask:{charged}|{plain}")
+    stack.wait_pause("triage", parent.id)
+    [run] = wait_until(stack.charges, TURN_S, what="the charge started")  # type: ignore[misc]
+    assert run[2:] == ["950", str(billing.pid)]
+    starts = {s["sessionId"]: s for s in of_type(stack.lines("triage", parent.id), "delegate_start")}
+    [charging] = [sid for sid in starts
+                  if [ln["input"] for ln in of_type(stack.lines("billing", sid), "turn_start")] == [charged]]
+    wait_line(stack.agent("triage"), parent.id, lambda ln: ln["type"] == "delegate_end", TURN_S,
+              what="the plain child's answer taken")
+    model.release(n)  # the charging child's answer, once it reads its charge's result, is not held
+
+    billing.kill()
+    redis_set(stack.redis_url, charge_release_key(950, stack.prefix))  # a rerun would now finish
+    stack.start("billing")
+    end = stack.wait_end("triage", parent.id, TAKEOVER_S)
+    assert end["stopReason"] == "end_turn", end
+
+    assert stack.charges() == [run], "the charge never ran again"
+    assert redis_list(stack.redis_url, charge_done_key(950, stack.prefix)) == [], "the one run was cut"
+    child_lines = stack.lines("billing", charging)
+    assert_no_stale_line(child_lines)
+    [tool_end] = of_type(child_lines, "tool_end")
+    assert tool_end["isError"] is True and tool_end["content"] == AMBIGUOUS_RESULT, tool_end
+    assert [ln["stopReason"] for ln in of_type(child_lines, "turn_end")] == ["end_turn"]
+    lines = stack.lines("triage", parent.id)
+    assert_no_stale_line(lines)
+    assert len(of_type(lines, "turn_end")) == 1 and len(of_type(lines, "delegate_start")) == 2
+    ends = of_type(lines, "delegate_end")
+    assert sorted(e["sessionId"] for e in ends) == sorted(starts) and all(e["stopReason"] == "end_turn" for e in ends)
+    final = turn_text(lines)
+    assert f"billed {plain}" in final and f"billed {n} after " in final, final
+    asks = prompted(model, f"ask:{charged}|{plain}", "triage")
+    assert [len(tool_results(r)) for r in asks] == [0, 2], "the parent's model read both answers, once"
 
 
 def test_one_worker_of_concurrency_1_runs_a_parent_and_its_children(stack: Stack, model: ScriptedModel) -> None:
