@@ -10,13 +10,19 @@ responder tells them apart by their system message):
 - `looper`, whose tool delegates to `looper` itself, with `max_delegation_depth=2`.
 
 Every process knows all three, whichever queues it consumes (`-Q fx.triage`, `fx.billing`).
+
+`FX_TEST_DIE_AFTER_CHILDREN=1`: the process kills itself (SIGKILL) the first time a
+parking turn has prompted its children (`fxworker.delegation.start_children` returned),
+before the record that parks the turn is stored: a kill -9 at that instant exactly.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
-from fxworker import Agent, delegate_tool
+from fxworker import Agent, delegate_tool, delegation
 from tests.durable.approval_tooling import provider
 from tests.durable.delegation_tooling import LOOPER_MAX_DEPTH, charge
 
@@ -29,5 +35,19 @@ def _agents() -> dict[str, Agent]:
                    tools=[delegate_tool("looper", name="looper", description="Asks looper.")], **common)
     return {a.name: a for a in (triage, billing, looper)}
 
+
+def _die_after_children() -> None:
+    start_children = delegation.start_children
+
+    async def start_then_die(*args: Any, **kwargs: Any) -> int:
+        started = await start_children(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGKILL)
+        return started
+
+    delegation.start_children = start_then_die  # type: ignore[assignment]
+
+
+if os.environ.get("FX_TEST_DIE_AFTER_CHILDREN") == "1":
+    _die_after_children()
 
 AGENTS = _agents()
