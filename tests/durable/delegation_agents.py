@@ -11,15 +11,18 @@ responder tells them apart by their system message):
 
 Every process knows all three, whichever queues it consumes (`-Q fx.triage`, `fx.billing`).
 
-`FX_TEST_DIE_AFTER_CHILDREN=1`: the process kills itself (SIGKILL) the first time a
-parking turn has prompted its children (`fxworker.delegation.start_children` returned),
-before the record that parks the turn is stored: a kill -9 at that instant exactly.
+`FX_TEST_AT_CHILDREN`: a fault at the instant a parking turn prompts its children
+(`fxworker.delegation.start_children`), the first time only: `die-before` / `die-after`,
+the process kills itself (SIGKILL) just before / just after they are prompted;
+`stall-after`, its event loop stalls just after, for `FX_TEST_STALL_S` seconds (a
+process starved of CPU, or paused by a long collection: nothing it holds moves on).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 from fxworker import Agent, delegate_tool, delegation
@@ -36,18 +39,26 @@ def _agents() -> dict[str, Agent]:
     return {a.name: a for a in (triage, billing, looper)}
 
 
-def _die_after_children() -> None:
+def _fault_at_children(fault: str) -> None:
     start_children = delegation.start_children
+    faulted = False
 
-    async def start_then_die(*args: Any, **kwargs: Any) -> int:
+    async def with_fault(*args: Any, **kwargs: Any) -> int:
+        nonlocal faulted
+        first, faulted = not faulted, True
+        if first and fault == "die-before":
+            os.kill(os.getpid(), signal.SIGKILL)
         started = await start_children(*args, **kwargs)
-        os.kill(os.getpid(), signal.SIGKILL)
+        if first and fault == "die-after":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if first and fault == "stall-after":
+            time.sleep(float(os.environ.get("FX_TEST_STALL_S", "3")))  # blocks the loop, as a stall does
         return started
 
-    delegation.start_children = start_then_die  # type: ignore[assignment]
+    delegation.start_children = with_fault  # type: ignore[assignment]
 
 
-if os.environ.get("FX_TEST_DIE_AFTER_CHILDREN") == "1":
-    _die_after_children()
+if os.environ.get("FX_TEST_AT_CHILDREN"):
+    _fault_at_children(os.environ["FX_TEST_AT_CHILDREN"])
 
 AGENTS = _agents()
