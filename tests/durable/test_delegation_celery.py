@@ -12,9 +12,7 @@ real run of `charge` (billing's non-idempotent tool) is recorded in the Redis li
 Each test has a key prefix, workers and client agents of its own (`Stack`), so it can
 kill workers, or run with one worker only, without another test's workers taking its wakes.
 A worker started with `FX_TEST_AT_CHILDREN` faults at the instant a parking turn prompts
-its children (killed just before or after, or its loop stalled just after): two of those
-tests are expected to fail (`xfail(strict=True)`) until the children are prompted only
-once the parent's parking step is stored. The embedded-store tests of delegation are in
+its children (killed just before or after, or its loop stalled just after). The embedded-store tests of delegation are in
 tests/durable/test_delegation.py.
 """
 
@@ -57,7 +55,9 @@ LEASE_S = 2.0
 TURN_S = 20.0  # a turn's end, a pause
 TAKEOVER_S = LEASE_S + 13.0  # a dead worker's turn resumed by a new one (its start included)
 RESUME_S = 10.0  # a parked parent whose children have answered, resumed and ended
-STALL_S = 4.0  # how long a stalled worker's loop is blocked
+# Longer than the wake trust window (SENDER_TRUST_MS, 10 s) and a sweep: the sweeper wakes
+# the children of a parent whose worker stalls before storing its pause.
+SWEPT_STALL_S = 14.0
 CANCEL_BOUND_S = 1.0  # cancel of the parent -> a child's `turn_end` (`cancelled`)
 
 
@@ -319,23 +319,16 @@ def test_a_child_whose_worker_dies_mid_charge_is_not_charged_again_and_its_paren
     assert [len(tool_results(r)) for r in asks] == [0, 2], "the parent's model read both answers, once"
 
 
-LOST_STEP = (
-    "the parking step's model response (its calls) is stored in the same record as the pause, after "
-    "`start_children` ran: a kill -9 between loses the calls, the next worker asks the model again and "
-    "prompts two more children, and the first two still run (the charge runs twice)")
-
-
-@pytest.mark.parametrize("fault", [
-    "die-before",
-    pytest.param("die-after", marks=pytest.mark.xfail(strict=True, reason=LOST_STEP)),
-])
+@pytest.mark.parametrize("fault", ["die-before", "die-after"])
 def test_a_parent_worker_killed_as_it_prompts_its_children_leaves_one_child_per_call(
     stack: Stack, model: ScriptedModel, fault: str
 ) -> None:
     """The parent's worker is killed -9 just before, or just after, it prompts its children
     as its turn parks (`FX_TEST_AT_CHILDREN`): the worker that takes the parent over
     leaves one child per call (no second child whose work is done again: the charge runs
-    once), and the parent ends with both answers, its model asked once after them."""
+    once), and the parent ends with both answers, its model asked once after them. (The
+    calls were stored before the children were prompted: the held calls' record is durable
+    before the turn goes on, so the next worker resumes the same calls.)"""
     dying = stack.start("triage", env={"FX_TEST_AT_CHILDREN": fault})
     stack.start("billing")
     n, plain = f"k{tag()}", f"q{tag()}"
@@ -368,19 +361,19 @@ def test_a_parent_worker_killed_as_it_prompts_its_children_leaves_one_child_per_
     assert f"billed {plain}" in final and f"billed {n} after charged 8" in final, final
 
 
-@pytest.mark.xfail(strict=True, raises=TimeoutError, reason=(
-    "a child's answer is taken only for a call a stored pause names, and the children are prompted "
-    "before the record that parks their parent is stored: answers that come first are refused "
-    "(FX_DECISION_UNKNOWN_CALL, dropped) and the parent then waits on them for ever"))
 def test_children_that_answer_before_their_parents_pause_is_stored_are_not_lost(
     stack: Stack, model: ScriptedModel
 ) -> None:
-    """The parent's worker stalls (its event loop blocked, `STALL_S`) just after prompting
-    its children, before it stores the record that parks the parent; both children end
-    meanwhile. Their answers still resume the parent, which ends with both."""
+    """The parent's worker stalls (its event loop blocked, `SWEPT_STALL_S`) just after
+    prompting its children, before it stores the record that parks the parent. Its worker
+    wakes the children only once that record is stored, but their prompts are ready: once
+    the wake trust window has passed the sweeper wakes them, and both answer during the
+    stall. Their answers, refused while no call waits, are sent again while the parent's
+    turn is open and unparked (each child's end waits for its answer), and taken once it
+    parks: the children end, and the parent ends with both."""
     from fxworker.delegation import child_session_id, delegate_tool
 
-    stack.start("triage", env={"FX_TEST_AT_CHILDREN": "stall-after", "FX_TEST_STALL_S": str(STALL_S),
+    stack.start("triage", env={"FX_TEST_AT_CHILDREN": "stall-after", "FX_TEST_STALL_S": str(SWEPT_STALL_S),
                                "FX_LEASE_S": "30"})
     stack.start("billing")
     x, y = f"s{tag()}", f"r{tag()}"
@@ -390,10 +383,13 @@ def test_children_that_answer_before_their_parents_pause_is_stored_are_not_lost(
     tool = delegate_tool("billing", name="billing", description="")
     children = [child_session_id(parent.id, tool, f"{parent.id}:{turn.message_id}:1:{call_id(task)}")
                 for task in (x, y)]
-    wait_until(lambda: all(of_type(stack.lines("billing", c), "turn_end") for c in children), STALL_S,
-               what="both children ended while the parent's worker stalled")
-    assert time.monotonic() - t0 < STALL_S, "the children ended during the stall"
-    end = stack.wait_end("triage", parent.id, STALL_S + RESUME_S)
+    wait_until(lambda: all(of_type(stack.lines("billing", c), "text_delta") for c in children), SWEPT_STALL_S,
+               what="both children answered while the parent's worker stalled")
+    assert time.monotonic() - t0 < SWEPT_STALL_S, "the children ran during the stall"
+    # Each child's end waits for its answer to be taken: not before its parent parks.
+    assert all(not of_type(stack.lines("billing", c), "turn_end") for c in children)
+    assert stack.agent("triage").blocking_session(parent.id).state()["status"] == "running"  # not parked yet
+    end = stack.wait_end("triage", parent.id, SWEPT_STALL_S + RESUME_S)
     assert end["stopReason"] == "end_turn", end
     final = turn_text(stack.lines("triage", parent.id))
     assert f"billed {x}" in final and f"billed {y}" in final, final
