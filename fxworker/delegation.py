@@ -68,7 +68,10 @@ DEFAULT_MAX_CHILDREN = 8
 REPLY_WAIT_S = 30.0
 REPLY_RETRY_FIRST_S = 0.05
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-_DECISION_REFUSALS = (Code.DECISION_UNKNOWN_CALL, Code.DECISION_REPEATED, Code.DECISION_EXPIRED)
+# Answers the parent's door refuses for good: dropped (the parent no longer waits on the
+# call, or the parent session is gone).
+_DECISION_REFUSALS = (Code.DECISION_UNKNOWN_CALL, Code.DECISION_REPEATED, Code.DECISION_EXPIRED,
+                      Code.UNKNOWN_SESSION)
 _REFUSALS = frozenset({Code.DELEGATION_DEPTH, Code.DELEGATION_FANOUT, Code.DELEGATION_INVALID})
 
 PromptOf = Callable[[dict[str, object]], "str | list[Block]"]

@@ -461,3 +461,15 @@ async def _set_in_any_loop(event: asyncio.Event) -> None:
     """Waits for `event`, set by a tool on a worker's loop (another thread's): polled."""
     while not event.is_set():
         await asyncio.sleep(0.02)
+
+
+async def test_an_answer_to_a_parent_session_that_is_gone_is_dropped(team: Team) -> None:
+    """The parent's session is gone (deleted, expired): the child's answer finds no session
+    and is dropped, so the child's turn still ends (no retry, no death of its worker)."""
+    from fxworker import delegation
+
+    link: delegation.Link = {"v": 1, "parent": team.triage.new_session_id(), "turn": "t", "call": "c",
+                             "depth": 1, "maxDepth": 3, "refuse": None}
+    await asyncio.wait_for(delegation.reply(
+        team.billing, team.billing.store, link, child_session="fxs_01J00000000000000000000EAR", child_turn="t3",
+        stop_reason="end_turn", text="x", error=None, usage=None), TURN_S)
