@@ -393,7 +393,12 @@ async def reply(
 
 async def _parking(store: RedisStore, link: Link) -> bool:
     """Whether the parent's turn is still open and not parked: its call may wait soon."""
-    state = await store.state(link["parent"])
+    try:
+        state = await store.state(link["parent"])
+    except FxError as exc:
+        if exc.code == Code.UNKNOWN_SESSION:
+            return False  # gone: the answer is dropped
+        raise
     return state is not None and state.open_turn == link["turn"] and not state.paused_calls
 
 
