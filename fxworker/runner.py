@@ -215,7 +215,7 @@ class Runner:
         )
         if misrouted:
             self.owner = claim.agent
-            await self._release(cutoff=False)
+            await self._release(cutoff=False, newer=DELEGATED_LEVEL if self._delegated(claim) else None)
             return Outcome.MISROUTED
         return claim
 
@@ -289,10 +289,10 @@ class Runner:
         self.deadline.reserve_ms = int(owner.reserve_s * 1000)
         return True
 
-    def _delegated(self) -> bool:
+    def _delegated(self, claim: Claim | None = None) -> bool:
         """Whether the claim held a delegated turn's input (open or waiting): left unfinished,
         only a process that reads delegated turns may claim the session next."""
-        claim = self._claimed
+        claim = claim or self._claimed
         if claim is None:
             return False
         inputs = [claim.open_turn.input] if claim.open_turn is not None else []
