@@ -15,6 +15,8 @@ def test_fxworker_exports() -> None:
         "TurnResult",
         "agents",
         "get_agent",
+        "DelegateTool",
+        "delegate_tool",
         "new_session_id",
         "redis_refresh_lock",
         "Settings",

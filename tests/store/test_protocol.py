@@ -26,7 +26,17 @@ def test_control_lines_have_their_type_and_message_id() -> None:
     assert protocol.turn_resume("m1", "s1", interrupted=False) == {
         "type": "turn_resume", "messageId": "m1", "sessionId": "s1", "interrupted": False}
     assert set(protocol.CONTROL_LINE_TYPES) == {"turn_start", "turn_resume", "turn_yield", "turn_pause", "turn_end",
-                                                "session_error"}
+                                                "session_error", "delegate_start", "delegate_end"}
+    start = protocol.delegate_start("m1", call_id="c1", session_id="s2", agent="billing", child_message_id="d1",
+                                    depth=1)
+    assert start == {"type": "delegate_start", "messageId": "m1", "callId": "c1", "sessionId": "s2",
+                     "agent": "billing", "childMessageId": "d1", "depth": 1}
+    end = protocol.delegate_end("m1", call_id="c1", session_id="s2", agent="billing", stop_reason="error",
+                                usage={"inputTokens": 3}, error={"code": "FX_DELEGATION_DEPTH", "message": "m"})
+    assert end["stopReason"] == "error" and end["usage"] == {"inputTokens": 3}
+    assert end["error"] == {"code": "FX_DELEGATION_DEPTH", "message": "m"}
+    assert "error" not in protocol.delegate_end("m1", call_id="c1", session_id="s2", agent="b", stop_reason="end_turn",
+                                                usage={})
 
 
 def test_a_mark_the_store_does_not_know_is_refused_where_it_is_written() -> None:
