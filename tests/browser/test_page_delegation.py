@@ -24,29 +24,13 @@ import pytest
 from fxengine.testing import Reply, ScriptedModel, hold, text, tool_call, usage
 from tests.browser.conftest import ARTIFACTS, skip_without_chromium
 from tests.web._server import WebProcess
+from tests.durable.conftest import last_message_text, system_text
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 skip_without_chromium()
 
 HANDED = "waiting for the agents it handed the work to"
-
-
-def _system(request: Any) -> str:
-    for m in request.body.get("messages") or []:
-        if m.get("role") == "system":
-            c = m.get("content")
-            return c if isinstance(c, str) else json.dumps(c)
-    return ""
-
-
-def _last(request: Any) -> tuple[str, str]:
-    messages = request.body.get("messages") or []
-    last = messages[-1] if messages else {}
-    content = last.get("content")
-    if isinstance(content, list):
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return last.get("role", ""), content or ""
 
 
 def _task(prompt: str) -> str:
@@ -64,8 +48,8 @@ def responder(request: Any) -> Reply:
     `billing` with `_task(prompt)` and answers "triage: " + the call's result; billing
     answers `_billed(task)`, holding its reply after the first word until `hold:<name>` in
     the task is released."""
-    role, last = _last(request)
-    if "triage" in _system(request):
+    role, last = last_message_text(request)
+    if "triage" in system_text(request):
         if role == "tool":
             return Reply(text("triage: ", last), usage(5, 3))
         return Reply(tool_call(f"call_{uuid.uuid4().hex[:8]}", "billing", {"input": _task(last)}), usage(7, 2))

@@ -6,6 +6,7 @@ Everything module-scoped: worker processes are started once per test module and 
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -29,6 +30,16 @@ def last_message_text(request: Any) -> tuple[str, str]:
     if isinstance(content, list):
         content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
     return last.get("role", ""), content or ""
+
+
+def system_text(request: Any) -> str:
+    """The system message of a recorded chat request (the agent's instructions): how a
+    scripted responder serving several agents tells them apart."""
+    for message in request.body.get("messages") or []:
+        if message.get("role") == "system":
+            content = message.get("content")
+            return content if isinstance(content, str) else json.dumps(content)
+    return ""
 
 
 def first_user_text(request: Any) -> str:

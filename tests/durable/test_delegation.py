@@ -10,7 +10,6 @@ tests/durable/test_delegation_celery.py.
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,7 +22,7 @@ from fxengine.testing import Reply, ScriptedModel, hold, text, tool_call, usage
 from fxworker import Agent, Settings, delegate_tool, embedded
 from fxworker.embedded import InProcessWaker
 from fxworker.store import embedded_store, redis_store
-from tests.durable.conftest import stored_lines, wait_idle
+from tests.durable.conftest import last_message_text, stored_lines, system_text, wait_idle
 from tests.durable.tooling import provider
 from tests.support.redis_server import delete_prefix
 
@@ -32,30 +31,13 @@ pytestmark = pytest.mark.timeout(60)
 TURN_S = 15.0
 
 
-def _system(request: Any) -> str:
-    for m in request.body.get("messages") or []:
-        if m.get("role") == "system":
-            c = m.get("content")
-            return c if isinstance(c, str) else json.dumps(c)
-    return ""
-
-
-def _last(request: Any) -> tuple[str, str]:
-    messages = request.body.get("messages") or []
-    last = messages[-1] if messages else {}
-    content = last.get("content")
-    if isinstance(content, list):
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return last.get("role", ""), content or ""
-
-
 def responder(request: Any) -> Reply:
     """triage: `ask:<a>|<b>` calls `billing` once per task in one response, then answers
     with the results it read; billing: `charge:<x>` calls the non-idempotent `charge` tool,
     `hold:<n>` waits for a release, else answers `billed <task>`; `loop` (agent `looper`)
     delegates to itself for ever."""
-    system = _system(request)
-    role, last = _last(request)
+    system = system_text(request)
+    role, last = last_message_text(request)
     if "triage" in system:
         if role == "tool" or last.startswith("Resuming from"):  # the results (and a resume's notice)
             results = [m["content"] for m in request.body["messages"] if m.get("role") == "tool"]

@@ -39,6 +39,7 @@ from fxworker.store.types import DELEGATED_LEVEL
 from tests.upgrade.deployment import Deployment
 from tests.upgrade.previous import Tree, current_tree, materialise
 from tests.upgrade.processes import TreeWeb
+from tests.durable.conftest import last_message_text, system_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.celery, pytest.mark.timeout(240)]
 
@@ -50,28 +51,11 @@ OLD_AGENTS = "tests.upgrade.previous_billing"  # billing alone, copied into the 
 TURN_S = 30.0
 
 
-def _system(request: Any) -> str:
-    for m in request.body.get("messages") or []:
-        if m.get("role") == "system":
-            c = m.get("content")
-            return c if isinstance(c, str) else json.dumps(c)
-    return ""
-
-
-def _last(request: Any) -> tuple[str, str]:
-    messages = request.body.get("messages") or []
-    last = messages[-1] if messages else {}
-    content = last.get("content")
-    if isinstance(content, list):
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return last.get("role", ""), content or ""
-
-
 def responder(request: Any) -> Reply:
     """triage: hands its prompt to `billing`, then answers with the result it read;
     billing: answers `billed <task>`."""
-    role, last = _last(request)
-    if "triage" in _system(request):
+    role, last = last_message_text(request)
+    if "triage" in system_text(request):
         if role == "tool":
             return Reply(text("answer: " + last), usage(5, 3))
         return Reply(tool_call(f"call_{uuid.uuid4().hex[:8]}", "billing", {"input": last}), usage(7, 2))
@@ -139,7 +123,7 @@ def billing_requests(d: Deployment) -> list[str]:
     """The release of the worker behind each of billing's model requests, in order."""
     release = d.release_of_pid()
     return [release.get(int(r.headers["x-fx-pid"]), "?") for r in d.model.requests
-            if "billing" in _system(r) and "triage" not in _system(r)]
+            if "billing" in system_text(r) and "triage" not in system_text(r)]
 
 
 def test_a_delegated_turn_waits_for_a_process_that_answers_its_parent(deployment: Deployment) -> None:
