@@ -9,11 +9,14 @@ directory and first on the path. Readiness is an event: the worker's ready mark
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -105,3 +108,29 @@ def trouble(log_path: Path, limit: int = 20) -> list[str]:
     except OSError:
         return []
     return [line[:400] for line in lines if TROUBLE.search(line)][:limit]
+
+
+def wait_for(what: str, check: Any, timeout_s: float = 30.0) -> Any:
+    """`check()`'s first truthy answer, asked every 50 ms; fails after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def state(web: TreeWeb, session_id: str) -> dict[str, Any]:
+    """A session's state, as `web` answers it."""
+    answer = httpx.get(f"{web.url}/v1/sessions/{session_id}", timeout=10)
+    answer.raise_for_status()
+    found: dict[str, Any] = answer.json()
+    return found
+
+
+def lines(web: TreeWeb, session_id: str) -> list[dict[str, Any]]:
+    """A session's stored lines from cursor 0, as `web` serves them."""
+    answer = httpx.get(f"{web.url}/v1/sessions/{session_id}/stream", params={"cursor": 0, "follow": "0"}, timeout=10)
+    answer.raise_for_status()
+    return [json.loads(raw) for raw in answer.text.splitlines() if raw.strip()]

@@ -38,7 +38,7 @@ from fxworker.store import redis_store
 from fxworker.store.types import DELEGATED_LEVEL
 from tests.upgrade.deployment import Deployment
 from tests.upgrade.previous import Tree, current_tree, materialise
-from tests.upgrade.processes import TreeWeb
+from tests.upgrade.processes import lines, state, wait_for
 from tests.durable.conftest import last_message_text, system_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.celery, pytest.mark.timeout(240)]
@@ -94,29 +94,6 @@ def deployment(before_delegation: Tree) -> Iterator[Deployment]:
         yield d
     finally:
         d.close()
-
-
-def wait_for(what: str, check: Any, timeout_s: float = TURN_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
-def state(web: TreeWeb, session_id: str) -> dict[str, Any]:
-    answer = httpx.get(f"{web.url}/v1/sessions/{session_id}", timeout=10)
-    answer.raise_for_status()
-    found: dict[str, Any] = answer.json()
-    return found
-
-
-def lines(web: TreeWeb, session_id: str) -> list[dict[str, Any]]:
-    answer = httpx.get(f"{web.url}/v1/sessions/{session_id}/stream", params={"cursor": 0, "follow": "0"}, timeout=10)
-    answer.raise_for_status()
-    return [json.loads(raw) for raw in answer.text.splitlines() if raw.strip()]
 
 
 def billing_requests(d: Deployment) -> list[str]:

@@ -21,9 +21,7 @@ and left alone by its worker; upgraded again, it runs on: one refund, `end_turn`
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import pytest
@@ -36,7 +34,7 @@ from tests.durable.conftest import responder
 from tests.durable.tooling import refunds_key
 from tests.upgrade.deployment import Deployment
 from tests.upgrade.previous import Tree, current_tree
-from tests.upgrade.processes import TreeWeb
+from tests.upgrade.processes import lines, state, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.celery, pytest.mark.timeout(240)]
 
@@ -50,30 +48,6 @@ def parked_deployment(previous: Tree) -> Iterator[Deployment]:
         yield d
     finally:
         d.close()
-
-
-def wait_for(what: str, check: Any, timeout_s: float = TURN_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
-def state(web: TreeWeb, session_id: str) -> dict[str, Any]:
-    answer = httpx.get(f"{web.url}/v1/sessions/{session_id}", timeout=10)
-    answer.raise_for_status()
-    found: dict[str, Any] = answer.json()
-    return found
-
-
-def lines(web: TreeWeb, session_id: str) -> list[dict[str, Any]]:
-    answer = httpx.get(f"{web.url}/v1/sessions/{session_id}/stream", params={"cursor": 0, "follow": "0"}, timeout=10)
-    answer.raise_for_status()
-    import json
-    return [json.loads(raw) for raw in answer.text.splitlines() if raw.strip()]
 
 
 def gate(d: Deployment) -> int:
