@@ -36,18 +36,26 @@ def done_key(amount: int, prefix: str = PREFIX) -> str:
     return f"{prefix}:test:refund-done:{amount}"
 
 
+async def held_until_released(r: Any, *, release: str, done: str, execution_id: str, what: str) -> None:
+    """Waits (bounded, `HOLD_BOUND_S`) until the key `release` is set, then records
+    `execution_id` in the list `done`: a run a test can cut mid-way and tell from one
+    that finished."""
+    deadline = time.monotonic() + HOLD_BOUND_S
+    while not r.exists(release):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} was never released")
+        await asyncio.sleep(0.02)
+    r.rpush(done, execution_id)
+
+
 async def _refund(input: dict[str, Any], ctx: Any) -> str:
     amount = int(input.get("amount", 0))
     r = tooling._redis()
     r.rpush(refunds_key(), f"{ctx.execution_id}|{ctx.epoch}|{amount}")
     if amount >= HELD_FROM:
         r.rpush(held_key(amount), f"{ctx.execution_id}|{os.getpid()}")
-        deadline = time.monotonic() + HOLD_BOUND_S
-        while not r.exists(release_key(amount)):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"refund {amount} was never released")
-            await asyncio.sleep(0.02)
-        r.rpush(done_key(amount), ctx.execution_id)
+        await held_until_released(r, release=release_key(amount), done=done_key(amount),
+                                  execution_id=ctx.execution_id, what=f"refund {amount}")
     return f"refunded {amount}"
 
 

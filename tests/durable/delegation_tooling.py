@@ -10,18 +10,16 @@ records its execution id in `charge_done_key(amount)` before it answers, so a te
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 from typing import Any
 
 from fxengine.tools import Tool
 from tests.durable import tooling
+from tests.durable.approval_tooling import held_until_released
 from tests.durable.tooling import PREFIX
 
 LOOPER_MAX_DEPTH = 2  # `looper`'s max_delegation_depth
 HELD_FROM = 900  # charges of this amount or more wait for their release key
-HOLD_BOUND_S = 60.0
 
 
 def charges_key(prefix: str = PREFIX) -> str:
@@ -41,12 +39,8 @@ async def _charge(input: dict[str, Any], ctx: Any) -> str:
     r = tooling._redis()
     r.rpush(charges_key(), f"{ctx.execution_id}|{ctx.epoch}|{amount}|{os.getpid()}")
     if amount >= HELD_FROM:
-        deadline = time.monotonic() + HOLD_BOUND_S
-        while not r.exists(charge_release_key(amount)):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"charge {amount} was never released")
-            await asyncio.sleep(0.02)
-        r.rpush(charge_done_key(amount), ctx.execution_id)
+        await held_until_released(r, release=charge_release_key(amount), done=charge_done_key(amount),
+                                  execution_id=ctx.execution_id, what=f"charge {amount}")
     return f"charged {amount}"
 
 
