@@ -36,8 +36,8 @@ their agent's own workers). In each, after a warm-up:
    ``IDLE_S`` measured the same way).
 
 Run: ``.venv/bin/python bench/delegation.py [--sample 200] [--count 30] [--shapes one,split]
-[--json PATH]`` (about 100 s at the defaults on 2 cores; ``--sample 50 --count 20`` about
-45 s).
+[--json PATH]`` (about 55 s at the defaults on 2 cores; ``--sample 50 --count 20``, as
+bench/run_all.py runs it, about 30 s).
 """
 
 from __future__ import annotations
