@@ -155,10 +155,11 @@ def new_prefix() -> str:
 
 
 def start_worker(server: RedisServer, prefix: str, model_url: str, *, concurrency: int = 100,
-                 env: dict[str, str] | None = None) -> CeleryWorker:
-    """One Celery worker process on `server` carrying agent `default` (bench/_agents.py)."""
+                 env: dict[str, str] | None = None, queues: tuple[str, ...] = ("default",)) -> CeleryWorker:
+    """One Celery worker process on `server` carrying agent `default` (bench/_agents.py),
+    or the agents `queues` names (of the module `env`'s FX_AGENTS names)."""
     worker = CeleryWorker(
-        redis_url=server.url, prefix=prefix, queues=("default",), agents=("default",), concurrency=concurrency,
+        redis_url=server.url, prefix=prefix, queues=queues, agents=("default",), concurrency=concurrency,
         env={"FX_AGENTS": "bench._agents", "FX_TEST_MODEL_URL": model_url, "FX_LOG_LEVEL": "WARNING",
              # The defaults a deployment runs with (the test workers' are shorter).
              "FX_LEASE_S": "15", "FX_SWEEP_S": "5", "FX_RESERVE_S": "30", "FX_DELIVERY_TIMEOUT_S": "300",

@@ -12,7 +12,8 @@ Settings chosen to fit 10 minutes on 2 cores: failover runs 30 kills with a 6 s 
 (FX_LEASE_S 6 rather than the default 15; FX_SWEEP_S at its default of 5 s, which must stay
 below the lease; the bound is lease_s + 1 s either way), about 4 minutes of the run;
 bench/e2e.py runs 2 rounds; bench/backlog.py 300 sessions (issue 35's case is 1,000: about
-2 min on its own); the py-spy profile (bench/profile_worker.py) is not part of it.
+2 min on its own); bench/delegation.py 50 rounds and 20 counted turns of each kind (the
+default is 200 and 30); the py-spy profile (bench/profile_worker.py) is not part of it.
 
 Run: ``.venv/bin/python bench/run_all.py [--only cost,scale] [--markdown]`` (about 6 min).
 """
@@ -50,6 +51,7 @@ BENCHES: dict[str, tuple[str, list[str], int]] = {
     "tracing": ("tracing.py", ["--turns", "100", "--rounds", "3"], 300),
     "backlog": ("backlog.py", ["--sessions", "300"], 240),
     "parked": ("parked.py", ["--sessions", "1000", "--sample", "100"], 180),
+    "delegation": ("delegation.py", ["--sample", "50", "--count", "20"], 180),
 }
 
 
