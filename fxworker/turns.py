@@ -455,7 +455,9 @@ class TurnRun:
     def _children_before(self) -> Callable[[], Awaitable[None]] | None:
         """For a turn that parks on delegated calls, their children's prompts, stored before
         the record that parks it (`EndRide.before`); woken once it is stored (`park`)."""
-        calls = self.delegated_calls()
+        # A call whose `delegate_start` is stored had its child prompted before that pause:
+        # a turn parked again after some answers prompts only its new calls' children.
+        calls = [call for call in self.delegated_calls() if call.id not in self.announced]
         if not calls:
             return None
 
