@@ -154,7 +154,7 @@ def test_a_call_handed_to_another_agent_and_its_session(
         assert page.text_content(f"{turn} .end") == "done"
         assert page.text_content(f"{turn} .assistant .text") == "triage: " + answer
         assert page.text_content(f"{turn} .tool .result") == "← " + answer
-        assert page.text_content(f"{turn} .tool .note") == "result given by agent:billing"  # the child's reply
+        assert page.text_content(f"{turn} .tool .note") == "answered by agent billing"  # the child's reply
         assert page.locator(".paused, .tool.waiting, .decide, button.approve, button.deny").count() == 0
         assert page.text_content(f"{turn} .tool .delegate a") == child  # the link stays
         assert not page.is_visible("#stop")

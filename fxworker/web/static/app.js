@@ -227,6 +227,9 @@ function decisionText(line) {
   const by = line.by ? " by " + line.by : "";
   if (line.decision === "approve") return "approved" + by;
   if (line.decision === "deny") return "denied" + by + (line.reason ? ": " + line.reason : "");
+  if (line.decision === "result" && typeof line.by === "string" && line.by.startsWith("agent:")) {
+    return "answered by agent " + line.by.slice("agent:".length); // a delegated call's child turn
+  }
   if (line.decision === "result") return "result given" + by;
   return String(line.decision) + by;
 }
