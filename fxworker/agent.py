@@ -69,12 +69,12 @@ from .ids import (
     validate_message_id,
     validate_session_id,
 )
-from .liveness import SENDER_TRUST_MS, layout_all_read
+from .liveness import layout_all_read
 from .runtime import LoopThread, SharedLoop
 from .settings import Settings
 from .store import RedisStore, close_default_store, default_store
 from .store.types import PARKED_LEVEL, Accepted, InputKind, SessionStatus
-from .wakers import CeleryWaker, Waker, wake_failures
+from .wakers import CeleryWaker, Waker, cancel_with_wake, wake_failures
 
 log = logging.getLogger("fxworker.agent")
 T = TypeVar("T")
@@ -578,15 +578,10 @@ class Session:
         whether a turn was targeted. A running worker sees the request in its inbox; a
         waiting session is woken only when no wake of it is outstanding (§7), so a cancel
         sent before any worker ran costs no second wake."""
-        # The ready mark first, as for an input (§5): a parked turn's session is out of the
-        # ready set, and the sweeper must find its cancel if this wake is lost.
-        await self.store.mark_ready(self.id)
-        target = await self.store.request_cancel(self.id, message_id=message_id)
-        state = await self.store.state(self.id)
+        target, state = await cancel_with_wake(self.store, self.id, message_id=message_id,
+                                               wake=lambda owner: self._wake(owner, "cancel"))
         if state is None:
             raise FxUnknownSessionError(f"no session {self.id}")
-        if state.status == "waiting" and (await self.store.mark_woken([self.id], trust_ms=SENDER_TRUST_MS))[0]:
-            await self._wake(state.agent, "cancel")
         return target is not None
 
     async def stream(self, cursor: int = 0, *, follow: bool = True) -> AsyncIterator[StoredLine]:

@@ -48,6 +48,7 @@ from fxengine.tools.runner import parse_arguments
 from . import protocol, tracing
 from .ids import SESSION_PREFIX, now_ms
 from .store.types import DELEGATED_LEVEL
+from .wakers import cancel_with_wake
 
 if TYPE_CHECKING:
     from fxengine.engine import Engine
@@ -308,12 +309,8 @@ async def cancel_children(parent: Parent, calls: Sequence[Call]) -> None:
     child not started yet ends `cancelled` before it runs)."""
     for call in calls:
         child = child_session_id(parent.session_id, call.tool, call.execution_id)
-        store = parent.store
-        await store.mark_ready(child)
-        await store.request_cancel(child, message_id=child_message_id(call.execution_id))
-        state = await store.state(child)
-        if state is not None and state.status == "waiting":
-            await _wake(parent.agent, child, state.agent, "cancel")
+        await cancel_with_wake(parent.store, child, message_id=child_message_id(call.execution_id),
+                               wake=lambda owner: _wake(parent.agent, child, owner, "cancel"))
 
 
 async def _wake(agent: WorkerAgent, session_id: str, owner: str, reason: str) -> None:

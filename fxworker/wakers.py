@@ -11,10 +11,16 @@ sweeper re-wakes ready sessions).
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .ids import now_ms
 from .keys import queue_name
+from .liveness import SENDER_TRUST_MS
+
+if TYPE_CHECKING:
+    from .store import RedisStore
+    from .store.types import SessionState
 
 
 def wake_payload(session_id: str, *, agent: str, reason: str) -> dict[str, Any]:
@@ -34,6 +40,23 @@ class Waker(Protocol):
 # (`failures`): a sender logs it and the sweeper wakes the session; anything else is a bug
 # and raises.
 BROKER_AWAY: tuple[type[BaseException], ...] = (OSError, TimeoutError)
+
+
+async def cancel_with_wake(store: RedisStore, session_id: str, *, message_id: str | None,
+                           wake: Callable[[str], Awaitable[None]]) -> tuple[str | None, SessionState | None]:
+    """A cancel request as every sender makes it: the ready mark first (a parked turn's
+    session is out of the ready set, and the sweeper must find its cancel if the wake is
+    lost, §5), the request (`message_id`'s turn, or the open or next one), then
+    `wake(owning agent)` only when the session waits and no wake of it is outstanding (§7:
+    a cancel sent before any worker ran costs no second wake). The targeted message id and
+    the session's state (None: no such session)."""
+    await store.mark_ready(session_id)
+    target = await store.request_cancel(session_id, message_id=message_id)
+    state = await store.state(session_id)
+    if (state is not None and state.status == "waiting"
+            and (await store.mark_woken([session_id], trust_ms=SENDER_TRUST_MS))[0]):
+        await wake(state.agent)
+    return target, state
 
 
 def wake_failures(waker: Any) -> tuple[type[BaseException], ...]:
