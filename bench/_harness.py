@@ -126,23 +126,30 @@ def fmt(v: float | None) -> str:
 
 
 class ModelProcess:
-    """The scripted model server (bench/_model.py) in a process of its own."""
+    """The scripted model server (bench/_model.py, or `script` with its arguments: a bench
+    that scripts its own) in a process of its own. It prints its URL, serves until its stdin
+    closes, then prints one JSON list: a row per chat request it served."""
 
-    def __init__(self) -> None:
+    def __init__(self, script: list[str] | None = None) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(BENCH / "_model.py")], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True,
+            [sys.executable, *(script or [str(BENCH / "_model.py")])], cwd=ROOT, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True,
         )
         assert self.proc.stdout is not None
         self.base_url = self.proc.stdout.readline().strip()
         if not self.base_url.startswith("http"):
             raise RuntimeError("the model server did not start")
 
+    def rows(self, timeout_s: float = 30) -> list[list[Any]]:
+        """Stops the server; its rows, as it printed them."""
+        out, _ = self.proc.communicate(timeout=timeout_s)
+        rows: list[list[Any]] = json.loads(out.strip().splitlines()[-1])
+        return rows
+
     def served(self) -> list[tuple[float, str, int]]:
-        """Stops the server; (arrival epoch ms, prompt, bytes of the messages) of every chat
-        request it served."""
-        out, _ = self.proc.communicate(timeout=30)
-        return [(float(at), str(p), int(n)) for at, p, n in json.loads(out.strip().splitlines()[-1])]
+        """Stops bench/_model.py's server; (arrival epoch ms, prompt, bytes of the messages)
+        of every chat request it served."""
+        return [(float(at), str(p), int(n)) for at, p, n in self.rows()]
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 import uuid
@@ -147,26 +146,6 @@ def serve_model() -> None:
                 who, prompt, results = _read(r.body.get("messages") or [])
                 served.append([r.at_ms, who, prompt, len(results)])
         print(json.dumps(served), flush=True)
-
-
-class ModelProcess:
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve-model"], cwd=ROOT, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        self.base_url = self.proc.stdout.readline().strip()
-        if not self.base_url.startswith("http"):
-            raise RuntimeError("the model server did not start")
-
-    def served(self) -> list[tuple[float, str, str, int]]:
-        """Stops the server; what it served (see `serve_model`)."""
-        out, _ = self.proc.communicate(timeout=60)
-        return [(float(at), str(who), str(p), int(n)) for at, who, p, n in json.loads(out.strip().splitlines()[-1])]
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
 
 
 # ---------------------------------------------------------------------------- client
@@ -288,17 +267,18 @@ def main() -> int:
     if not shapes or any(s not in SHAPES for s in shapes):
         parser.error(f"--shapes: some of {', '.join(SHAPES)}")
 
+    from bench._harness import ModelProcess
     from tests.support.redis_server import RedisServer
 
     started = time.monotonic()
     server = RedisServer()
-    model = ModelProcess()
+    model = ModelProcess([__file__, "--serve-model"])
     data: dict[str, Any] = {"sample": args.sample, "count": args.count, "shapes": {}}
     try:
         print(f"model server pid {model.proc.pid}, redis port {server.port}", flush=True)
         for shape in shapes:
             data["shapes"][shape] = run_shape(shape, args, server, model.base_url)
-        served = model.served()
+        served = [(float(at), str(who), str(p), int(n)) for at, who, p, n in model.rows(60)]  # see `serve_model`
     finally:
         model.close()
         server.close()

@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import time
 import urllib.request
@@ -129,26 +128,6 @@ def serve_model() -> None:
                 messages = r.body.get("messages") or []
                 served.append([r.at_ms, last_user_text(messages), messages[-1].get("role") if messages else ""])
         print(json.dumps(served), flush=True)
-
-
-class ModelProcess:
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve-model"], cwd=ROOT, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        self.base_url = self.proc.stdout.readline().strip()
-        if not self.base_url.startswith("http"):
-            raise RuntimeError("the model server did not start")
-
-    def served(self) -> list[tuple[float, str, str]]:
-        """Stops the server; what it served (see `serve_model`)."""
-        out, _ = self.proc.communicate(timeout=60)
-        return [(float(at), str(p), str(role)) for at, p, role in json.loads(out.strip().splitlines()[-1])]
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
 
 
 # ---------------------------------------------------------------------------- memory
@@ -388,12 +367,12 @@ def main() -> int:
     if args.sample > args.sessions:
         parser.error("--sample is at most --sessions")
 
-    from bench._harness import new_prefix, start_worker
+    from bench._harness import ModelProcess, new_prefix, start_worker
     from tests.support.redis_server import RedisServer, free_port
 
     started = time.monotonic()
     server = RedisServer()
-    model = ModelProcess()
+    model = ModelProcess([__file__, "--serve-model"])
     prefix = new_prefix()
     metrics_port = free_port()
     worker = None
@@ -407,7 +386,7 @@ def main() -> int:
         data = run(args, server, agent, worker, metrics_port, prefix)
         agent.close()
         agent = None
-        served = model.served()
+        served = [(float(at), str(p), str(role)) for at, p, role in model.rows(60)]  # see `serve_model`
     finally:
         if agent is not None:
             agent.close()
