@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 from fxengine import approvals
 from fxengine.codes import Code
-from fxengine.errors import FxError, FxInputError
+from fxengine.errors import FxError, FxInputError, FxJournalVersionError
 from fxengine.limits import Block, check_prompt_input
 from fxengine.lines import ErrorBody
 from fxengine.tools.definition import Tool
@@ -157,6 +157,16 @@ def link_of(settings: object) -> Link | None:
     return {"v": LINK_VERSION, "parent": str(raw["parent"]), "turn": str(raw["turn"]), "call": str(raw["call"]),
             "depth": int(raw["depth"]), "maxDepth": int(raw["maxDepth"]),
             "refuse": {"code": str(refuse["code"]), "message": str(refuse["message"])} if refuse else None}
+
+
+def check_version(settings: object) -> None:
+    """`FxJournalVersionError` for a link a newer release wrote (a later `v`): this release
+    would run its turn as a plain prompt that answers no one, so the input is left to a
+    process that reads it (`Work._let_go_for_newer`), nothing ended."""
+    raw = settings.get(LINK_KEY) if isinstance(settings, Mapping) else None
+    version = raw.get("v") if isinstance(raw, Mapping) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > LINK_VERSION:
+        raise FxJournalVersionError(f"a delegation link of version {version} (this release reads {LINK_VERSION})")
 
 
 def refusal(link: Link | None) -> ErrorBody | None:

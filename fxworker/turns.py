@@ -152,9 +152,11 @@ def fenced_stop(session_id: str, epoch: int) -> FxLeaseLostError:
 
 
 def check_readable(entry: Input) -> None:
-    """Raises `FxInputError` (`FX_INVALID_INPUT`) for an input the store could not decode."""
+    """Raises `FxInputError` (`FX_INVALID_INPUT`) for an input the store could not decode,
+    and `FxJournalVersionError` for one whose delegation link a newer release wrote."""
     if entry.unreadable:
         raise FxInputError(f"input {entry.message_id} cannot run: {entry.unreadable}")
+    delegation.check_version(entry.settings)
 
 
 def _text(entry: Input) -> str | None:

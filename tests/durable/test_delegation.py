@@ -455,3 +455,29 @@ async def test_an_answer_to_a_parent_session_that_is_gone_is_dropped(team: Team)
     await asyncio.wait_for(delegation.reply(
         team.billing, team.billing.store, link, child_session="fxs_01J00000000000000000000EAR", child_turn="t3",
         stop_reason="end_turn", text="x", error=None, usage=None), TURN_S)
+
+
+async def test_a_link_of_a_newer_version_is_left_for_a_newer_process(team: Team) -> None:
+    """A delegated prompt whose link a newer release wrote (`v` 2): this release would run
+    it as a plain prompt that answers no one, so it leaves it (meta `newer`), nothing
+    ended, its prompt still pending."""
+    from fxworker.store.types import LAYOUT_LEVEL
+
+    child = team.billing.new_session_id()
+    link = {"v": 2, "parent": team.triage.new_session_id(), "turn": "t", "call": "c", "depth": 1, "maxDepth": 3,
+            "refuse": None}
+    accepted = await team.billing.store.accept(child, agent="billing", kind="prompt", message_id="dlg_newer",
+                                               input="plain", settings={"delegation": link})
+    team.billing.wake(child, reason="test")
+    assert not accepted.repeated
+
+    async def let_go() -> Any:
+        while True:
+            state = await team.billing.store.state(child)
+            if state is not None and state.newer is not None and state.lease_holder is None and state.epoch > 0:
+                return state
+            await asyncio.sleep(0.02)
+    state = await asyncio.wait_for(let_go(), TURN_S)
+    assert state.newer == LAYOUT_LEVEL + 1 and state.status == "waiting" and state.pending == 1, state
+    lines = await stored_lines(team.billing, child)
+    assert [line for line in lines if line.get("messageId") == "dlg_newer"] == []  # nothing ended
