@@ -43,6 +43,8 @@ class Code(StrEnum):
     DELEGATION_DEPTH = "FX_DELEGATION_DEPTH"
     DELEGATION_FANOUT = "FX_DELEGATION_FANOUT"
     DELEGATION_INVALID = "FX_DELEGATION_INVALID"
+    OUTPUT_TYPE_INVALID = "FX_OUTPUT_TYPE_INVALID"
+    OUTPUT_INVALID = "FX_OUTPUT_INVALID"
 
     # -- limits ------------------------------------------------------------------------------
     LIMIT = "FX_LIMIT"

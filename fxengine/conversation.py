@@ -96,12 +96,24 @@ class ResumedBody(TypedDict):
     retract: list[int]
 
 
+class OutputBody(TypedDict):
+    """`output`: the verdict on a typed answer (`fxengine.output`): `value` when valid, else
+    `errors` and the `retry` text the model reads (absent when a final-result call's
+    result carried it)."""
+
+    step: int
+    value: NotRequired[object]
+    errors: NotRequired[list[dict[str, object]]]
+    retry: NotRequired[str]
+
+
 class TurnEndBody(TypedDict):
-    """`turn_end {stopReason, usage, error?}` (`events.EndBody`)."""
+    """`turn_end {stopReason, usage, error?, output?}` (`events.EndBody`)."""
 
     stopReason: str
     usage: dict[str, int]
     error: NotRequired[dict[str, object]]
+    output: NotRequired[object]
 
 
 class LastEnd(TypedDict):
@@ -111,6 +123,7 @@ class LastEnd(TypedDict):
     usage: dict[str, int]
     error: dict[str, object] | None
     steps: list[int]
+    output: NotRequired[object]  # a typed turn's answer
 
 
 class Pending(TypedDict):
@@ -137,6 +150,12 @@ class OpenTurn:
     awaiting: list[AwaitingCall] = field(default_factory=list)  # calls of `pending` waiting for a decision
     decided: list[str] = field(default_factory=list)  # ids of `pending`'s calls a decision answered
     paused: bool = False  # parked until its awaiting calls are decided (`turn_pause`)
+    # A typed answer's verdicts (`output` records): the valid answer, if one came and no
+    # user text followed it; how many answers were refused, and the last one's errors.
+    answered: bool = False
+    answer: object = None
+    output_retries: int = 0
+    output_errors: list[dict[str, object]] = field(default_factory=list)
 
     def to_dict(self) -> OpenTurnState:
         return {
@@ -152,6 +171,10 @@ class OpenTurn:
             "awaiting": list(self.awaiting),
             "decided": list(self.decided),
             "paused": self.paused,
+            "answered": self.answered,
+            "answer": self.answer,
+            "outputRetries": self.output_retries,
+            "outputErrors": list(self.output_errors),
         }
 
     @classmethod
@@ -169,6 +192,10 @@ class OpenTurn:
             awaiting=list(raw.get("awaiting") or []),
             decided=list(raw.get("decided") or []),
             paused=bool(raw.get("paused", False)),
+            answered=bool(raw.get("answered", False)),
+            answer=raw.get("answer"),
+            output_retries=int(raw.get("outputRetries", 0)),
+            output_errors=list(raw.get("outputErrors") or []),
         )
 
     @property
@@ -215,6 +242,10 @@ class OpenTurnState(TypedDict):
     awaiting: NotRequired[list[AwaitingCall]]
     decided: NotRequired[list[str]]
     paused: NotRequired[bool]
+    answered: NotRequired[bool]
+    answer: NotRequired[object]
+    outputRetries: NotRequired[int]
+    outputErrors: NotRequired[list[dict[str, object]]]
 
 
 class ConversationState(TypedDict, total=False):
@@ -340,6 +371,20 @@ class Conversation:
 
     def _on_accepted(self, body: AcceptedBody) -> None:
         self._user({"role": "user", "blocks": [{"type": "text", "text": body["text"]}]})
+        turn = self.open
+        if turn is not None:
+            turn.answered, turn.answer = False, None  # a steer after the answer: the model answers again
+
+    def _on_output(self, body: OutputBody) -> None:
+        turn = self._require_open()
+        if "value" in body:
+            turn.answered, turn.answer = True, body["value"]
+            return
+        turn.output_retries += 1
+        turn.output_errors = list(body.get("errors") or [])
+        retry = body.get("retry")
+        if retry:
+            self._user({"role": "user", "blocks": [{"type": "text", "text": retry}]})
 
     def _on_resumed(self, body: ResumedBody) -> None:
         turn = self._require_open()
@@ -367,6 +412,8 @@ class Conversation:
         self.last_turn_id = turn.id
         self.last_end = {"stopReason": body.get("stopReason"), "usage": clean_usage(body.get("usage")),
                          "error": body.get("error"), "steps": list(turn.responded)}
+        if "output" in body:
+            self.last_end["output"] = body["output"]
         self.open = None
 
     def _require_open(self) -> OpenTurn:

@@ -17,7 +17,7 @@ import dataclasses
 import inspect
 import json
 from collections.abc import Awaitable, Mapping, Sequence
-from typing import Unpack
+from typing import Any, Unpack, overload
 
 import httpx
 
@@ -40,11 +40,12 @@ from .limits import (
     stage_prompt_input,
 )
 from .loop import OnAmbiguous, TurnOptions, TurnRunner
+from .output import DEFAULT_OUTPUT_RETRIES, FINAL_RESULT_TOOL, Output
 from .persistence import Persistence
 from .providers import ModelSpec, Provider, check_model, resolve_provider
 from .providers.auth import CredentialsFn, OnCredentialsFn, RefreshLockFn
 from .tools.definition import Tool, check_tools
-from .turn import Turn, TurnResult
+from .turn import OutputT, Turn, TurnResult
 
 DEFAULT_MAX_MODEL_TURNS = 50
 # A streamed reply may pause for minutes (long reasoning); connecting may not.
@@ -75,6 +76,13 @@ def _check_yield_at(yield_at: object) -> float | None:
     return float(yield_at)
 
 
+def check_output(output: Output[Any], core: EngineCore) -> None:
+    """`FX_TOOL_INVALID` when the final-result tool a typed answer would add clashes with a tool."""
+    if not output.text and output.mode_for(core.spec) == "tool" and FINAL_RESULT_TOOL in core.tools:
+        raise FxInputError(f"a tool named {FINAL_RESULT_TOOL!r} clashes with the typed answer's final-result tool; "
+                           "rename the tool or use output_mode='native'", code=Code.TOOL_INVALID)
+
+
 class Engine:
     """One conversation. Create it with `create_engine()`; one prompt runs at a time.
 
@@ -98,6 +106,7 @@ class Engine:
         context: JSONValue,
         epoch: int | None,
         resize_image: ResizeImage | None = None,
+        output: Output[Any] | None = None,
     ) -> None:
         self._own_client = http_client is None
         self._resize_image = resize_image
@@ -116,6 +125,9 @@ class Engine:
             epoch=epoch,
             on_journal_failure=self._on_journal_failure,
         )
+        self.output = output  # how a turn's answer is typed, unless its prompt says otherwise
+        if output is not None:
+            check_output(output, self.core)
         self._running: TurnRunner | None = None
         self._broken: FxError | None = None
         self._detached = False
@@ -177,7 +189,16 @@ class Engine:
         if self._running is not None:
             raise FxError("a turn is already running on this engine (one prompt at a time)", code=Code.TURN_RUNNING)
 
-    def prompt(self, input: str | Sequence[object], *, yield_at: float | None = None, turn_id: str | None = None) -> Turn:
+    @overload
+    def prompt(self, input: str | Sequence[object], *, yield_at: float | None = None, turn_id: str | None = None,
+               output_type: None = None) -> Turn: ...
+
+    @overload
+    def prompt(self, input: str | Sequence[object], *, yield_at: float | None = None, turn_id: str | None = None,
+               output_type: type[OutputT]) -> Turn[OutputT]: ...
+
+    def prompt(self, input: str | Sequence[object], *, yield_at: float | None = None, turn_id: str | None = None,
+               output_type: type[Any] | None = None) -> Turn[Any]:
         """Starts a turn and returns it at once.
 
         Args:
@@ -190,6 +211,9 @@ class Engine:
                 after that time (its first request always goes).
             turn_id: the turn's id; the open turn's id resumes it, the last ended
                 turn's id answers its result again (`repeated=True`) and runs nothing.
+            output_type: this turn's answer is an object of this type (`fxengine.output`;
+                the engine's `output_mode` and `output_retries` apply), in place of the
+                engine's `output_type`.
 
         Raises:
             FxInputError / FxLimitError: bad input, before anything is sent or stored;
@@ -201,6 +225,7 @@ class Engine:
         yield_at = _check_yield_at(yield_at)
         if turn_id is not None:
             _check_turn_id(turn_id)
+        output = self._output_of(output_type)
         blocks, prepare = self._prompt_blocks(input)
         if turn_id is not None:
             conv = self.core.conversation
@@ -209,19 +234,31 @@ class Engine:
             if repeat and inspect.iscoroutine(prepare):
                 prepare.close()  # a repeated turn id runs nothing of this input
             if conv.open is not None and turn_id == conv.open.id:
-                resumed = self.resume(yield_at=yield_at)
+                resumed = self.resume(yield_at=yield_at, output_type=output_type)
                 assert resumed is not None
                 return resumed
             if turn_id == conv.last_turn_id and conv.last_end is not None:
                 end = conv.last_end
-                runner = self._runner(turn_id)
+                runner = self._runner(turn_id, output=output)
                 runner.finish_now(TurnResult(end.get("stopReason") or "end_turn", dict(end.get("usage") or {}),
-                                             end.get("error"), repeated=True))
+                                             end.get("error"), repeated=True,
+                                             output=runner.load_output(end["output"]) if "output" in end else None))
                 return Turn(runner)
-        runner = self._runner(turn_id or new_turn_id(), blocks=blocks, prepare=prepare, yield_at=yield_at)
+        runner = self._runner(turn_id or new_turn_id(), blocks=blocks, prepare=prepare, yield_at=yield_at,
+                              output=output)
         self._running = runner
         runner.start()
         return Turn(runner)
+
+    def _output_of(self, output_type: object) -> Output[Any] | None:
+        """The typing of one turn: its own `output_type`, else the engine's."""
+        if output_type is None:
+            return self.output
+        base = self.output
+        output: Output[Any] = Output(output_type, mode=base.mode if base is not None else "auto",
+                                     retries=base.retries if base is not None else DEFAULT_OUTPUT_RETRIES)
+        check_output(output, self.core)
+        return output
 
     def _prompt_blocks(self, input: object) -> tuple[list[Block] | None, Awaitable[list[object]] | None]:
         """(blocks, None) checked now, or (None, an awaitable of the blocks) when an async
@@ -246,7 +283,8 @@ class Engine:
         next_step: int | None = None,
         decisions: Mapping[str, object] | None = None,
         decision_inputs: Mapping[str, str] | None = None,
-    ) -> Turn | None:
+        output_type: type[Any] | None = None,
+    ) -> Turn[Any] | None:
         """Continues the turn the last engine left open, or returns None when there is none.
 
         A `paused` turn continues with `decisions`, ``{call id: decision}`` for the calls
@@ -265,7 +303,9 @@ class Engine:
         ``on_ambiguous({"executionId", "name", "input"})`` returns ``"rerun"``.
         `no_rerun=True` answers every call left running that way. The model is told
         "Resuming from unexpected session interruption." unless the turn had yielded.
-        `next_step` sets the number of the next model step.
+        `next_step` sets the number of the next model step. `output_type`, for a turn a
+        prompt typed with its own: as there (a typed turn resumes from its journaled
+        verdicts: a valid answer is not asked for again).
 
         Raises:
             FxInputError: `FX_DECISION_INVALID`, `FX_DECISION_UNKNOWN_CALL` or
@@ -273,6 +313,7 @@ class Engine:
                 journaled); `FX_INVALID_INPUT` for a bad option.
         """
         self._check_usable()
+        output = self._output_of(output_type)
         if on_ambiguous is not None and not callable(on_ambiguous):
             raise FxInputError("on_ambiguous must be a function")
         if next_step is not None and (not isinstance(next_step, int) or isinstance(next_step, bool) or next_step < 1):
@@ -285,7 +326,7 @@ class Engine:
         if open_turn is None:
             return None
         runner = self._runner(open_turn.id, yield_at=yield_at, resume=True, on_ambiguous=on_ambiguous,
-                             no_rerun=no_rerun, next_step=next_step, decisions=decided)
+                             no_rerun=no_rerun, next_step=next_step, decisions=decided, output=output)
         self._running = runner
         runner.start()
         return Turn(runner)
@@ -415,6 +456,9 @@ async def create_engine(
     on_credentials: OnCredentialsFn | None = None,
     refresh_lock: RefreshLockFn | None = None,
     resize_image: ResizeImage | None = None,
+    output_type: object = None,
+    output_mode: str = "auto",
+    output_retries: int = DEFAULT_OUTPUT_RETRIES,
 ) -> Engine:
     """Creates an engine (and loads its journal when `persistence` is given).
 
@@ -452,9 +496,18 @@ async def create_engine(
         resize_image: ``hook({"bytes", "mime_type"}) -> {"bytes", "mime_type"}`` (sync or
             async), applied to every prompt image before the limits (to downscale or
             convert it).
+        output_type: every turn's answer is an object of this type, validated (a pydantic
+            model, a dataclass, a `TypedDict`, a union of them, ``"module:Name"``, or
+            `str`); `TurnResult.output` holds it (`fxengine.output`).
+        output_mode: ``"auto"`` (native where the model's catalog entry says it takes a
+            JSON-schema response format, else a final-result tool), ``"native"`` or
+            ``"tool"``.
+        output_retries: answers refused by validation that go back to the model with
+            the errors before the turn ends `error` `FX_OUTPUT_INVALID` (0 to 10).
 
     Raises:
-        FxInputError: a bad model, setting, provider, tool or option (`FX_*` codes); the
+        FxInputError: a bad model, setting, provider, tool or option (`FX_*` codes;
+            `FX_OUTPUT_TYPE_INVALID` for an output type pydantic cannot describe); the
             model is checked by `fxengine.providers.check_model`, the check the durable
             layer runs when an agent or session is made.
         FxProviderError: `FX_PROVIDER_NO_CREDENTIALS` when AI Gateway has no key.
@@ -479,6 +532,10 @@ async def create_engine(
         raise FxInputError("epoch must be an integer")
     if resize_image is not None and not callable(resize_image):
         raise FxInputError("resize_image must be a function")
+    output: Output[Any] | None = (Output(output_type, mode=output_mode, retries=output_retries)
+                                  if output_type is not None else None)
+    if output is None:
+        Output(str, mode=output_mode, retries=output_retries)  # the options are checked all the same
     engine = Engine(
         provider=resolved,
         spec=spec,
@@ -493,6 +550,7 @@ async def create_engine(
         context=context,
         epoch=epoch,
         resize_image=resize_image,
+        output=output,
     )
     try:
         await engine.core.load(bytes(checkpoint) if checkpoint is not None else None)

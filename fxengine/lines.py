@@ -53,19 +53,28 @@ class ErrorBody(TypedDict):
 
 
 class EndBody(TypedDict):
-    """How a turn ended: `{stopReason, usage, error?}`, the body of its `turn_end` record,
-    of the event sink's `turn_end` and of a session's `turn_end` line."""
+    """How a turn ended: `{stopReason, usage, error?, output?}`, the body of its `turn_end`
+    record, of the event sink's `turn_end` and of a session's `turn_end` line. `output` is a
+    typed turn's answer as JSON (`fxengine.output`)."""
 
     stopReason: str
     usage: dict[str, int]
     error: NotRequired[dict[str, object]]
+    output: NotRequired[object]
 
 
-def end_body(stop_reason: str, usage: Mapping[str, int] | None, error: Mapping[str, object] | None) -> EndBody:
-    """`{stopReason, usage, error?}`: `usage` always present, `error` only when there is one."""
+_NO_OUTPUT: object = object()
+
+
+def end_body(stop_reason: str, usage: Mapping[str, int] | None, error: Mapping[str, object] | None,
+             output: object = _NO_OUTPUT) -> EndBody:
+    """`{stopReason, usage, error?, output?}`: `usage` always present, `error` only when
+    there is one, `output` only for a typed turn's answer."""
     body: EndBody = {"stopReason": stop_reason, "usage": dict(usage or {})}
     if error:
         body["error"] = dict(error)
+    if output is not _NO_OUTPUT:
+        body["output"] = output
     return body
 
 

@@ -16,7 +16,9 @@ collaborator's: the start of a new turn (`opening.TurnOpening`), the steers wait
 the next safe point (`steering.SteerQueue`), one model step (`streaming.ModelStream`), a
 step's tool calls, or those a crashed turn left running (`tool_calls.ToolCalls`), and the
 calls that wait for a person's or a client's decision (`approvals.Approvals`): a turn with
-such calls undecided stops `paused` and stays open.
+such calls undecided stops `paused` and stays open. A typed turn (`fxengine.output`) has
+each answer judged as its response is recorded (`_judge`, `_record_verdict`); the verdicts
+in the journal say whether it ends (`_stop_before_request`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from . import events as ev
 from .approvals import Approvals, Decided, pending_calls
@@ -34,10 +37,12 @@ from .ids import now_ms
 from .journal.journal import JournalStopped
 from .limits import Block
 from .opening import TurnOpening
+from .output import FINAL_RESULT_TOOL, Output, Verdict, error_body
 from .steering import SteerQueue, steer_text
 from .streaming import ModelStream
 from .tool_calls import AMBIGUOUS_RESULT, DONE, InFlight, OnAmbiguous, ToolCalls
 from .tools.definition import Signal
+from .tools.runner import ToolCall, parse_arguments
 from .turn import EventBuffer, TurnResult
 
 if TYPE_CHECKING:
@@ -69,6 +74,24 @@ class Halt(enum.IntEnum):
     JOURNAL_FAILED = 3  # an append failed: the turn ends with FX_JOURNAL_APPEND_FAILED
 
 
+# What the model reads for a final-result call answered, and for calls of the response
+# that gave the answer (not run: the answer ends the turn).
+FINAL_RESULT_TAKEN = "Final result taken."
+NOT_RUN_AFTER_ANSWER = "Not run: the final result was given in the same response."
+ONE_FINAL_RESULT = "Not taken: give the final result in one call."
+
+
+@dataclass
+class Judged:
+    """A typed answer's verdict on one response: `final` is the final-result call judged
+    (tool mode), `rest` the calls that still run, `answered` those answered without running."""
+
+    verdict: Verdict
+    final: ToolCall | None = None
+    rest: list[ToolCall] = field(default_factory=list)
+    answered: list[tuple[ToolCall, str, bool]] = field(default_factory=list)  # (call, content, is_error)
+
+
 class TurnOptions(TypedDict, total=False):
     """What a turn runs with besides its core and id (`TurnRunner`'s keyword arguments)."""
 
@@ -80,6 +103,7 @@ class TurnOptions(TypedDict, total=False):
     no_rerun: bool
     next_step: int | None
     decisions: list[Decided] | None
+    output: Output[Any] | None
 
 
 class TurnRunner:
@@ -105,11 +129,12 @@ class TurnRunner:
         no_rerun: bool = False,
         next_step: int | None = None,
         decisions: list[Decided] | None = None,
+        output: Output[Any] | None = None,
     ) -> None:
         self.core = core
         self.turn_id = turn_id
         self.events = EventBuffer(sink=core.event_sink, diag=core.diag)
-        self.result_future: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
+        self.result_future: asyncio.Future[TurnResult[Any]] = asyncio.get_running_loop().create_future()
         open_turn = core.conversation.open
         self.retract_candidates: list[int] = open_turn.retract if resume and open_turn is not None else []
         self.signal = Signal()
@@ -132,6 +157,15 @@ class TurnRunner:
         self._calls = ToolCalls(core, turn_id, signal=self.signal, events=self.events,
                                 raise_if_halted=self._raise_if_halted, on_ambiguous=on_ambiguous, no_rerun=no_rerun)
         self._approvals = Approvals(core, turn_id, signal=self.signal, events=self.events, decisions=decisions)
+        # A typed turn: how its answer is asked for (the request's part) and judged.
+        self._output = output if output is not None and not output.text else None
+        self._text_output = output is not None and output.text
+        self._by_tool = self._output is not None and self._output.mode_for(core.spec) == "tool"
+        self._ask: dict[str, object] | None = None
+        if self._output is not None:
+            self._ask = ({"tool": self._output.tool()} if self._by_tool
+                         else {"response_format": self._output.response_format()})
+        self._stream.ask = self._ask
 
     def __repr__(self) -> str:
         halt = f" halt={self._halt.name}" if self._halt is not None else ""
@@ -295,14 +329,20 @@ class TurnRunner:
             elif (result := self._halted_result(usage)) is None:
                 stop, error = outcome if outcome is not None else ("cancelled", None)
                 self._record_partial()
+                answer = self._answer() if stop == "end_turn" else None
                 if stop == "paused":
                     core.pause_turn()
+                elif stop == "yielded":
+                    core.end_turn(self.turn_id, None)
+                elif answer is not None:
+                    core.end_turn(self.turn_id, ev.end_body(stop, usage, error, output=answer[0]))
                 else:
-                    core.end_turn(self.turn_id, None if stop == "yielded" else ev.end_body(stop, usage, error))
+                    core.end_turn(self.turn_id, ev.end_body(stop, usage, error))
                 await core.journal.flush()
                 result = self._halted_result(usage)  # a failure or detach during the flush
                 if result is None:
-                    result = TurnResult(stop, usage, error, pending_calls=pending_calls(core) if stop == "paused" else [])
+                    result = TurnResult(stop, usage, error, pending_calls=pending_calls(core) if stop == "paused" else [],
+                                        output=self.load_output(answer[0]) if answer is not None else None)
                     await core.save_checkpoint()
         except Exception as exc:  # never leave a caller waiting on result()
             result = TurnResult("error", usage, {"code": Code.ERROR, "message": f"internal error: {exc!r}"})
@@ -310,6 +350,28 @@ class TurnRunner:
         self._on_finish(self)
         self.events.close()
         self.result_future.set_result(result)
+
+    def _answer(self) -> tuple[object] | None:
+        """A typed turn's answer as JSON (in a 1-tuple: it may be null), None for an
+        untyped turn; for `str`, the text of its last response."""
+        turn = self.core.conversation.open
+        if self._output is not None:
+            return (turn.answer,) if turn is not None and turn.answered else None
+        if self._text_output:
+            for message in reversed(self.core.conversation.messages):
+                if message["role"] == "assistant":
+                    return (message.get("content") or "",)
+            return ("",)
+        return None
+
+    def load_output(self, value: object) -> object:
+        """The answer's JSON as the caller's type (the text of a `str` turn)."""
+        if self._output is None:
+            return value
+        try:
+            return self._output.load(value)
+        except ValueError:
+            return value  # it validated when it was judged; a type that does not round-trip keeps its JSON
 
     def _record_partial(self) -> None:
         """Records what a step had streamed when the turn stopped inside it."""
@@ -403,6 +465,14 @@ class TurnRunner:
         """Why the turn stops before its next model request, if it does."""
         turn = self.core.conversation.open
         assert turn is not None
+        output = self._output
+        if output is not None:
+            # The verdicts in the journal decide, so a resumed turn stops where its last
+            # worker did: a valid answer is not asked for again, nor one past the retries.
+            if turn.answered:
+                return ("end_turn", None)
+            if turn.output_retries > output.retries:
+                return ("error", error_body(output, Verdict(errors=turn.output_errors), turn.output_retries))
         if self._end_requested and not first:
             return ("end_turn", None)  # a steer with images runs as the next turn
         if self._yield_requested or (not first and self._yield_at is not None and now_ms() >= self._yield_at):
@@ -422,17 +492,24 @@ class TurnRunner:
                                        "finishReason": finish, "usage": out.usage, "cut": cut}
         if out.reasoning:
             response["reasoning"] = "".join(out.reasoning)
+        judged = self._judge(out.content, calls) if not cut and finish not in ("length", "content_filter") else None
+        if judged is not None:
+            calls = judged.rest
         held = await self._approvals.classify(step, calls)
         barrier = self._calls.needs_barrier(calls)
         self._stream.forget()
         response_future = core.commit("model_response", response, marks=[DONE], barrier=barrier,
                                       want_ack=bool(calls))
+        if judged is not None:
+            await self._record_verdict(step, judged)  # in the response's append: a crash resumes from it
         if cut:
             return None
         if finish == "length":
             return ("max_output_tokens", None)
         if finish == "content_filter":
             return ("refused", None)
+        if judged is not None and not calls:
+            return None  # the verdict decides, before the next request (`_stop_before_request`)
         if not calls:
             if self._steers:
                 return None
@@ -442,3 +519,52 @@ class TurnRunner:
         if runnable:
             await self._calls.run(step, runnable, response_future)
         return ("paused", None) if self._approvals.waiting else None
+
+    # typed answers
+
+    def _judge(self, content: str, calls: list[ToolCall]) -> Judged | None:
+        """The verdict on a response of a typed turn (None: nothing to judge, its calls run)."""
+        output = self._output
+        if output is None:
+            return None
+        if not self._by_tool:
+            return None if calls else Judged(output.judge(content, by_tool=False))
+        finals = [call for call in calls if call["name"] == FINAL_RESULT_TOOL]
+        if not finals:
+            return None if calls else Judged(output.text_answer())
+        final, rest = finals[0], [call for call in calls if call["name"] != FINAL_RESULT_TOOL]
+        verdict = output.judge(final["arguments"], by_tool=True)
+        answered = [(call, ONE_FINAL_RESULT, True) for call in finals[1:]]
+        if verdict.ok:
+            answered = [(final, FINAL_RESULT_TAKEN, False), *answered,
+                        *((call, NOT_RUN_AFTER_ANSWER, False) for call in rest)]
+            rest = []
+        else:
+            answered = [(final, verdict.retry, True), *answered]
+        return Judged(verdict, final=final, rest=rest, answered=answered)
+
+    async def _record_verdict(self, step: int, judged: Judged) -> None:
+        """Records the verdict (and the calls it answers) right after the response, before
+        anything is awaited, so they go in its append; then tells the turn's reader."""
+        core = self.core
+        for call, content, is_error in judged.answered:
+            core.commit("tool_result", {"step": step, "id": call["id"], "name": call["name"], "content": content,
+                                        "isError": is_error}, marks=[DONE])
+        verdict = judged.verdict
+        body: dict[str, object] = {"step": step}
+        if verdict.ok:
+            body["value"] = verdict.value
+        else:
+            body["errors"] = verdict.errors
+            if judged.final is None:
+                body["retry"] = verdict.retry  # the model reads it as a user message
+        core.commit("output", body)
+        for call, content, is_error in judged.answered:
+            await self.events.put(ev.tool_start(call["id"], call["name"], _arguments(call), step))
+            await self.events.put(ev.tool_end(call["id"], call["name"], is_error=is_error, content=content, step=step))
+
+
+def _arguments(call: ToolCall) -> object:
+    """A call's arguments as the `tool_start` line shows them (the text when not JSON)."""
+    value, error = parse_arguments(call["arguments"])
+    return value if error is None else call["arguments"]

@@ -35,6 +35,8 @@ class ModelStream:
         # leaves it for the runner to record.
         self._partial: StepOutput | None = None
         self._partial_step = 0
+        # A typed turn's part of each request (`build_request`'s `output`), or None.
+        self.ask: dict[str, object] | None = None
 
     def __repr__(self) -> str:
         return f"<ModelStream step={self.step} streaming={self._task is not None}>"
@@ -61,7 +63,8 @@ class ModelStream:
         self._partial = out
         self._partial_step = step
         self.step = step
-        body = build_request(core.spec, core.conversation.messages, tools=core.tool_list, instructions=core.instructions)
+        body = build_request(core.spec, core.conversation.messages, tools=core.tool_list, instructions=core.instructions,
+                             output=self.ask)
         put = self._events.put
 
         async def on_delta(kind: str, delta: str) -> None:

@@ -7,7 +7,9 @@ import dataclasses
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Generic, Protocol, cast
+
+from typing_extensions import TypeVar
 
 from .events import Event, event_size
 from .lines import PendingCall
@@ -16,9 +18,12 @@ from .lines import PendingCall
 BUFFER_MAX_EVENTS = 256
 BUFFER_MAX_BYTES = 1024 * 1024
 
+# A typed turn's answer (`fxengine.output`); an untyped turn's is None.
+OutputT = TypeVar("OutputT", default=object)
+
 
 @dataclass(frozen=True)
-class TurnResult:
+class TurnResult(Generic[OutputT]):
     """How a turn ended.
 
     Attributes:
@@ -37,6 +42,8 @@ class TurnResult:
             decided by `engine.resume(decisions=...)`.
         delegated_usage: for a session turn that delegated calls to other agents
             (`delegate_end` lines), the usage of those agents' turns, summed.
+        output: for a turn with an `output_type` that ended `end_turn`, the validated
+            answer (an instance of the type; for `str`, the answer's text); else None.
     """
 
     stop_reason: str
@@ -48,6 +55,7 @@ class TurnResult:
     epoch: int | None = None
     pending_calls: list[PendingCall] = field(default_factory=list)
     delegated_usage: dict[str, int] = field(default_factory=dict)
+    output: OutputT | None = None
 
 
 class TurnDriver(Protocol):
@@ -146,7 +154,7 @@ class EventBuffer:
         return event
 
 
-class Turn:
+class Turn(Generic[OutputT]):
     """One prompt (or resume) and everything the engine does to answer it.
 
     Iterate it for model-facing events (dicts, docs/design.md §4 shapes plus `step`); await
@@ -193,18 +201,20 @@ class Turn:
                 self._runner.events.discard()
                 self._runner.cancel()
 
-    async def __aenter__(self) -> Turn:
+    async def __aenter__(self) -> Turn[OutputT]:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         if not self.done:
             self._runner.cancel()
 
-    async def result(self) -> TurnResult:
+    async def result(self) -> TurnResult[OutputT]:
         """Waits for the turn to end; events left unread no longer hold it back."""
         self._runner.events.unbound()
-        result = await asyncio.shield(self._runner.result_future)
-        return result if result.message_id is not None else dataclasses.replace(result, message_id=self.turn_id)
+        result: TurnResult[Any] = await asyncio.shield(self._runner.result_future)
+        if result.message_id is None:
+            result = dataclasses.replace(result, message_id=self.turn_id)
+        return cast("TurnResult[OutputT]", result)
 
     def steer(self, input: str | list[object], *, id: str | None = None) -> None:
         """Steers the turn: cuts a streaming reply short, or waits for running tools, then

@@ -16,14 +16,20 @@ the previous append was in flight, in order. Each event is ``[kind, body]``:
     accepted       {id, text}                              marks {accepted: id}: a steer joined
     resumed        {interrupted, retract: [step]}          a later engine continued the turn
     turn_yield     {}                                      marks {yield: True}
-    turn_end       {stopReason, usage, error?}             marks {end: True}
+    output         {step, value} | {step, errors, retry?}  the verdict on a typed answer (`fxengine.output`):
+                                                           valid, or invalid with the text the model reads
+                                                           (none when a final-result call's result carried it)
+    turn_end       {stopReason, usage, error?, output?}    marks {end: True}
 
 Every record's marks also end with ``{step: name}``, where the turn is after it:
 ``model:<k>`` (its k-th model call, the same name across retries, cut-offs and resumes)
 or ``tools:<k>`` (the calls of its k-th response), so a store can count cut-offs of one
-step in a row. The batch body is ``{"v": 1, "seq": first_seq, "events": [...]}``; a checkpoint is
-``kind "checkpoint"`` with ``{"v": 1, "engine", "tools", "model", "state"}``. A `v` above
-`FORMAT_VERSION` (or a newer codec version byte) is `FxJournalVersionError`.
+step in a row. The batch body is ``{"v": 1, "seq": first_seq, "events": [...]}``, with `v` 2
+when it holds an event kind version 1 lacks (`output`): a release that reads only version
+1 then refuses the batch as newer (`FxJournalVersionError`), never as damaged, and every
+other batch stays readable to it. A checkpoint is ``kind "checkpoint"`` with ``{"v": 1,
+"engine", "tools", "model", "state"}``. A `v` above `FORMAT_VERSION` (or a newer codec
+version byte) is `FxJournalVersionError`.
 """
 
 from __future__ import annotations
@@ -35,18 +41,21 @@ from ..codes import Code
 from ..errors import FxJournalError, FxJournalVersionError
 from .codec import decode_record, encode_record
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest batch format read; checkpoints are written as CHECKPOINT_VERSION
+CHECKPOINT_VERSION = 1
 ENGINE_VERSION = "0.1.0"
 CHECKPOINT_MAX_BYTES = 4 * 1024 * 1024
 
 EventKind = Literal[
     "turn_start", "model_request", "model_response", "tool_result", "tool_wait", "tool_approved", "accepted",
-    "resumed", "turn_yield", "turn_pause", "turn_end"
+    "resumed", "turn_yield", "turn_pause", "turn_end", "output"
 ]
 EVENT_KINDS: frozenset[str] = frozenset(
     ("turn_start", "model_request", "model_response", "tool_result", "tool_wait", "tool_approved", "accepted",
-     "resumed", "turn_yield", "turn_pause", "turn_end")
+     "resumed", "turn_yield", "turn_pause", "turn_end", "output")
 )
+# The kinds of batch format 2 (a batch holding one is written as `v` 2).
+V2_KINDS: frozenset[str] = frozenset(("output",))
 JournalEvent = tuple[str, dict[str, object]]
 
 
@@ -56,19 +65,20 @@ def _invalid(message: str, raw: bytes) -> FxJournalError:
     return error
 
 
-def _check_version(body: Mapping[str, object], raw: bytes, what: str) -> None:
+def _check_version(body: Mapping[str, object], raw: bytes, what: str, newest: int = FORMAT_VERSION) -> None:
     version = body.get("v")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise _invalid(f"{what} has no valid format version", raw)
-    if version > FORMAT_VERSION:
-        error = FxJournalVersionError(f"{what} format {version} was written by a newer fxengine (reads {FORMAT_VERSION})")
+    if version > newest:
+        error = FxJournalVersionError(f"{what} format {version} was written by a newer fxengine (reads {newest})")
         error.raw = raw  # type: ignore[attr-defined]
         raise error
 
 
 def encode_batch(events: list[JournalEvent], *, seq: int) -> bytes:
     """One append's bytes: the batch of events starting at `seq`."""
-    return encode_record("batch", {"v": FORMAT_VERSION, "seq": seq, "events": [[k, b] for k, b in events]})
+    version = 2 if any(kind in V2_KINDS for kind, _ in events) else 1
+    return encode_record("batch", {"v": version, "seq": seq, "events": [[k, b] for k, b in events]})
 
 
 def decode_batch(raw: bytes) -> list[JournalEvent]:
@@ -98,7 +108,7 @@ def decode_batch(raw: bytes) -> list[JournalEvent]:
 def encode_checkpoint(*, state: Mapping[str, object], tools: str, model: str) -> bytes:
     """Checkpoint bytes (at most 4 MiB) carrying the engine version, tool-set hash and model."""
     data = encode_record(
-        "checkpoint", {"v": FORMAT_VERSION, "engine": ENGINE_VERSION, "tools": tools, "model": model, "state": state}
+        "checkpoint", {"v": CHECKPOINT_VERSION, "engine": ENGINE_VERSION, "tools": tools, "model": model, "state": state}
     )
     if len(data) > CHECKPOINT_MAX_BYTES:
         raise FxJournalError(f"the checkpoint is {len(data)} bytes, over 4 MiB", code=Code.JOURNAL_TOO_LARGE)
@@ -118,7 +128,7 @@ def decode_checkpoint(raw: bytes) -> dict[str, Any]:
     kind, body = decode_record(raw)
     if kind != "checkpoint":
         raise _invalid(f"record of kind {kind!r} is not a checkpoint", raw)
-    _check_version(body, raw, "checkpoint")
+    _check_version(body, raw, "checkpoint", CHECKPOINT_VERSION)
     if not isinstance(body.get("state"), dict):
         raise _invalid("checkpoint has no state", raw)
     return body

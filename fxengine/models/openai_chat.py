@@ -111,8 +111,12 @@ def build_request(
     *,
     tools: Sequence[Tool],
     instructions: str | None,
+    output: Mapping[str, object] | None = None,
 ) -> dict[str, object]:
     """The JSON body of one streaming Chat Completions request.
+
+    `output`, for a typed answer (`fxengine.output`): ``{"tool": <a tools entry>}`` adds
+    the final-result tool, ``{"response_format": <it>}`` asks for the object natively.
 
     Raises:
         FxInputError: `FX_MODEL_NO_IMAGES` when the history holds an image (a checkpoint
@@ -130,6 +134,10 @@ def build_request(
     }
     if tools and (spec.entry is None or spec.entry.supports_tools):
         body["tools"] = [t.describe() for t in tools]
+    if output is not None and "tool" in output:
+        body["tools"] = [*(body.get("tools") or []), output["tool"]]  # type: ignore[misc]
+    if output is not None and "response_format" in output:
+        body["response_format"] = output["response_format"]
     if spec.effort is not None:
         body["reasoning_effort"] = spec.effort
     if spec.ultrafast:

@@ -72,6 +72,11 @@ def responses_body(chat: Mapping[str, object]) -> dict[str, object]:
                          for t in tools]
         body["tool_choice"] = "auto"
         body["parallel_tool_calls"] = True
+    response_format = chat.get("response_format")
+    if isinstance(response_format, Mapping) and isinstance(response_format.get("json_schema"), Mapping):
+        schema = response_format["json_schema"]
+        body["text"] = {"format": {"type": "json_schema", "name": schema.get("name"), "schema": schema.get("schema"),
+                                   "strict": bool(schema.get("strict"))}}
     if chat.get("reasoning_effort") is not None:
         body["reasoning"] = {"effort": chat["reasoning_effort"], "summary": "auto"}
     if chat.get("service_tier") is not None:

@@ -29,6 +29,8 @@ class ModelEntry:
     efforts: tuple[str, ...] | None = None
     supports_fast: bool = False
     supports_ultrafast: bool = False
+    # Takes a JSON-schema response format (typed answers ask for it natively, else by a tool).
+    supports_structured_output: bool = False
 
 
 MODEL_IDLE_TIMEOUT_S = 120.0  # the default longest silence of a model stream (connect to last byte)

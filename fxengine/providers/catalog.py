@@ -9,7 +9,8 @@ A catalog is id -> `ModelEntry`. It comes from a custom provider's `models`, fro
 the Gateway's own answer (``{"data": [{"id", "type", "context_window", "max_tokens",
 "tags", ...}]}`` or its list). In the Gateway's form an entry's efforts are its
 `efforts` (or `reasoning_efforts`) list, else `REASONING_EFFORTS` when it is tagged
-`reasoning`; `fast` and `ultrafast` are booleans or tags (`priority` also means
+`reasoning`; a JSON-schema response format is taken when `supports_structured_output` is
+true or it is tagged `structured-outputs` (or `json-schema`); `fast` and `ultrafast` are booleans or tags (`priority` also means
 ultrafast, the provider's faster service tier).
 """
 
@@ -46,6 +47,7 @@ def gateway_entry(raw: Mapping[str, Any]) -> ModelEntry:
         efforts_t = REASONING_EFFORTS if "reasoning" in tags else None
     fast = raw.get("fast")
     ultrafast = raw.get("ultrafast")
+    structured = raw.get("supports_structured_output")
     return ModelEntry(
         context_window=_int(raw.get("context_window")),
         max_output_tokens=_int(raw.get("max_output_tokens", raw.get("max_tokens"))),
@@ -54,6 +56,8 @@ def gateway_entry(raw: Mapping[str, Any]) -> ModelEntry:
         efforts=efforts_t,
         supports_fast=fast if isinstance(fast, bool) else "fast" in tags,
         supports_ultrafast=ultrafast if isinstance(ultrafast, bool) else bool(tags & {"ultrafast", "priority"}),
+        supports_structured_output=(structured if isinstance(structured, bool)
+                                    else bool(tags & {"structured-outputs", "structured-output", "json-schema"})),
     )
 
 

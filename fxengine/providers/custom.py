@@ -4,7 +4,8 @@
      "headers"?: {...},
      "models": {"my-model": {"context_window": 128000, "max_output_tokens": 8192,
                              "supports_tools": True, "supports_images": False,
-                             "efforts"?: ["low", "high"], "fast"?: bool, "ultrafast"?: bool}}}
+                             "efforts"?: ["low", "high"], "fast"?: bool, "ultrafast"?: bool,
+                             "supports_structured_output"?: bool}}}
 
 HTTPS is required, except plain HTTP to a loopback host (a local or test server).
 """
@@ -87,6 +88,8 @@ def parse_models(models: object) -> dict[str, ModelEntry]:
             efforts=tuple(efforts) if efforts is not None else None,
             supports_fast=_bool(raw.get("fast"), f"model {model_id} fast", False),
             supports_ultrafast=_bool(raw.get("ultrafast"), f"model {model_id} ultrafast", False),
+            supports_structured_output=_bool(raw.get("supports_structured_output"),
+                                             f"model {model_id} supports_structured_output", False),
         )
     return out
 

@@ -7,7 +7,7 @@ import msgpack
 import pytest
 
 from fxengine import FxJournalAppendError, FxJournalVersionError, MemoryPersistence, Tool, ToolContext, create_engine
-from fxengine.journal.records import decode_batch
+from fxengine.journal.records import FORMAT_VERSION, decode_batch
 from fxengine.models.openai_chat import RESUME_NOTICE
 from fxengine.testing import Reply, ScriptedModel, hold, text, tool_call
 
@@ -361,7 +361,7 @@ async def test_a_newer_journal_or_checkpoint_is_refused(model: ScriptedModel) ->
         await create_engine(model.model_id, provider=model.provider, persistence=newer_record)
 
     newer_body = MemoryPersistence()
-    body = {"v": 2, "seq": 1, "events": []}
+    body = {"v": FORMAT_VERSION + 1, "seq": 1, "events": []}
     await newer_body.append(expected=None, idempotency_key="w:1", data=b"FXJ\x01" + msgpack.packb(["batch", body]),
                             barrier=True, marks=[])
     with pytest.raises(FxJournalVersionError):
