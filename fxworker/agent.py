@@ -30,7 +30,10 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from typing import NotRequired, TypedDict, TypeVar
+from types import UnionType
+from typing import Any, Generic, NotRequired, TypedDict, overload
+
+from typing_extensions import TypeVar
 
 from fxengine import approvals
 from fxengine.codes import Code
@@ -50,12 +53,13 @@ from fxengine.lines import TURN_OPENS, Idle, Line, ModelEvent, StoredLine, TurnE
 from fxengine.providers import CatalogCache, ModelSpec, Provider, resolve_provider
 from fxengine.providers.auth import RefreshLockFn
 from fxengine.providers.check import PROVIDER_NAMES
+from fxengine.output import DEFAULT_OUTPUT_RETRIES, FINAL_RESULT_TOOL, Output
 from fxengine.tools import Tool, check_tools
-from fxengine.turn import TurnResult
+from fxengine.turn import OutputT, TurnResult
 from fxengine.usage import add_usage
 from opentelemetry import trace
 
-from . import delegation, metrics, registry, tracing
+from . import delegation, metrics, registry, tracing, typed
 from .delegation import DelegateTool, delegate_tool
 from .embedded import InProcessWaker, stop_embedded_workers
 from .errors import FxConfigError, FxInvalidCursorError, FxUnknownSessionError
@@ -73,7 +77,7 @@ from .liveness import layout_all_read
 from .runtime import LoopThread, SharedLoop
 from .settings import Settings
 from .store import RedisStore, close_default_store, default_store
-from .store.types import PARKED_LEVEL, Accepted, InputKind, SessionStatus
+from .store.types import PARKED_LEVEL, TYPED_LEVEL, Accepted, InputKind, SessionStatus
 from .wakers import CeleryWaker, Waker, cancel_with_wake, wake_failures
 
 log = logging.getLogger("fxworker.agent")
@@ -117,7 +121,7 @@ def check_cursor(cursor: object) -> int:
     return cursor
 
 
-class Agent:
+class Agent(Generic[OutputT]):
     """Configuration of one agent: name, model, instructions, tools, provider, store, limits.
 
     Args:
@@ -189,6 +193,9 @@ class Agent:
         decision_timeout_s: float | None = None,
         max_delegation_depth: int = delegation.DEFAULT_MAX_DEPTH,
         max_children: int = delegation.DEFAULT_MAX_CHILDREN,
+        output_type: type[OutputT] | UnionType | str | None = None,
+        output_mode: str = "auto",
+        output_retries: int = DEFAULT_OUTPUT_RETRIES,
     ) -> None:
         if not isinstance(name, str) or not _AGENT_NAME.fullmatch(name):
             raise FxConfigError(f"agent name must be 1 to 64 of A-Z a-z 0-9 . _ -, got {name!r}")
@@ -222,6 +229,12 @@ class Agent:
                                   ("max_children", max_children, delegation.MAX_CHILDREN_LIMIT)):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
                 raise FxConfigError(f"{label} must be an int from 0 to {top}, got {value!r}")
+        # The type every turn's answer validates as (`fxengine.output`), unless a prompt says.
+        self.output: Output[OutputT] | None = (Output(output_type, mode=output_mode, retries=output_retries)
+                                               if output_type is not None else None)
+        if self.output is None:
+            Output(str, mode=output_mode, retries=output_retries)  # the options are checked all the same
+        self._check_output(self.output, tools)
         self.name = name
         self.model = model
         self.instructions = instructions
@@ -243,6 +256,14 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"<Agent {self.name!r} model={self.model!r} tools={[t.name for t in self.tools]}>"
+
+    def _check_output(self, output: Output[Any] | None, tools: Sequence[Tool] | None = None) -> None:
+        """`FX_TOOL_INVALID` when a tool is named as the typed answer's final-result tool."""
+        tools = self.tools if tools is None else tools
+        if output is not None and not output.text and output.mode != "native" and any(
+                getattr(t, "name", None) == FINAL_RESULT_TOOL for t in tools):
+            raise FxInputError(f"a tool named {FINAL_RESULT_TOOL!r} clashes with the typed answer's final-result tool; "
+                               "rename the tool or use output_mode='native'", code=Code.TOOL_INVALID)
 
     def check_model(self, model: object) -> ModelSpec:
         """Checks a model setting against this agent's catalog (fetched once, when needed)."""
@@ -306,7 +327,7 @@ class Agent:
         model: str | Mapping[str, object] | None = None,
         instructions: str | Sequence[str] | None = None,
         context: object = None,
-    ) -> Session:
+    ) -> Session[OutputT]:
         """A session object; a new session id is assigned at once when `session_id` is None.
 
         `model` and `instructions` override the agent's for the turns this object starts;
@@ -322,7 +343,7 @@ class Agent:
         model: str | Mapping[str, object] | None = None,
         instructions: str | Sequence[str] | None = None,
         context: object = None,
-    ) -> BlockingSession:
+    ) -> BlockingSession[OutputT]:
         """The blocking twin of `session()`, for code that does not run an event loop."""
         return BlockingSession(self.session(session_id, model=model, instructions=instructions, context=context))
 
@@ -355,7 +376,7 @@ class Agent:
             self._store = None
 
 
-class Session:
+class Session(Generic[OutputT]):
     """One conversation, addressed by id; every method goes through the store.
 
     Raises (when built, and from `prompt` / `steer` before anything is stored):
@@ -367,7 +388,7 @@ class Session:
 
     def __init__(
         self,
-        agent: Agent,
+        agent: Agent[OutputT],
         session_id: str | None = None,
         *,
         model: str | Mapping[str, object] | None = None,
@@ -390,11 +411,15 @@ class Session:
         """The agent's store (each call timed in `fxworker.metrics.STORE_LATENCY`)."""
         return self.agent.store
 
-    def _checked(self) -> tuple[object, dict[str, object] | None]:
+    def _checked(self, output: Output[Any] | None = None) -> tuple[object, dict[str, object] | None]:
         """(context, settings) as the store keeps them, after the engine's own checks:
-        a setting accepted here is one the worker's engine takes."""
+        a setting accepted here is one the worker's engine takes. `output`: a prompt's own
+        answer type (else the agent's, if it has one)."""
         context = check_context(self.context)
         out: dict[str, object] = {}
+        output = output or self.agent.output
+        if output is not None:
+            out[typed.OUTPUT_KEY] = dict(typed.stored(output, self.agent.output))
         if self.model is not None:
             self.agent.check_model(self.model)
             out["model"] = self.model if isinstance(self.model, str) else dict(self.model)
@@ -437,20 +462,48 @@ class Session:
             return owner
         return self.agent.name
 
-    async def prompt(self, input: str | list[Block], *, message_id: str | None = None) -> Turn:
+    @overload
+    async def prompt(self, input: str | list[Block], *, message_id: str | None = None) -> Turn[OutputT]: ...
+
+    @overload
+    async def prompt(self, input: str | list[Block], *, message_id: str | None = None,
+                     output_type: type[T]) -> Turn[T]: ...
+
+    @overload
+    async def prompt(self, input: str | list[Block], *, message_id: str | None = None,
+                     output_type: str | None) -> Turn[Any]: ...
+
+    async def prompt(self, input: str | list[Block], *, message_id: str | None = None,
+                     output_type: type[Any] | str | None = None) -> Turn[Any]:
         """Stores a prompt and wakes a worker; returns once the store acknowledged it.
 
         A repeated `message_id` runs nothing new: the returned turn follows the original
-        (or answers at once with `repeated=True` when it ended).
+        (or answers at once with `repeated=True` when it ended). `output_type`: this turn's
+        answer is an object of that type (`TurnResult.output`), in place of the agent's;
+        the worker imports it by name, so it must be a module-level class there
+        (`FX_OUTPUT_TYPE_INVALID` otherwise; a union goes on the `Agent`).
         """
+        output = self._output(output_type)
         blocks = await self.prepare_input(input)
         message_id = validate_message_id(message_id) if message_id is not None else new_message_id()
-        accepted = await self._accept("prompt", message_id, blocks)
+        accepted = await self._accept("prompt", message_id, blocks, output=output)
         metrics.ACCEPTED.inc()
         owner = self._forwarded(getattr(accepted, "agent", None))
         if accepted.wake:  # else a wake sent moments ago, not taken yet, runs it too (§7)
             await self._wake(owner, "prompt")
-        return Turn(self, message_id=accepted.message_id, repeated=accepted.repeated, cursor=accepted.cursor)
+        return Turn(self, message_id=accepted.message_id, repeated=accepted.repeated, cursor=accepted.cursor,
+                    output=output or self.agent.output)
+
+    def _output(self, output_type: object) -> Output[Any] | None:
+        """A prompt's own answer type, checked (None: the agent's applies)."""
+        if output_type is None:
+            return None
+        base = self.agent.output
+        output: Output[Any] = Output(output_type, mode=base.mode if base is not None else "auto",
+                                     retries=base.retries if base is not None else DEFAULT_OUTPUT_RETRIES)
+        self.agent._check_output(output)
+        typed.stored(output, base)  # nameable for the worker, or FX_OUTPUT_TYPE_INVALID now
+        return output
 
     async def steer(self, input: str | list[Block], *, message_id: str | None = None) -> Accepted:
         """Stores a steer for the running turn (or the next one) and wakes a worker.
@@ -479,18 +532,22 @@ class Session:
             await self._wake(owner, "steer")
         return accepted
 
-    async def _accept(self, kind: InputKind, message_id: str, input: str | list[Block]) -> Accepted:
+    async def _accept(self, kind: InputKind, message_id: str, input: str | list[Block],
+                      output: Output[Any] | None = None) -> Accepted:
         """Stores one input with this object's context and settings; with tracing on, in a
-        `fx.accept` span whose context is stored with it (`fxworker.tracing`)."""
-        context, settings = self._checked()
+        `fx.accept` span whose context is stored with it (`fxworker.tracing`). A typed
+        input needs `TYPED_LEVEL`: no process of an older release claims it."""
+        context, settings = self._checked(output)
+        needs = TYPED_LEVEL if settings is not None and typed.OUTPUT_KEY in settings else 0
         span = tracing.start_accept(self.id, kind, message_id)
         if span is None:
             return await self.store.accept(self.id, agent=self.agent.name, kind=kind, message_id=message_id,
-                                           input=input, context=context, settings=settings, now_ms=now_ms())
+                                           input=input, context=context, settings=settings, now_ms=now_ms(),
+                                           needs=needs)
         with trace.use_span(span, end_on_exit=True):
             accepted = await self.store.accept(self.id, agent=self.agent.name, kind=kind, message_id=message_id,
                                                input=input, context=context, settings=settings, now_ms=now_ms(),
-                                               traceparent=tracing.current_traceparent())
+                                               traceparent=tracing.current_traceparent(), needs=needs)
             span.set_attribute("fx.repeated", accepted.repeated)
             return accepted
 
@@ -563,11 +620,12 @@ class Session:
                 code=Code.UPGRADE_IN_PROGRESS,
             )
 
-    def follow(self, accepted: Accepted) -> Turn:
+    def follow(self, accepted: Accepted) -> Turn[OutputT]:
         """The turn an input acknowledged by `accepted` continues (a decision's parked turn, a
         steer's running one), read from the moment of its acceptance: to its end, or to its
         next pause."""
-        return Turn(self, message_id=accepted.turn or accepted.message_id, repeated=False, cursor=accepted.cursor)
+        return Turn(self, message_id=accepted.turn or accepted.message_id, repeated=False, cursor=accepted.cursor,
+                    output=self.agent.output)
 
     async def cancel(self) -> None:
         """Cancels the running or waiting turn; the running worker sees it within a second."""
@@ -600,23 +658,24 @@ class Session:
             if not follow and not lines:
                 return
 
-    async def resume(self) -> Turn:
+    async def resume(self) -> Turn[OutputT]:
         """Wakes the session and follows whatever turn it continues (`idle` when nothing; a
         parked turn's pause, `paused` with its `pending_calls`, without a wake)."""
         state = await self.state()
         if state["status"] == "idle":
-            return Turn(self, message_id=None, repeated=False, cursor=state["cursor"], idle=True)
+            return Turn(self, message_id=None, repeated=False, cursor=state["cursor"], idle=True,
+                        output=self.agent.output)
         if state["status"] == "paused":
             # Nothing runs until a decision comes: no wake. A parked session writes nothing
             # after its turn's `turn_pause`, so its last line is that one: the turn's result
             # is its pause, with the calls that wait.
             stored = await self.store.state(self.id)
             return Turn(self, message_id=stored.open_turn if stored else None, repeated=False,
-                        cursor=max(0, state["cursor"] - 1))
+                        cursor=max(0, state["cursor"] - 1), output=self.agent.output)
         # Follow from the current end: the worker that continues writes turn_resume (an
         # open turn) or turn_start (a waiting prompt) after it.
         await self._wake(state["agent"], "resume")
-        return Turn(self, message_id=None, repeated=False, cursor=state["cursor"])
+        return Turn(self, message_id=None, repeated=False, cursor=state["cursor"], output=self.agent.output)
 
     async def state(self) -> SessionInfo:
         """`{sessionId, agent, status: idle|waiting|running, cursor, turns, epoch}`, and
@@ -649,7 +708,7 @@ class Session:
         return await export_checkpoint(self.agent, self.id, store=self.store, model=self.model)
 
 
-class Turn:
+class Turn(Generic[OutputT]):
     """One prompt and what the agent does to answer it, read from the session's UI stream.
 
     Iterate it for the model-facing events, `await result()` for the outcome, or
@@ -661,14 +720,16 @@ class Turn:
 
     def __init__(
         self,
-        session: Session,
+        session: Session[Any],
         *,
         message_id: str | None,
         repeated: bool,
         cursor: int,
         idle: bool = False,
+        output: Output[Any] | None = None,
     ) -> None:
         self.session = session
+        self._output = output  # how `result().output` is read from the `turn_end` line
         self.session_id = session.id
         self.message_id = message_id
         self.repeated = repeated
@@ -747,9 +808,11 @@ class Turn:
             return await self.session._cancel(None)
         return await self.session._cancel(self.message_id)
 
-    async def result(self) -> TurnResult:
+    async def result(self) -> TurnResult[OutputT]:
         """Waits for the turn's end: `TurnResult(stop_reason, usage, error, repeated,
-        message_id, epoch)` (`epoch`: the lease epoch of the worker that wrote the end)."""
+        message_id, epoch, output)` (`epoch`: the lease epoch of the worker that wrote the
+        end; `output`: a typed turn's answer as an instance of its type, read from the
+        `turn_end` line's JSON)."""
         if self._end is None:
             async for _ in self._line_source():
                 pass
@@ -767,7 +830,25 @@ class Turn:
             message_id=self.message_id,
             epoch=end.get("epoch") if end else None,
             delegated_usage=dict(end.get("delegatedUsage") or self._delegated_usage) if end else self._delegated_usage,
+            output=self._load_output(end),
         )
+
+    def _load_output(self, end: TurnEnd | None) -> Any:
+        """The answer of a typed turn's `turn_end` line, as its type (None when it has none).
+
+        The worker validated it; one that does not validate here (web and worker on
+        different versions of the type) stays JSON, with a warning."""
+        if end is None or "output" not in end:
+            return None
+        value = end["output"]
+        if self._output is None:
+            return value
+        try:
+            return self._output.load(value)
+        except ValueError as exc:
+            log.warning("the answer of %s/%s does not validate as %r here (%s); kept as JSON", self.session_id,
+                        self.message_id, self._output.type, exc)
+            return value
 
 
 # -------------------------------------------------------------------------- blocking twin
@@ -780,10 +861,10 @@ def _loop() -> LoopThread:
     return _blocking_loop.get()
 
 
-class BlockingTurn:
+class BlockingTurn(Generic[OutputT]):
     """The blocking twin of `Turn`."""
 
-    def __init__(self, turn: Turn) -> None:
+    def __init__(self, turn: Turn[OutputT]) -> None:
         self._turn = turn
 
     @property
@@ -814,7 +895,7 @@ class BlockingTurn:
     def ndjson(self) -> Iterator[bytes]:
         return _iterate(self._turn.ndjson())
 
-    def result(self) -> TurnResult:
+    def result(self) -> TurnResult[OutputT]:
         return _loop().run(self._turn.result())
 
     def cancel(self) -> bool:
@@ -834,10 +915,10 @@ def _iterate(agen: AsyncIterator[T]) -> Iterator[T]:
             return
 
 
-class BlockingSession:
+class BlockingSession(Generic[OutputT]):
     """The blocking twin of `Session`: the same methods, no `await`; `stream()` is an iterator."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session[OutputT]) -> None:
         self._session = session
         self.id = session.id
         self.agent = session.agent
@@ -845,8 +926,22 @@ class BlockingSession:
     def __repr__(self) -> str:
         return f"<BlockingSession {self.id} agent={self.agent.name!r}>"
 
-    def prompt(self, input: str | list[Block], *, message_id: str | None = None) -> BlockingTurn:
-        return BlockingTurn(_loop().run(self._session.prompt(input, message_id=message_id)))
+    @overload
+    def prompt(self, input: str | list[Block], *, message_id: str | None = None) -> BlockingTurn[OutputT]: ...
+
+    @overload
+    def prompt(self, input: str | list[Block], *, message_id: str | None = None,
+               output_type: type[T]) -> BlockingTurn[T]: ...
+
+    @overload
+    def prompt(self, input: str | list[Block], *, message_id: str | None = None,
+               output_type: str | None) -> BlockingTurn[Any]: ...
+
+    def prompt(self, input: str | list[Block], *, message_id: str | None = None,
+               output_type: type[Any] | str | None = None) -> BlockingTurn[Any]:
+        turn: Turn[Any] = _loop().run(self._session.prompt(input, message_id=message_id,
+                                                           output_type=output_type))
+        return BlockingTurn(turn)
 
     def steer(self, input: str | list[Block], *, message_id: str | None = None) -> Accepted:
         return _loop().run(self._session.steer(input, message_id=message_id))
@@ -863,7 +958,7 @@ class BlockingSession:
         return _loop().run(self._session.submit_tool_result(call_id, result, is_error=is_error,
                                                             message_id=message_id, by=by))
 
-    def follow(self, accepted: Accepted) -> BlockingTurn:
+    def follow(self, accepted: Accepted) -> BlockingTurn[OutputT]:
         return BlockingTurn(self._session.follow(accepted))
 
     def cancel(self) -> None:
@@ -872,7 +967,7 @@ class BlockingSession:
     def stream(self, cursor: int = 0, *, follow: bool = True) -> Iterator[StoredLine]:
         return _iterate(self._session.stream(cursor, follow=follow))
 
-    def resume(self) -> BlockingTurn:
+    def resume(self) -> BlockingTurn[OutputT]:
         return BlockingTurn(_loop().run(self._session.resume()))
 
     def state(self) -> SessionInfo:

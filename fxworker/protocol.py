@@ -41,6 +41,7 @@ from fxengine.lines import turn_pause as turn_pause
 from fxengine.lines import turn_yield as turn_yield
 
 if TYPE_CHECKING:
+    from fxengine.output import Output
     from fxengine.providers import Provider
     from fxengine.tools.definition import Tool
 
@@ -94,6 +95,9 @@ class WorkerAgent(Protocol):
     decision_timeout_s: float | None
     max_delegation_depth: int
     max_children: int
+
+    @property
+    def output(self) -> Output[Any] | None: ...
 
     @property
     def model(self) -> str | Mapping[str, object]: ...

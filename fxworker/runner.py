@@ -35,12 +35,13 @@ kills the process that loads it) is ended at the next death without loading the 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 import logging
 from typing import Any
 
 import httpx
 
-from . import delegation, metrics, registry
+from . import delegation, metrics, registry, typed
 from .deadline import Deadline
 from .errors import FxLeaseLostError, FxStoreUnavailableError
 from .ids import new_holder_id, now_ms
@@ -51,7 +52,7 @@ from .runtime import StopSignal
 from .store import RedisStore
 from .store.persistence import LineWriter, retry_unavailable
 from .store.types import (
-    DELEGATED_LEVEL, LAYOUT_LEVEL, PARKED_LEVEL, Claim, Idle, Input, Newer, Released, Serving, Unserved,
+    DELEGATED_LEVEL, LAYOUT_LEVEL, PARKED_LEVEL, TYPED_LEVEL, Claim, Idle, Input, Newer, Released, Serving, Unserved,
 )
 from .turns import MAX_CUTOFFS, MAX_DEATHS, STOPS, Closed, Stopped, TurnRun, Unsettled
 from .waiting import Waiting
@@ -166,7 +167,7 @@ class Runner:
             return outcome
         cut_off = Stopped.CUT_OFF in self.stopped
         released = self.released = await self._release(
-            cutoff=cut_off, newer=DELEGATED_LEVEL if outcome != Outcome.DONE and self._delegated() else None,
+            cutoff=cut_off, newer=self._needs() if outcome != Outcome.DONE else None,
             input_at_rest=outcome == Outcome.PAUSED and await self._all_read())
         if cut_off:
             # The store's count: it restarts only when the turn moved on (append.lua).
@@ -215,7 +216,7 @@ class Runner:
         )
         if misrouted:
             self.owner = claim.agent
-            await self._release(cutoff=False, newer=DELEGATED_LEVEL if self._delegated(claim) else None)
+            await self._release(cutoff=False, newer=self._needs(claim))
             return Outcome.MISROUTED
         return claim
 
@@ -289,14 +290,23 @@ class Runner:
         self.deadline.reserve_ms = int(owner.reserve_s * 1000)
         return True
 
-    def _delegated(self, claim: Claim | None = None) -> bool:
-        """Whether the claim held a delegated turn's input (open or waiting): left unfinished,
-        only a process that reads delegated turns may claim the session next."""
+    def _needs(self, claim: Claim | None = None) -> int | None:
+        """The layout level the claim's inputs (open or waiting) need, if above the oldest:
+        left unfinished, only a process that reads it may claim the session next (a
+        delegated turn's, `DELEGATED_LEVEL`; a typed turn's, `TYPED_LEVEL`)."""
         claim = claim or self._claimed
         if claim is None:
-            return False
+            return None
         inputs = [claim.open_turn.input] if claim.open_turn is not None else []
-        return any(i is not None and delegation.link_of(i.settings) is not None for i in [*inputs, *claim.pending])
+        needs = 0
+        for i in [*inputs, *claim.pending]:
+            if i is None:
+                continue
+            if isinstance(i.settings, Mapping) and typed.OUTPUT_KEY in i.settings:
+                needs = max(needs, TYPED_LEVEL)
+            if delegation.link_of(i.settings) is not None:
+                needs = max(needs, DELEGATED_LEVEL)
+        return needs or None
 
     async def _all_read(self) -> bool:
         """Whether every live process reads this release's stored layout (a parked turn's

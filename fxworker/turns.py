@@ -15,6 +15,7 @@ is ended as poison, a step cut off `MAX_CUTOFFS` times in a row is not run again
 from __future__ import annotations
 
 import contextlib
+import json
 import enum
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -34,7 +35,7 @@ from fxengine.providers.credentials import mask_secret
 from fxengine.turn import Turn
 from fxengine.usage import add_usage
 
-from . import delegation, metrics, protocol, tracing
+from . import delegation, metrics, protocol, tracing, typed
 from .deadline import Deadline
 from .errors import FxLeaseLostError, FxStoreUnavailableError
 from .ids import now_ms
@@ -153,10 +154,12 @@ def fenced_stop(session_id: str, epoch: int) -> FxLeaseLostError:
 
 def check_readable(entry: Input) -> None:
     """Raises `FxInputError` (`FX_INVALID_INPUT`) for an input the store could not decode,
-    and `FxJournalVersionError` for one whose delegation link a newer release wrote."""
+    and `FxJournalVersionError` for one whose delegation link or answer type a newer
+    release wrote."""
     if entry.unreadable:
         raise FxInputError(f"input {entry.message_id} cannot run: {entry.unreadable}")
     delegation.check_version(entry.settings)
+    typed.check_version(entry.settings)
 
 
 def _text(entry: Input) -> str | None:
@@ -445,10 +448,12 @@ class TurnRun:
                     self.turn_id, self.engine.pending_calls, at_ms=now_ms())), before=self._children_before())
                 return
             stop_reason, usage, error = event["stopReason"], event.get("usage"), event.get("error")
-            self.ride = persistence.ride_with_end(self._end_line(stop_reason, usage, error),
-                                                  release=self._may_release,
+            line = self._end_line(stop_reason, usage, error)
+            if "output" in event:
+                line["output"] = event["output"]  # a typed turn's answer, as JSON
+            self.ride = persistence.ride_with_end(line, release=self._may_release,
                                                   checkpoint=self.engine.settled_checkpoint,
-                                                  before=self._answer(stop_reason, error, usage))
+                                                  before=self._answer(stop_reason, error, usage, line))
             return
         if kind == "approval_request" and (agent := self._delegates().get(str(event.get("name")))):
             event = {**event, "delegate": agent}  # another agent's turn answers it, not a person
@@ -471,13 +476,17 @@ class TurnRun:
                                                                announced=self.announced)
         return start
 
-    def _answer(self, stop_reason: str, error: Mapping[str, Any] | None,
-                usage: Mapping[str, int] | None) -> Callable[[], Awaitable[None]] | None:
+    def _answer(self, stop_reason: str, error: Mapping[str, Any] | None, usage: Mapping[str, int] | None,
+                line: Mapping[str, Any]) -> Callable[[], Awaitable[None]] | None:
         """For a delegated turn, its answer to the parent, sent before its end record is
-        stored (`EndRide.before`); None for any other turn."""
+        stored (`EndRide.before`); None for any other turn. A typed turn answers with its
+        object as JSON text."""
         if self.link is None:
             return None
-        text = delegation.final_text(self.engine)  # the last response, as the end record leaves it
+        if "output" in line:
+            text = json.dumps(line["output"], ensure_ascii=False, separators=(",", ":"))
+        else:
+            text = delegation.final_text(self.engine)  # the last response, as the end record leaves it
 
         async def answer() -> None:
             await self.reply(stop_reason, error, usage, text)

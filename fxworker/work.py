@@ -19,9 +19,9 @@ import httpx
 
 from fxengine.codes import Code
 from fxengine.engine import Engine, create_engine
-from fxengine.errors import FxJournalVersionError
+from fxengine.errors import FxInputError, FxJournalVersionError
 
-from . import delegation
+from . import delegation, typed
 from .protocol import ErrorBody, Outcome
 from .store.persistence import LineWriter, StorePersistence
 from .store.types import LAYOUT_LEVEL, Claim, Input
@@ -189,6 +189,10 @@ class Work:
         refused = delegation.refusal(delegation.link_of(entry.settings))
         if refused is not None:
             return await self._end_unstarted(entry, refused)  # a bound of delegation: its parent reads why
+        try:
+            typed.output_of(entry.settings, self.agent)
+        except FxInputError as exc:  # its answer type does not import here: no engine could run it
+            return await self._end_unstarted(entry, {"code": exc.code, "message": exc.message})
         engine = await self._open_engine(entry.context, entry.settings)
         if engine is None:
             self.delivery.waiting.put_back(entry)
@@ -207,6 +211,11 @@ class Work:
         turn_input = open_turn.input
         if turn_input is not None:
             check_readable(turn_input)
+            try:
+                typed.output_of(turn_input.settings, self.agent)
+            except FxInputError as exc:
+                return await self._settled(self._turn(open_turn.message_id).end(
+                    "error", {"code": exc.code, "message": exc.message}))
         engine = await self._open_engine(
             getattr(turn_input, "context", None), getattr(turn_input, "settings", None)
         )
@@ -310,9 +319,18 @@ class Work:
             session_id=self.session_id,
             context=context,
             epoch=self.epoch,
+            **self._typed(settings),
         )
         self._engine_key = key
         return self.engine
+
+    def _typed(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """The engine's output options for a turn of these settings (checked by `output_of`
+        before the engine opens)."""
+        output = typed.output_of(settings, self.agent)
+        if output is None:
+            return {}
+        return {"output_type": output.type, "output_mode": output.mode, "output_retries": output.retries}
 
     def _engine_event(self, event: dict[str, Any]) -> None:
         """`on_event` of the engine: add the session and epoch, pass to the agent."""

@@ -21,11 +21,15 @@ SessionStatus = Literal["idle", "waiting", "running", "paused"]
 # (journal records `tool_wait`, `turn_pause`, `tool_approved`, decision inputs `d` in the
 # inbox, meta `paused`/`decided`/`decisions`); level 3 adds delegated turns (an input's
 # settings carry the `delegation` link its end answers: a process that ignored it would end
-# the turn and never answer the parent). A release that writes a layout the previous one
-# cannot read raises it (docs/operations.md, "Upgrading").
-LAYOUT_LEVEL = 3
+# the turn and never answer the parent); level 4 adds typed turns (an input's settings carry
+# the `output` its answer must validate as, and journal batches of format 2 hold `output`
+# verdicts: a process that ignored it would end the turn with untyped text). A release
+# that writes a layout the previous one cannot read raises it (docs/operations.md,
+# "Upgrading").
+LAYOUT_LEVEL = 4
 PARKED_LEVEL = 2  # what reading parked turns and decisions needs
 DELEGATED_LEVEL = 3  # what running a delegated turn needs (meta `newer` while one waits)
+TYPED_LEVEL = 4  # what running a typed turn needs (meta `newer` while one waits)
 
 # The limits of docs/design.md §5 and §6, enforced inside the scripts.
 CHECKPOINT_MAX_BYTES = 4 * 1024 * 1024
