@@ -1,4 +1,4 @@
-"""Typed answers: a turn whose answer is an object of a given type (docs/design.md §4 "Typed answers").
+"""Typed answers: a turn whose answer is an object of a given type (docs/design.md §6 "Typed answers").
 
     engine = await create_engine(..., output_type=Invoice)
     result = await engine.prompt("Extract the invoice in this mail: ...").result()

@@ -1,5 +1,5 @@
 """Typed turns in the store: how an input names the type its answer must validate as
-(docs/design.md §4 "Typed answers").
+(docs/design.md §6 "Typed answers").
 
 A prompt of an agent with an `output_type`, or one given its own, is stored with
 ``settings["output"] = {"v": 1, "type", "mode", "retries"}``: `type` is ``"@agent"`` (the

@@ -386,7 +386,10 @@ def render_line(line: Mapping[str, object]) -> str:
         error = line.get("error")
         detail = f": {error.get('code')} {error.get('message')}" if isinstance(error, dict) else ""
         repeated = " (repeated)" if line.get("repeated") else ""
-        return f"\n[{line.get('stopReason')}{repeated}{detail}]\n"
+        answer = ""
+        if "output" in line:  # a typed turn's answer
+            answer = "\n= " + json.dumps(line["output"], ensure_ascii=False)
+        return f"{answer}\n[{line.get('stopReason')}{repeated}{detail}]\n"
     if kind == "approval_request" and line.get("delegate"):
         return ""  # its delegate_start says where it went
     if kind == "approval_request":

@@ -336,6 +336,8 @@ function render(line) {
       }
       if (t.paused) { t.paused.remove(); t.paused = null; }
       const err = line.error ? " · " + (line.error.code || "") + " " + (line.error.message || "") : "";
+      // A typed turn's answer: the validated object, as JSON.
+      if ("output" in line) t.body.appendChild(el("pre", "output", JSON.stringify(line.output, null, 2)));
       const end = el("div", "end", (STOP_LABELS[line.stopReason] || line.stopReason) + err);
       end.dataset.stop = line.stopReason;
       t.body.appendChild(end);
