@@ -8,6 +8,9 @@ What it answers is read from the prompt (the last user message), ``<kind>:<delay
 - ``tool:MS:TAG`` - the scripted two-step tool turn: asks for ``lookup`` (q=TAG), and once
   the tool's result is in the request, answers ``"done"``; each request waits MS first;
 - ``text:MS:TAG`` - one step: waits MS, then streams ``"hello"``, ``" world"``;
+- ``typed:MS:TAG`` - a typed answer (bench/typed.py): a `final_result` call when the request
+  offers that tool, else the object as text (a `response_format` request); ``typedbad:MS:TAG``
+  answers the first request with an object missing a field, then as ``typed``;
 - ``hold:NAME`` - the first time, the second step holds until the server stops (the peers'
   kill -9 run kills its client while held); after that it answers ``"done"``;
 - anything else (``slow:MS`` too, as bench/e2e.py sends) - waits MS if given, answers ``"ok"``.
@@ -66,6 +69,15 @@ def respond(request: Any) -> Reply:
         return Reply(tool_call("call_1", "lookup", {"q": rest}))
     if kind == "text":
         return Reply(delay(ms), text("hello", " world"))
+    if kind in ("typed", "typedbad"):
+        answer: dict[str, Any] = {"tag": tag, "n": 1}
+        if kind == "typedbad" and not has_tool_result(messages) and messages[-1].get("role") == "user" \
+                and not str(messages[-1].get("content") or "").startswith("Your answer did not"):
+            answer = {"tag": tag}
+        offered = {t["function"]["name"] for t in request.body.get("tools") or []}
+        if "final_result" in offered:
+            return Reply(delay(ms), tool_call("call_f", "final_result", answer))
+        return Reply(delay(ms), text(json.dumps(answer)))
     return Reply(delay(ms), text("ok"))
 
 

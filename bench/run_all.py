@@ -52,6 +52,7 @@ BENCHES: dict[str, tuple[str, list[str], int]] = {
     "backlog": ("backlog.py", ["--sessions", "300"], 240),
     "parked": ("parked.py", ["--sessions", "1000", "--sample", "100"], 180),
     "delegation": ("delegation.py", ["--sample", "50", "--count", "20"], 180),
+    "typed": ("typed.py", ["--rounds", "10", "--turns", "30"], 120),
 }
 
 

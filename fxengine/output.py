@@ -132,12 +132,7 @@ class Output(Generic[T]):
         self.retries = retries
         self.name = output_type_name(output_type)
         self.text = output_type is str
-        try:
-            self._adapter: TypeAdapter[T] = TypeAdapter(cast("type[T]", output_type))
-            schema = self._adapter.json_schema() if not self.text else {"type": "string"}
-        except (PydanticUserError, TypeError, ValueError) as exc:
-            raise FxInputError(f"output_type {output_type!r} cannot be an answer's type: {exc}",
-                               code=Code.OUTPUT_TYPE_INVALID) from None
+        self._adapter, schema = _described(output_type)
         title = schema.get("title") if isinstance(schema.get("title"), str) else getattr(output_type, "__name__", "")
         self.title = _SCHEMA_NAME.sub("_", str(title or "response"))[:64] or "response"
         self.wrapped = schema.get("type") != "object"
@@ -195,7 +190,7 @@ class Output(Generic[T]):
 
     def load(self, value: object) -> T:
         """The object of a valid answer's JSON (`Verdict.value`, a `turn_end`'s `output`)."""
-        return self._adapter.validate_python(value)
+        return cast(T, self._adapter.validate_python(value))
 
     def _invalid(self, errors: list[dict[str, object]], by_tool: bool) -> Verdict:
         listed = json.dumps(errors, ensure_ascii=False, default=str)
@@ -204,6 +199,33 @@ class Output(Generic[T]):
         where = "The arguments did not" if by_tool else "Your answer did not"
         retry = f"{where} validate as {self.title}: {listed}\nFix the errors and answer again."
         return Verdict(errors=errors, retry=retry)
+
+
+_DESCRIBED: dict[object, tuple[TypeAdapter[Any], dict[str, Any]]] = {}
+_DESCRIBED_MAX = 256
+
+
+def _described(output_type: object) -> tuple[TypeAdapter[Any], dict[str, Any]]:
+    """pydantic's validator and JSON schema of a type, built once per type (an engine is
+    made per claim on the workers; building them costs more than the turn's judging)."""
+    try:
+        found = _DESCRIBED.get(output_type)
+    except TypeError:  # an unhashable type: described each time
+        found = None
+    if found is not None:
+        return found
+    try:
+        adapter: TypeAdapter[Any] = TypeAdapter(cast("type[Any]", output_type))
+        schema = adapter.json_schema() if output_type is not str else {"type": "string"}
+    except (PydanticUserError, TypeError, ValueError) as exc:
+        raise FxInputError(f"output_type {output_type!r} cannot be an answer's type: {exc}",
+                           code=Code.OUTPUT_TYPE_INVALID) from None
+    try:
+        if len(_DESCRIBED) < _DESCRIBED_MAX:
+            _DESCRIBED[output_type] = (adapter, schema)
+    except TypeError:
+        pass
+    return adapter, schema
 
 
 def _wrap(schema: dict[str, Any]) -> dict[str, Any]:
