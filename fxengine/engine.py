@@ -107,6 +107,8 @@ class Engine:
         epoch: int | None,
         resize_image: ResizeImage | None = None,
         output: Output[Any] | None = None,
+        output_mode: str = "auto",
+        output_retries: int = DEFAULT_OUTPUT_RETRIES,
     ) -> None:
         self._own_client = http_client is None
         self._resize_image = resize_image
@@ -126,6 +128,8 @@ class Engine:
             on_journal_failure=self._on_journal_failure,
         )
         self.output = output  # how a turn's answer is typed, unless its prompt says otherwise
+        self.output_mode = output_mode  # a prompt's own type is asked for and retried so too
+        self.output_retries = output_retries
         if output is not None:
             check_output(output, self.core)
         self._running: TurnRunner | None = None
@@ -254,9 +258,7 @@ class Engine:
         """The typing of one turn: its own `output_type`, else the engine's."""
         if output_type is None:
             return self.output
-        base = self.output
-        output: Output[Any] = Output(output_type, mode=base.mode if base is not None else "auto",
-                                     retries=base.retries if base is not None else DEFAULT_OUTPUT_RETRIES)
+        output: Output[Any] = Output(output_type, mode=self.output_mode, retries=self.output_retries)
         check_output(output, self.core)
         return output
 
@@ -551,6 +553,8 @@ async def create_engine(
         epoch=epoch,
         resize_image=resize_image,
         output=output,
+        output_mode=output_mode,
+        output_retries=output_retries,
     )
     try:
         await engine.core.load(bytes(checkpoint) if checkpoint is not None else None)

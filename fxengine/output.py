@@ -14,8 +14,8 @@ asked for the object one of two ways (`OutputMode`):
   object; the engine answers that call itself, and a valid one ends the turn.
 
 ``"auto"`` (the default) takes native where the model's catalog entry says it supports a
-response format (`ModelEntry.supports_structured_output`), else the tool, which any model
-that calls tools can use. A schema whose root is not an object is wrapped as
+response format (`ModelEntry.supports_structured_output`) or takes no tools, else the
+tool, which any model that calls tools can use. A schema whose root is not an object is wrapped as
 ``{"response": <it>}`` both ways (a response format and tool arguments must be objects).
 
 Each answer is judged here (`Output.judge`) and the verdict is journaled with the response
@@ -148,7 +148,9 @@ class Output(Generic[T]):
         if self.mode == "tool":
             return "tool"
         entry = spec.entry
-        return "native" if entry is not None and entry.supports_structured_output else "tool"
+        # A model that takes no tools can only be asked natively.
+        native = entry is not None and (entry.supports_structured_output or not entry.supports_tools)
+        return "native" if native else "tool"
 
     def tool(self) -> dict[str, object]:
         """The final-result tool, in the Chat Completions `tools` shape."""

@@ -234,6 +234,8 @@ class Agent(Generic[OutputT]):
                                                if output_type is not None else None)
         if self.output is None:
             Output(str, mode=output_mode, retries=output_retries)  # the options are checked all the same
+        self.output_mode = output_mode  # a prompt's own type is asked for and retried so too
+        self.output_retries = output_retries
         self._check_output(self.output, tools)
         self.name = name
         self.model = model
@@ -498,11 +500,10 @@ class Session(Generic[OutputT]):
         """A prompt's own answer type, checked (None: the agent's applies)."""
         if output_type is None:
             return None
-        base = self.agent.output
-        output: Output[Any] = Output(output_type, mode=base.mode if base is not None else "auto",
-                                     retries=base.retries if base is not None else DEFAULT_OUTPUT_RETRIES)
-        self.agent._check_output(output)
-        typed.stored(output, base)  # nameable for the worker, or FX_OUTPUT_TYPE_INVALID now
+        agent = self.agent
+        output: Output[Any] = Output(output_type, mode=agent.output_mode, retries=agent.output_retries)
+        agent._check_output(output)
+        typed.stored(output, agent.output)  # nameable for the worker, or FX_OUTPUT_TYPE_INVALID now
         return output
 
     async def steer(self, input: str | list[Block], *, message_id: str | None = None) -> Accepted:
