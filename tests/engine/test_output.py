@@ -1,0 +1,409 @@
+"""Typed answers (`fxengine.output`) through the engine, against the scripted model server:
+the final-result tool and the native response format, retries with the validation errors,
+the types an answer may have, bad options, and a crashed typed turn resumed from its
+journaled verdicts."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from typing_extensions import TypedDict  # pydantic takes typing's only from Python 3.12
+
+from fxengine import FxInputError, MemoryPersistence, Tool, ToolContext
+from fxengine.journal.codec import decode_record
+from fxengine.journal.records import decode_batch
+from fxengine.models.openai_chat import RESUME_NOTICE
+from fxengine.output import FINAL_RESULT_TOOL
+from fxengine.testing import Reply, ScriptedModel, hold, text, tool_call
+
+from .conftest import run
+
+TIMEOUT_S = 10.0
+
+
+class Invoice(BaseModel):
+    number: str
+    total: float
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+    y: int
+
+
+class Address(TypedDict):
+    city: str
+    zip: str
+
+
+class Cat(BaseModel):
+    meows: int
+
+
+class Dog(BaseModel):
+    barks: int
+
+
+INVOICE = {"number": "A-17", "total": 42.5}
+
+
+def native_provider(model: ScriptedModel, *, structured: bool = True) -> dict[str, Any]:
+    """The scripted model's provider, its catalog entry saying it takes a response format."""
+    provider = dict(model.provider)
+    models: dict[str, Any] = provider["models"]  # type: ignore[assignment]
+    provider["models"] = {model.model_id: {**models[model.model_id], "supports_structured_output": structured}}
+    return provider
+
+
+def tool_names(request: Any) -> list[str]:
+    return [t["function"]["name"] for t in request.body.get("tools") or []]
+
+
+def final_result_tool(request: Any) -> dict[str, Any]:
+    (tool,) = [t for t in request.body["tools"] if t["function"]["name"] == FINAL_RESULT_TOOL]
+    return tool
+
+
+def tool_messages(request: Any) -> list[dict[str, Any]]:
+    return [m for m in request.body["messages"] if m["role"] == "tool"]
+
+
+def first_asks(model: ScriptedModel) -> int:
+    """How many requests carried only the prompt (the turn's first ask)."""
+    return sum(1 for r in model.requests if [m["role"] for m in r.body["messages"]] == ["user"])
+
+
+class Counter:
+    """A tool that counts its runs."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def tool(self) -> Tool:
+        def execute(input: dict[str, Any], ctx: ToolContext) -> str:
+            self.runs += 1
+            return "looked up"
+
+        return Tool("lookup", "Look something up.", {"type": "object", "properties": {"q": {"type": "string"}}},
+                    idempotent=True, execute=execute)
+
+
+# --- tool mode
+
+
+async def test_a_valid_final_result_ends_the_turn_with_the_object(model: ScriptedModel, make_engine: Any) -> None:
+    sink: list[dict[str, Any]] = []
+    model.script(Reply(tool_call("c1", FINAL_RESULT_TOOL, INVOICE)))
+    engine = await make_engine(output_type=Invoice, output_mode="tool", event_sink=sink.append)
+
+    events, result = await run(engine.prompt("extract it"))
+
+    assert result.stop_reason == "end_turn", result.error
+    assert result.output == Invoice(number="A-17", total=42.5)
+    assert isinstance(result.output, Invoice)
+    assert len(model.requests) == 1
+    tool = final_result_tool(model.requests[0])
+    assert tool["function"]["parameters"] == Invoice.model_json_schema()
+    assert "response_format" not in model.requests[0].body
+    (end,) = [e for e in sink if e["type"] == "turn_end"]
+    assert end["stopReason"] == "end_turn" and end["output"] == INVOICE
+    json.dumps(end)  # the body is plain JSON
+    ends = [e for e in events if e["type"] == "tool_end"]
+    assert [(e["name"], e["isError"]) for e in ends] == [(FINAL_RESULT_TOOL, False)]
+
+
+async def test_an_invalid_answer_goes_back_with_the_errors_and_the_correction_ends_it(
+        model: ScriptedModel, make_engine: Any) -> None:
+    model.script(Reply(tool_call("c1", FINAL_RESULT_TOOL, {"number": "A-17"})),
+                 Reply(tool_call("c2", FINAL_RESULT_TOOL, INVOICE)))
+    engine = await make_engine(output_type=Invoice, output_mode="tool")
+
+    _, result = await run(engine.prompt("extract it"))
+
+    assert result.stop_reason == "end_turn", result.error
+    assert result.output == Invoice(**INVOICE)
+    assert len(model.requests) == 2
+    (answer,) = tool_messages(model.requests[1])
+    assert answer["tool_call_id"] == "c1"
+    assert "total" in answer["content"] and "Field required" in answer["content"]
+    assert "validate as Invoice" in answer["content"]
+
+
+async def test_answers_invalid_past_the_retries_end_the_turn_in_error(model: ScriptedModel, make_engine: Any) -> None:
+    model.script(Reply(tool_call("c1", FINAL_RESULT_TOOL, {"number": "A-17"})),
+                 Reply(tool_call("c2", FINAL_RESULT_TOOL, {"total": "lots"})))
+    engine = await make_engine(output_type=Invoice, output_mode="tool", output_retries=1)
+
+    _, result = await run(engine.prompt("extract it"))
+
+    assert result.stop_reason == "error" and result.output is None
+    assert result.error is not None and result.error["code"] == "FX_OUTPUT_INVALID"
+    errors = result.error["errors"]
+    assert isinstance(errors, list) and errors
+    # the last answer's errors: `number` missing, `total` not a number
+    assert {tuple(e["loc"]) for e in errors} == {("number",), ("total",)}
+    assert "2 attempts" in result.error["message"]
+    assert len(model.requests) == 2
+
+
+async def test_no_retries_ends_in_error_after_one_request(model: ScriptedModel, make_engine: Any) -> None:
+    model.script(Reply(tool_call("c1", FINAL_RESULT_TOOL, {"number": "A-17"})))
+    engine = await make_engine(output_type=Invoice, output_mode="tool", output_retries=0)
+
+    _, result = await run(engine.prompt("extract it"))
+
+    assert result.stop_reason == "error"
+    assert result.error is not None and result.error["code"] == "FX_OUTPUT_INVALID"
+    assert [e["loc"] for e in result.error["errors"]] == [["total"]]
+    assert len(model.requests) == 1
+
+
+async def test_an_answer_in_text_is_asked_again_by_the_tool(model: ScriptedModel, make_engine: Any) -> None:
+    model.script(Reply(text(json.dumps(INVOICE))), Reply(tool_call("c1", FINAL_RESULT_TOOL, INVOICE)))
+    engine = await make_engine(output_type=Invoice, output_mode="tool")
+
+    _, result = await run(engine.prompt("extract it"))
+
+    assert result.stop_reason == "end_turn", result.error
+    assert result.output == Invoice(**INVOICE)
+    assert len(model.requests) == 2
+    last = model.requests[1].body["messages"][-1]
+    assert last["role"] == "user" and FINAL_RESULT_TOOL in last["content"]
+    assert "answer in text is not taken" in last["content"]
+
+
+async def test_a_valid_answer_beside_another_call_ends_the_turn_without_running_it(
+        model: ScriptedModel, make_engine: Any) -> None:
+    counter = Counter()
+    model.script(Reply(tool_call("c1", "lookup", {"q": "x"}), tool_call("c2", FINAL_RESULT_TOOL, INVOICE)))
+    engine = await make_engine(output_type=Invoice, output_mode="tool", tools=[counter.tool()])
+
+    events, result = await run(engine.prompt("extract it"))
+
+    assert result.stop_reason == "end_turn", result.error
+    assert result.output == Invoice(**INVOICE)
+    assert counter.runs == 0
+    assert len(model.requests) == 1
+    assert tool_names(model.requests[0]) == ["lookup", FINAL_RESULT_TOOL]
+    ends = {e["id"]: e for e in events if e["type"] == "tool_end"}
+    assert "Not run" in ends["c1"]["content"] and not ends["c2"]["isError"]
+
+
+async def test_an_invalid_answer_beside_another_call_runs_the_call(model: ScriptedModel, make_engine: Any) -> None:
+    counter = Counter()
+    model.script(Reply(tool_call("c1", "lookup", {"q": "x"}), tool_call("c2", FINAL_RESULT_TOOL, {"number": "1"})),
+                 Reply(tool_call("c3", FINAL_RESULT_TOOL, INVOICE)))
+    engine = await make_engine(output_type=Invoice, output_mode="tool", tools=[counter.tool()])
+
+    _, result = await run(engine.prompt("extract it"))
+
+    assert result.stop_reason == "end_turn", result.error
+    assert counter.runs == 1
+    answers = {m["tool_call_id"]: m["content"] for m in tool_messages(model.requests[1])}
+    assert answers["c1"] == "looked up" and "total" in answers["c2"]
+
+
+# --- native mode
+
+
+async def test_native_mode_asks_by_response_format(model: ScriptedModel, make_engine: Any) -> None:
+    model.script(Reply(text("```json\n", json.dumps(INVOICE), "\n```")))
+    engine = await make_engine(provider=native_provider(model), output_type=Invoice)  # auto
+
+    _, result = await run(engine.prompt("extract it"))
+
+    assert result.stop_reason == "end_turn", result.error
+    assert result.output == Invoice(**INVOICE)
+    body = model.requests[0].body
+    assert body["response_format"] == {"type": "json_schema", "json_schema": {
+        "name": "Invoice", "schema": Invoice.model_json_schema(), "strict": False}}
+    assert FINAL_RESULT_TOOL not in tool_names(model.requests[0])
+
+
+async def test_native_mode_retries_with_a_user_message(model: ScriptedModel, make_engine: Any) -> None:
+    model.script(Reply(text('{"number": "A-17"}')), Reply(text(json.dumps(INVOICE))))
+    engine = await make_engine(provider=native_provider(model), output_type=Invoice)
+
+    _, result = await run(engine.prompt("extract it"))
+
+    assert result.stop_reason == "end_turn", result.error
+    assert result.output == Invoice(**INVOICE)
+    assert len(model.requests) == 2
+    messages = model.requests[1].body["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert "Your answer did not validate as Invoice" in messages[-1]["content"]
+    assert "total" in messages[-1]["content"]
+    assert model.requests[1].body["response_format"] == model.requests[0].body["response_format"]
+
+
+async def test_native_mode_answer_that_is_not_json(model: ScriptedModel, make_engine: Any) -> None:
+    model.script(Reply(text("It is A-17, 42.50.")))
+    engine = await make_engine(provider=native_provider(model), output_type=Invoice, output_retries=0)
+
+    _, result = await run(engine.prompt("extract it"))
+
+    assert result.stop_reason == "error"
+    assert result.error is not None and result.error["code"] == "FX_OUTPUT_INVALID"
+    assert [e["type"] for e in result.error["errors"]] == ["json_invalid"]
+
+
+async def test_auto_without_catalog_support_uses_the_tool(model: ScriptedModel, make_engine: Any) -> None:
+    model.script(Reply(tool_call("c1", FINAL_RESULT_TOOL, INVOICE)))
+    engine = await make_engine(provider=native_provider(model, structured=False), output_type=Invoice)
+
+    _, result = await run(engine.prompt("extract it"))
+
+    assert result.output == Invoice(**INVOICE)
+    assert FINAL_RESULT_TOOL in tool_names(model.requests[0])
+    assert "response_format" not in model.requests[0].body
+
+
+async def test_native_forced_on_a_model_without_catalog_support(model: ScriptedModel, make_engine: Any) -> None:
+    model.script(Reply(text(json.dumps(INVOICE))))
+    engine = await make_engine(output_type=Invoice, output_mode="native")
+
+    _, result = await run(engine.prompt("extract it"))
+
+    assert result.output == Invoice(**INVOICE)
+    assert "response_format" in model.requests[0].body
+
+
+# --- types
+
+
+async def test_a_dataclass_answer(model: ScriptedModel, make_engine: Any) -> None:
+    model.script(Reply(tool_call("c1", FINAL_RESULT_TOOL, {"x": 1, "y": 2})))
+    engine = await make_engine(output_type=Point, output_mode="tool")
+
+    _, result = await run(engine.prompt("where"))
+
+    assert result.output == Point(1, 2)
+    schema = final_result_tool(model.requests[0])["function"]["parameters"]
+    assert schema["type"] == "object" and set(schema["required"]) == {"x", "y"}
+
+
+async def test_a_typed_dict_answer(model: ScriptedModel, make_engine: Any) -> None:
+    model.script(Reply(tool_call("c1", FINAL_RESULT_TOOL, {"city": "Oslo", "zip": "0150"})))
+    engine = await make_engine(output_type=Address, output_mode="tool")
+
+    _, result = await run(engine.prompt("where"))
+
+    assert result.output == {"city": "Oslo", "zip": "0150"}
+
+
+async def test_a_union_is_wrapped_as_response(model: ScriptedModel, make_engine: Any) -> None:
+    model.script(Reply(tool_call("c1", FINAL_RESULT_TOOL, {"barks": 3})),  # not wrapped: refused
+                 Reply(tool_call("c2", FINAL_RESULT_TOOL, {"response": {"barks": 3}})))
+    engine = await make_engine(output_mode="tool")
+
+    _, result = await run(engine.prompt("which pet", output_type=Cat | Dog))  # type: ignore[arg-type]
+
+    assert result.stop_reason == "end_turn", result.error
+    assert result.output == Dog(barks=3)
+    schema = final_result_tool(model.requests[0])["function"]["parameters"]
+    assert schema["type"] == "object" and schema["required"] == ["response"]
+    assert schema["properties"]["response"] == {"anyOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}]}
+    assert set(schema["$defs"]) == {"Cat", "Dog"}
+    (answer,) = tool_messages(model.requests[1])
+    assert '"response"' in answer["content"]
+
+
+async def test_a_union_answer_natively(model: ScriptedModel, make_engine: Any) -> None:
+    model.script(Reply(text(json.dumps({"response": {"meows": 2}}))))
+    engine = await make_engine(provider=native_provider(model))
+
+    _, result = await run(engine.prompt("which pet", output_type=Cat | Dog))  # type: ignore[arg-type]
+
+    assert result.output == Cat(meows=2)
+    schema = model.requests[0].body["response_format"]["json_schema"]["schema"]
+    assert schema["required"] == ["response"] and set(schema["$defs"]) == {"Cat", "Dog"}
+
+
+async def test_str_is_the_final_text(model: ScriptedModel, make_engine: Any) -> None:
+    sink: list[dict[str, Any]] = []
+    model.script(Reply(text("Just ", "text.")))
+    engine = await make_engine(provider=native_provider(model), output_type=str, event_sink=sink.append)
+
+    _, result = await run(engine.prompt("say it"))
+
+    assert result.stop_reason == "end_turn" and result.output == "Just text."
+    body = model.requests[0].body
+    assert "response_format" not in body and FINAL_RESULT_TOOL not in tool_names(model.requests[0])
+    (end,) = [e for e in sink if e["type"] == "turn_end"]
+    assert end["output"] == "Just text."
+
+
+async def test_a_type_named_module_colon_name(model: ScriptedModel, make_engine: Any) -> None:
+    model.script(Reply(tool_call("c1", FINAL_RESULT_TOOL, INVOICE)))
+    engine = await make_engine(output_type=f"{__name__}:Invoice", output_mode="tool")
+
+    _, result = await run(engine.prompt("extract it"))
+
+    assert isinstance(result.output, Invoice) and result.output == Invoice(**INVOICE)
+    assert engine.output is not None and engine.output.name == f"{__name__}:Invoice"
+
+
+async def test_a_prompt_types_its_own_turn(model: ScriptedModel, make_engine: Any) -> None:
+    model.script(Reply(text("plain")), Reply(tool_call("c1", FINAL_RESULT_TOOL, {"x": 3, "y": 4})))
+    engine = await make_engine(output_mode="tool")
+
+    _, untyped = await run(engine.prompt("hello"))
+    _, typed = await run(engine.prompt("where", output_type=Point))
+
+    assert untyped.output is None and untyped.stop_reason == "end_turn"
+    assert typed.output == Point(3, 4)
+    assert FINAL_RESULT_TOOL not in tool_names(model.requests[0])
+    assert FINAL_RESULT_TOOL in tool_names(model.requests[1])
+
+
+# --- bad options
+
+
+class Plain:
+    def __init__(self, thing: object) -> None:
+        self.thing = thing
+
+
+@pytest.mark.parametrize("options", [{"output_mode": "x"}, {"output_retries": -1}, {"output_retries": 11},
+                                     {"output_retries": True}, {"output_type": Invoice, "output_mode": "json"}])
+async def test_bad_options_are_refused(model: ScriptedModel, make_engine: Any, options: dict[str, Any]) -> None:
+    with pytest.raises(FxInputError) as info:
+        await make_engine(**options)
+    assert info.value.code == "FX_INVALID_INPUT"
+
+
+@pytest.mark.parametrize("output_type", [Plain, "no_such_module_here:Thing", "nocolon", f"{__name__}:Missing"])
+async def test_a_type_pydantic_cannot_take_is_refused(model: ScriptedModel, make_engine: Any,
+                                                      output_type: object) -> None:
+    with pytest.raises(FxInputError) as info:
+        await make_engine(output_type=output_type)
+    assert info.value.code == "FX_OUTPUT_TYPE_INVALID"
+
+
+async def test_a_prompt_type_pydantic_cannot_take_is_refused(model: ScriptedModel, make_engine: Any) -> None:
+    engine = await make_engine()
+    with pytest.raises(FxInputError) as info:
+        engine.prompt("x", output_type=Plain)
+    assert info.value.code == "FX_OUTPUT_TYPE_INVALID"
+    assert model.requests == []
+
+
+async def test_a_user_tool_named_final_result_clashes_in_tool_mode(model: ScriptedModel, make_engine: Any) -> None:
+    mine = Tool(FINAL_RESULT_TOOL, "mine", {"type": "object"}, idempotent=True, execute=lambda i, c: "x")
+    with pytest.raises(FxInputError) as info:
+        await make_engine(tools=[mine], output_type=Invoice, output_mode="tool")
+    assert info.value.code == "FX_TOOL_INVALID"
+
+    engine = await make_engine(tools=[mine], output_mode="tool")  # untyped: no clash
+    with pytest.raises(FxInputError) as per_prompt:
+        engine.prompt("x", output_type=Invoice)
+    assert per_prompt.value.code == "FX_TOOL_INVALID"
+
+    # native mode adds no tool, so the name is free
+    await make_engine(tools=[mine], output_type=Invoice, output_mode="native")
