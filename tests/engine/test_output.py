@@ -486,6 +486,53 @@ async def test_a_crash_while_the_retry_is_asked_resumes_from_the_verdict(
     assert second.open_turn is None
 
 
+async def test_a_crash_in_native_mode_resumes_with_the_retry_message(model: ScriptedModel, make_engine: Any) -> None:
+    store = MemoryPersistence()
+    provider = native_provider(model)
+    model.script(Reply(text('{"number": "A-17"}')), Reply(hold("h"), text(json.dumps(INVOICE))))
+    first = await make_engine(provider=provider, persistence=store, output_type=Invoice)
+    turn = first.prompt("extract it", turn_id="t1")
+    await asyncio.to_thread(model.wait_held, "h", TIMEOUT_S)
+    await asyncio.wait_for(first.core.journal.flush(), TIMEOUT_S)
+    await crash(turn)
+    model.release("h")
+
+    model.script(Reply(text(json.dumps(INVOICE))))
+    second = await make_engine(provider=provider, persistence=store, output_type=Invoice)
+    resumed = second.resume()
+    assert resumed is not None
+    _, result = await run(resumed)
+
+    assert result.stop_reason == "end_turn", result.error
+    assert result.output == Invoice(**INVOICE)
+    assert len(model.requests) == 3 and first_asks(model) == 1
+    messages = model.requests[2].body["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user", "user"]
+    assert "did not validate as Invoice" in messages[2]["content"] and "total" in messages[2]["content"]
+    assert messages[3]["content"] == RESUME_NOTICE
+    assert "response_format" in model.requests[2].body
+
+
+async def test_a_yielded_typed_turn_resumes_counting_its_retries(model: ScriptedModel, make_engine: Any) -> None:
+    store = MemoryPersistence()
+    model.script(Reply(tool_call("c1", FINAL_RESULT_TOOL, {"number": "A-17"})))
+    first = await make_engine(persistence=store, output_type=Invoice, output_mode="tool", output_retries=1)
+    _, yielded = await run(first.prompt("extract it", turn_id="t1", yield_at=1))  # past: yields before the retry
+    assert yielded.stop_reason == "yielded" and len(model.requests) == 1
+
+    model.script(Reply(tool_call("c2", FINAL_RESULT_TOOL, {"number": "A-18"})))
+    second = await make_engine(persistence=store, output_type=Invoice, output_mode="tool", output_retries=1)
+    resumed = second.resume()
+    assert resumed is not None
+    _, result = await run(resumed)
+
+    assert result.stop_reason == "error"
+    assert result.error is not None and result.error["code"] == "FX_OUTPUT_INVALID"
+    assert len(model.requests) == 2  # the answer before the yield was the one retry
+    (answer,) = tool_messages(model.requests[1])
+    assert answer["tool_call_id"] == "c1" and "total" in answer["content"]
+
+
 class EndLostStore(MemoryPersistence):
     """A store whose writer dies between a typed answer's verdict and its turn's end.
 
@@ -593,3 +640,5 @@ async def test_a_batch_with_a_verdict_is_format_2_and_others_format_1(model: Scr
     assert [v for v, kinds in typed if "output" in kinds] == [2]
     assert all(v == 1 for v, kinds in typed if "output" not in kinds)
     assert any("output" not in kinds for _, kinds in typed)  # the turn's start, at least
+    ends = [body for raw in store.appended for kind, body in decode_batch(raw) if kind == "turn_end"]
+    assert "output" not in ends[0] and ends[1]["output"] == INVOICE
