@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel
 from typing_extensions import TypedDict  # pydantic takes typing's only from Python 3.12
 
-from fxengine import FxInputError, MemoryPersistence, Tool, ToolContext
+from fxengine import FxInputError, MemoryPersistence, Tool, ToolContext, approve
 from fxengine.journal.codec import decode_record
 from fxengine.journal.records import decode_batch
 from fxengine.models.openai_chat import RESUME_NOTICE
@@ -531,6 +531,28 @@ async def test_a_yielded_typed_turn_resumes_counting_its_retries(model: Scripted
     assert len(model.requests) == 2  # the answer before the yield was the one retry
     (answer,) = tool_messages(model.requests[1])
     assert answer["tool_call_id"] == "c1" and "total" in answer["content"]
+
+
+async def test_a_parked_typed_turn_counts_its_retry_across_the_park(model: ScriptedModel, make_engine: Any) -> None:
+    runs: list[object] = []
+    refund = Tool("refund", "Refund.", {"type": "object"}, idempotent=False, approval=True,
+                  execute=lambda input, ctx: runs.append(input) or "refunded")
+    store = MemoryPersistence()
+    model.script(Reply(tool_call("c1", "refund", {}), tool_call("f1", FINAL_RESULT_TOOL, {"number": "1"})),
+                 Reply(tool_call("f2", FINAL_RESULT_TOOL, {"number": "2"})))
+    first = await make_engine(persistence=store, tools=[refund], output_type=Invoice, output_mode="tool")
+    _, parked = await run(first.prompt("refund and report", turn_id="t1"))
+    assert parked.stop_reason == "paused" and len(model.requests) == 1
+
+    second = await make_engine(persistence=store, tools=[refund], output_type=Invoice, output_mode="tool")
+    _, result = await run(second.resume(decisions={"c1": approve()}))
+
+    assert runs == [{}]
+    assert result.stop_reason == "error"
+    assert result.error is not None and result.error["code"] == "FX_OUTPUT_INVALID"
+    assert len(model.requests) == 2  # the answer beside the parked call was the one retry
+    answers = {m["tool_call_id"]: m["content"] for m in tool_messages(model.requests[1])}
+    assert answers["c1"] == "refunded" and "total" in answers["f1"]
 
 
 class EndLostStore(MemoryPersistence):

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from fxengine import create_engine
+from fxengine import FxInputError, create_engine
 from fxengine.output import FINAL_RESULT_TOOL
 from fxengine.providers import chatgpt
 from fxengine.providers.base import WIRE_CHAT, WIRE_RESPONSES, ModelEntry
@@ -121,6 +121,13 @@ async def test_a_custom_providers_catalog_picks_the_mode(model: ScriptedModel, e
     body = model.requests[0].body
     assert ("response_format" in body) is native
     assert (FINAL_RESULT_TOOL in [t["function"]["name"] for t in body.get("tools") or []]) is not native
+
+
+async def test_a_custom_providers_flag_must_be_a_boolean(model: ScriptedModel) -> None:
+    with pytest.raises(FxInputError) as info:
+        await create_engine(model.model_id, provider=scripted_provider(model, supports_structured_output="yes"),
+                            output_type=Invoice)
+    assert info.value.code == "FX_PROVIDER_INVALID"
 
 
 # --- Chat Completions: AI Gateway
