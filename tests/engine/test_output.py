@@ -1,7 +1,8 @@
 """Typed answers (`fxengine.output`) through the engine, against the scripted model server:
 the final-result tool and the native response format, retries with the validation errors,
-the types an answer may have, bad options, and a crashed typed turn resumed from its
-journaled verdicts."""
+the types an answer may have, bad options, a repeated turn id, typed turns resumed from
+their journaled verdicts (after a crash, a yield, a park), and the journal's batch
+versions."""
 
 from __future__ import annotations
 
