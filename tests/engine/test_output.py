@@ -363,8 +363,6 @@ async def test_a_prompt_types_its_own_turn(model: ScriptedModel, make_engine: An
     assert FINAL_RESULT_TOOL in tool_names(model.requests[1])
 
 
-@pytest.mark.xfail(strict=True, reason="create_engine drops output_mode/output_retries when output_type is not given: "
-                                       "a prompt's own output_type then runs with 'auto' and 1 retry")
 async def test_a_prompt_typed_turn_takes_the_engines_mode_and_retries(model: ScriptedModel, make_engine: Any) -> None:
     model.script(Reply(text('{"x": 1}')), Reply(text('{"x": 1, "y": 2}')))
     engine = await make_engine(output_mode="native", output_retries=0)
