@@ -7,10 +7,12 @@ kind of id, `<prefix>_` + a ULID: sessions (`fxs_`), messages (`msg_`), steers
 and the steer id are the engine's (`fxengine.ids`), so the engine's own ids have the
 same form.
 
-A session id is `fxs_` + a ULID: 26 Crockford base32 characters holding a 48-bit
-millisecond timestamp and 80 random bits, so ids sort by creation time and never collide
-in practice. Every Redis-backed store takes only that form; the memory store takes any
-1-128 of `A-Z a-z 0-9 . _ -` (handy in tests and single-process tools).
+A generated session id is `fxs_` + a ULID: 26 Crockford base32 characters holding a
+48-bit millisecond timestamp and 80 random bits, so ids sort by creation time and never
+collide in practice. An application may name its sessions itself (`agent.session("user-42")`:
+one per user, per ticket): 1-128 of `A-Z a-z 0-9 . _ -`, not only dots, and not starting
+with `fxs_`, which is reserved for the generated form (an id that starts with it must be
+one). Every store takes both; the memory store also takes `fxs_` ids of any form.
 
 Message ids are 1-128 of `A-Z a-z 0-9 . _ : -` on every store.
 """
@@ -34,6 +36,7 @@ REQUEST_PREFIX = "res_"
 _ULID = r"[0-7][0-9A-HJKMNP-TV-Z]{25}"
 _SESSION_ID = re.compile(rf"{SESSION_PREFIX}{_ULID}\Z")
 _MEMORY_SESSION_ID = re.compile(r"[A-Za-z0-9._-]{1,128}\Z")
+_ONLY_DOTS = re.compile(r"\.+\Z")  # `.` and `..` are path steps in a URL, never a session
 _MESSAGE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
 
 
@@ -55,12 +58,21 @@ def new_request_id() -> str:
 def validate_session_id(session_id: object, *, memory: bool = False) -> str:
     """Returns `session_id` when the store can hold it; raises `FxInvalidSessionIdError`.
 
-    `memory=True` applies the memory store's looser rule (1-128 of `A-Za-z0-9._-`).
+    A generated id (`fxs_` + ULID) or an application's own: 1-128 of `A-Z a-z 0-9 . _ -`,
+    not only dots, not starting with the reserved `fxs_`. `memory=True` applies the memory
+    store's looser rule (any 1-128 of `A-Za-z0-9._-`).
     """
-    rule = _MEMORY_SESSION_ID if memory else _SESSION_ID
-    if not isinstance(session_id, str) or rule.match(session_id) is None:
-        expected = "1-128 of A-Z a-z 0-9 . _ -" if memory else "fxs_ followed by 26 Crockford base32 characters"
-        raise FxInvalidSessionIdError(f"invalid session id {session_id!r}: expected {expected}")
+    if not isinstance(session_id, str) or _MEMORY_SESSION_ID.match(session_id) is None:
+        raise FxInvalidSessionIdError(
+            f"invalid session id {session_id!r}: expected 1-128 of A-Z a-z 0-9 . _ - (or a generated fxs_ id)")
+    if memory or _SESSION_ID.match(session_id) is not None:
+        return session_id
+    if session_id.startswith(SESSION_PREFIX):
+        raise FxInvalidSessionIdError(
+            f"invalid session id {session_id!r}: ids starting fxs_ are generated ones (fxs_ and 26 Crockford base32 "
+            "characters); name your own sessions without that prefix")
+    if _ONLY_DOTS.match(session_id) is not None:
+        raise FxInvalidSessionIdError(f"invalid session id {session_id!r}: an id of dots only is a URL path step")
     return session_id
 
 

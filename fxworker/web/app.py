@@ -34,7 +34,7 @@ from fxworker.liveness import DeliveryCounter, Liveness
 from fxworker.store import SessionStore, default_store, store_clients, store_kind
 
 from . import health, openapi, sessions, wake
-from .auth import Authorize, BearerAuth, SessionContext
+from .auth import Authorize, BearerAuth, ClientSessionIds, SessionContext
 from .errors import EXCEPTION_HANDLERS
 from .ndjson import StreamSlots
 
@@ -90,6 +90,7 @@ def create_app(
     max_streams: int | None = None,
     session_context: SessionContext | None = None,
     allowed_origins: Iterable[str] | None = None,
+    client_session_ids: ClientSessionIds | None = None,
 ) -> Starlette:
     """Build the web app.
 
@@ -113,6 +114,12 @@ def create_app(
             callers are the embedder's users.
         allowed_origins: under an `authorize` hook, the origins (`https://app.example`)
             besides the server's own whose pages may POST (default `FX_ALLOWED_ORIGINS`).
+        client_session_ids: whether a create may name its session (`sessionId`, an
+            application's own id such as `user-42`): True, False, or
+            `client_session_ids(request, session_id) -> bool` (or awaitable). None (the
+            default): yes when the server's own token (or loopback) guards the API, no
+            under an `authorize` hook, whose callers could otherwise take (or guess their
+            way into) another user's session; 403 `FX_FORBIDDEN` when refused.
 
     When the environment asks for traces (`OTEL_TRACES_EXPORTER`, `OTEL_EXPORTER_OTLP_*`)
     and no tracer provider is installed, it installs one (`fxworker.tracing`).
@@ -166,6 +173,7 @@ def create_app(
     app.state.stream_slots = StreamSlots(max_streams or max(1, settings.redis_max_connections * 3 // 4))
     app.state.authorize = authorize
     app.state.session_context = session_context
+    app.state.client_session_ids = client_session_ids
     app.state.agents = _registry_agents if agents is None else _fixed_agents(agents)
     app.state.store_for = store_for
     app.state.redis = None

@@ -65,6 +65,32 @@ class SessionContext(Protocol):
     def __call__(self, request: Request, create: CreateSessionBody) -> object: ...
 
 
+class SessionIdHook(Protocol):
+    """The embedder's say on a create that names its session (`create_app(client_session_ids=)`)."""
+
+    def __call__(self, request: Request, session_id: str) -> bool | Awaitable[bool]: ...
+
+
+ClientSessionIds = bool | SessionIdHook
+
+
+async def check_session_id(request: Request, session_id: str) -> None:
+    """`FxForbiddenError` unless this server lets a client name the session it creates
+    (`create_app(client_session_ids=)`; by default only where no `authorize` hook runs)."""
+    rule = request.app.state.client_session_ids
+    if rule is None:
+        allowed: object = request.app.state.authorize is None
+    elif isinstance(rule, bool):
+        allowed = rule
+    else:
+        allowed = rule(request, session_id)
+        if inspect.isawaitable(allowed):
+            allowed = await allowed
+    if allowed is not True:
+        raise FxForbiddenError("this server does not let a client name its sessions: send no sessionId "
+                               "(the embedder passes create_app(client_session_ids=...) to allow it)")
+
+
 def is_loopback(host: str | None) -> bool:
     """Whether `host` (an address or `localhost`) is this machine only."""
     if not host:

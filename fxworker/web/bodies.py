@@ -43,6 +43,8 @@ class CreateSessionBody(PromptBody):
 
     agent: str | None = None
     context: Any = None
+    # The application's own id for the session (where the server allows it: `check_session_id`).
+    session_id: str | None = Field(default=None, alias="sessionId")
 
 
 class SteerBody(_Wire):

@@ -20,7 +20,7 @@ from fxworker.timeline import DEFAULT_PAGE_TURNS, MAX_PAGE_TURNS
 from .bodies import CreateSessionBody, DecisionBody, PromptBody, SteerBody
 
 SESSION_ID = {"name": "session_id", "in": "path", "required": True,
-              "schema": {"type": "string", "description": "fxs_ and a ULID"}}
+              "schema": {"type": "string", "description": "fxs_ and a ULID, or an application's own id (1-128 of A-Z a-z 0-9 . _ -)"}}
 ERROR = {"$ref": "#/components/schemas/Error"}
 ACCEPTED = {"$ref": "#/components/schemas/Accepted"}
 STATE = {"$ref": "#/components/schemas/State"}

@@ -28,11 +28,12 @@ from fxworker.errors import (
     FxUnknownAgentError,
     FxUnknownSessionError,
 )
+from fxworker.ids import validate_session_id
 from fxworker.store._readers import MAX_CURSOR
 from fxworker.timeline import DEFAULT_PAGE_TURNS, MAX_PAGE_TURNS
 from fxworker.timeline import read as read_timeline
 
-from .auth import check_access, is_allowed
+from .auth import check_access, check_session_id, is_allowed
 from .bodies import CreateSessionBody, DecisionBody, PromptBody, SteerBody, read_json
 from .ndjson import NDJSONResponse, StreamSlot, wants_ndjson
 
@@ -163,7 +164,13 @@ def message_scope(agent: Agent, context: object) -> str:
 
 
 async def _first_session(request: Request, agent: Agent, body: CreateSessionBody, context: object) -> Session:
-    """The session a create prompts: a new one, or the one an earlier create with this message id made."""
+    """The session a create prompts: the one it names (where the server allows that), a new
+    one, or the one an earlier create with this message id made."""
+    if body.session_id is not None:
+        session_id = validate_session_id(body.session_id)  # 400 before the hooks see it
+        await check_session_id(request, session_id)
+        await check_access(request, session_id, "prompt")  # it may exist: the hook decides as for a prompt
+        return agent.session(session_id, context=context)
     session = agent.session(None, context=context)  # checks the settings before anything is stored
     if body.message_id is None:
         return session
@@ -179,7 +186,8 @@ async def _first_session(request: Request, agent: Agent, body: CreateSessionBody
 
 
 async def create_session(request: Request) -> Response:
-    """`POST /v1/sessions` `{agent?, input, messageId?, context?}`: a new session and its first prompt."""
+    """`POST /v1/sessions` `{agent?, input, messageId?, context?, sessionId?}`: a new session
+    (or the one `sessionId` names) and its first prompt."""
     await check_access(request, None, "create")
     body = await read_json(request, CreateSessionBody)
     agent = pick_agent(request, body.agent)

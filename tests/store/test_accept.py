@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from fxengine import FxLimitError
@@ -88,12 +90,12 @@ async def test_ids_are_validated_before_anything_is_stored(store: RedisStore, si
         await store.accept(sid, agent="default", message_id="bad id!", input="a")
     with pytest.raises(FxInvalidSessionIdError):
         await store.accept("no/slashes", agent="default", message_id="m1", input="a")
-    if store.kind == "memory":
-        accepted = await store.accept("my-session.1", agent="default", message_id="m1", input="a")
-        assert accepted.created
-    else:
+    own = f"my-session.{uuid.uuid4().hex[:8]}"  # an application's own id: every store takes it
+    accepted = await store.accept(own, agent="default", message_id="m1", input="a")
+    assert accepted.created
+    if store.kind != "memory":
         with pytest.raises(FxInvalidSessionIdError) as caught:
-            await store.accept("my-session.1", agent="default", message_id="m1", input="a")
+            await store.accept("fxs_my-session", agent="default", message_id="m1", input="a")
         assert caught.value.code == "FX_INVALID_SESSION_ID"
     with pytest.raises(FxUnknownSessionError):
         await store.state(sid)

@@ -27,12 +27,25 @@ def test_new_session_ids_are_fxs_ulids_that_sort_by_time() -> None:
 
 @pytest.mark.parametrize("bad", [
     "", "fxs_", "fxs_01ARZ3NDEKTSV4RRFFQ69G5FA", "fxs_01ARZ3NDEKTSV4RRFFQ69G5FAVX", "fxs_01arz3ndektsv4rrffq69g5fav",
-    "fxs_81ARZ3NDEKTSV4RRFFQ69G5FAV", "fxs_01ARZ3NDEKTSV4RRFFQ69G5FAI", "abc", None, 12,
+    "fxs_81ARZ3NDEKTSV4RRFFQ69G5FAV", "fxs_01ARZ3NDEKTSV4RRFFQ69G5FAI", "fxs_user-42", ".", "..", "x" * 129,
+    "a b", "a/b", "a:b", "{tag}", "é", None, 12,
 ])
 def test_anything_else_is_refused_by_redis_stores(bad: object) -> None:
     with pytest.raises(FxInvalidSessionIdError) as caught:
         validate_session_id(bad)
     assert caught.value.code == "FX_INVALID_SESSION_ID"
+
+
+@pytest.mark.parametrize("own", ["user-42", "ticket.2024-001", "a", "A_b.C-9", "x" * 128, "fxs", "fx_s", "...a"])
+def test_an_application_names_its_own_sessions(own: str) -> None:
+    """1-128 of A-Z a-z 0-9 . _ -, not only dots, not starting with the reserved `fxs_`."""
+    assert validate_session_id(own) == own
+
+
+def test_a_reserved_prefix_says_why() -> None:
+    with pytest.raises(FxInvalidSessionIdError) as caught:
+        validate_session_id("fxs_user-42")
+    assert "generated" in str(caught.value) and caught.value.code == "FX_INVALID_SESSION_ID"
 
 
 def test_the_memory_rule() -> None:

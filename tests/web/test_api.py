@@ -179,7 +179,8 @@ def test_auth_on_refuses_a_missing_or_wrong_token_and_takes_the_right_one(web_au
     [
         ("GET", "/v1/sessions/fxs_01JZZZZZZZZZZZZZZZZZZZZZZZ", None, 404, "FX_UNKNOWN_SESSION"),
         ("POST", "/v1/sessions/fxs_01JZZZZZZZZZZZZZZZZZZZZZZZ/prompts", {"input": "x"}, 404, "FX_UNKNOWN_SESSION"),
-        ("GET", "/v1/sessions/not-a-session/stream", None, 400, "FX_INVALID_SESSION_ID"),
+        ("GET", "/v1/sessions/fxs_not-a-session/stream", None, 400, "FX_INVALID_SESSION_ID"),
+        ("GET", "/v1/sessions/not-a-session/stream", None, 404, "FX_UNKNOWN_SESSION"),
         ("POST", "/v1/sessions", {"input": "x", "messageId": "bad id!"}, 400, "FX_INVALID_MESSAGE_ID"),
         ("POST", "/v1/sessions", {"input": ""}, 400, None),
         ("POST", "/v1/sessions", {"input": "x", "agent": "nobody"}, 404, "FX_UNKNOWN_AGENT"),

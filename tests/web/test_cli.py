@@ -379,7 +379,8 @@ def test_usage_and_configuration_errors_exit_2(web_open: WebProcess) -> None:
         (("prompt", "--session", UNKNOWN_SESSION, "hi"), "FX_UNKNOWN_SESSION"),
         (("prompt", "--message-id", "bad id!", "hi"), "FX_INVALID_MESSAGE_ID"),
         (("tail", UNKNOWN_SESSION), "FX_UNKNOWN_SESSION"),
-        (("tail", "not-a-session", "--no-follow"), "FX_INVALID_SESSION_ID"),
+        (("tail", "fxs_not-a-session", "--no-follow"), "FX_INVALID_SESSION_ID"),
+        (("tail", "not-a-session", "--no-follow"), "FX_UNKNOWN_SESSION"),  # an application may name its own
     ],
 )
 def test_a_refused_request_exits_3_with_its_code(web_open: WebProcess, args: tuple[str, ...], code: str) -> None:

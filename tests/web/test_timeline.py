@@ -159,7 +159,7 @@ def test_the_route_tells_a_real_tool_turn(api: httpx.Client) -> None:
 
     unknown = api.get(f"/v1/sessions/{UNKNOWN_SESSION}/timeline")
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "FX_UNKNOWN_SESSION"
-    invalid = api.get("/v1/sessions/not-a-session/timeline")
+    invalid = api.get("/v1/sessions/fxs_not-a-session/timeline")
     assert invalid.status_code == 400 and invalid.json()["error"]["code"] == "FX_INVALID_SESSION_ID"
 
 
