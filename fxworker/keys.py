@@ -86,6 +86,8 @@ Across sessions (tag `{~index}`, no TTL):
 Outside the scripts (plain commands, no hash tag, no session TTL):
 
     sweeper                  STRING  who sweeps now (`sweeper_guard_key`)
+    sweeper:newer:<level>    STRING  who sweeps the sessions let go for that layout level while an
+                                     older release holds `sweeper` (`Sweeper.sweep_newer`)
     workers:<hostname>       STRING  a started Celery worker's pid (`worker_ready_key`)
     wake:seen:<signature>    STRING  a signed wake already taken (`wake_seen_key`)
     created:[<scope>:]<message id>  STRING  the session a create with that message id

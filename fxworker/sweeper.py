@@ -10,6 +10,12 @@ wake is bounded: a session has at most one outstanding wake the sweeper sent or 
 (meta `woken`, taken by the next claim), and a session whose agent no live worker runs is
 never woken through the broker (fxworker/liveness.py). A wake lost between accept and the
 broker is sent again once the workers' marks show it cannot be on its way.
+
+During a rolling deploy the guard may be held by a process of an older release, whose
+sweeps skip the sessions let go for a newer layout (meta `newer`). So a process that does
+not hold the guard, while some live process reads an older layout than it, sweeps those
+sessions itself (`sweep_newer`), under a guard of its own level: one such sweep at a time,
+every `FX_SWEEP_S`, each session bounded by its outstanding wake as in a full sweep.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from fxengine.errors import FxInputError
 
 from .ids import now_ms
 from .keys import sweeper_guard_key, worker_ready_key
-from .liveness import PROCESS_COUNTER, Liveness, Service
+from .liveness import PROCESS_COUNTER, Liveness, Service, layout_all_read
 from .runtime import LoopThread
 from .settings import Settings
 from .store import RedisStore, default_store, store_clients
@@ -79,10 +85,15 @@ class Sweeper:
     def __init__(
         self, store: RedisStore, *, interval_s: float, guard: Callable[[int], Awaitable[bool]], wake: Any,
         liveness: Liveness | None = None, unserved: Unserved | None = None, lost_after_ms: int = 600_000,
+        newer_guard: Callable[[int], Awaitable[bool]] | None = None,
     ) -> None:
         self.store = store
         self.interval_s = interval_s
         self.guard = guard  # async callable(px_ms) -> bool: may this process sweep now?
+        # async callable(px_ms) -> bool: may this process sweep the sessions let go for its
+        # layout level while the guard is another's (`sweep_newer`)? One per level.
+        self.newer_guard = newer_guard
+        self._next_newer_ms = 0
         self.wake = wake  # callable(session_id, agent) -> None
         self.liveness = liveness
         self.unserved = unserved
@@ -106,6 +117,7 @@ class Sweeper:
             # which would spin on SET NX and GET while that process lives).
             self._held.clear()
             self._next_sweep_ms = now_ms() + int(self.tick_s * 1000)
+            await self.sweep_newer()
             return 0
         now = now_ms()
         self._next_sweep_ms = now + int(self.interval_s * 1000)
@@ -129,6 +141,29 @@ class Sweeper:
         woken = await self._wake_all(wake)
         await self.end_waits(now)
         return woken
+
+    async def sweep_newer(self) -> int:
+        """While another process holds the guard and some live process reads an older
+        layout than this one, wakes the ready sessions let go for a layout only processes
+        like this one read (meta `newer` above that older level, at most this release's):
+        a guard holder of an older release skips them. Returns how many it woke."""
+        now = now_ms()
+        if self.newer_guard is None or now < self._next_newer_ms:
+            return 0
+        self._next_newer_ms = now + int(self.interval_s * 1000)
+        oldest = layout_all_read(await self.store.live_workers(now_ms=now))
+        if oldest >= LAYOUT_LEVEL or not await self.newer_guard(int(self.interval_s * 1000) + GUARD_MS):
+            return 0
+        ready = await self.store.ready_sessions(now_ms=now)
+        served = await self.liveness.served(now) if self.liveness is not None else None
+        wake = [(r.session_id, r.agent) for r in ready
+                if r.reason != "held" and r.marked_ms <= now - self.in_flight_ms
+                and r.newer is not None and oldest < r.newer <= LAYOUT_LEVEL
+                and (served is None or r.agent in served) and self._wake_due(r.agent, r.woken_ms, served, now)]
+        if wake:
+            log.info("waking %d session(s) let go for stored layout %d (a live process reads only %d)", len(wake),
+                     LAYOUT_LEVEL, oldest)
+        return await self._wake_all(wake)
 
     async def end_waits(self, now: int) -> int:
         """Ends the waits of parked turns past their timeout (`Agent(decision_timeout_s=)`,
@@ -232,6 +267,7 @@ class Sweeper:
             await self.check_expired()
             return True
         self._held.clear()
+        await self.sweep_newer()
         return False
 
     async def _newly_served(self) -> bool:
@@ -281,7 +317,9 @@ def timeout_message_id(call_id: str) -> str:
 # ---------------------------------------------------------------- worker wiring (the embedded mode's: fxworker.embedded)
 
 
-def _redis_guard(settings: Settings) -> Callable[[int], Awaitable[bool]]:
+def _redis_guard(settings: Settings, *, level: int | None = None) -> Callable[[int], Awaitable[bool]]:
+    """The sweep guard (`level`: the guard of the sweeps of sessions let go for that layout
+    level, `Sweeper.sweep_newer`)."""
     client: Any = None
     token = f"{os.getpid()}:{id(settings)}"
 
@@ -289,7 +327,7 @@ def _redis_guard(settings: Settings) -> Callable[[int], Awaitable[bool]]:
         nonlocal client
         if client is None:
             client = store_clients(settings.store_url or "", max_connections=2)[0]()
-        key = sweeper_guard_key(settings.prefix)
+        key = sweeper_guard_key(settings.prefix) + (f":newer:{level}" if level is not None else "")
         if await client.set(key, token, nx=True, px=max(px_ms, 50)):
             return True
         if (await client.get(key)) != token.encode():
@@ -321,6 +359,7 @@ def start_worker_sweeper(
         liveness=Liveness(store, agents=agents, counter=PROCESS_COUNTER),
         unserved=unserved,
         lost_after_ms=lost_after_ms(settings),
+        newer_guard=_redis_guard(settings, level=LAYOUT_LEVEL),
     )
     return sweeper, loop.submit(sweeper.run())
 

@@ -77,6 +77,7 @@ def parse_models(models: object) -> dict[str, ModelEntry]:
             raise FxInputError(f"model id {model_id!r} is invalid", code=Code.PROVIDER_INVALID)
         if not isinstance(raw, Mapping):
             raise FxInputError(f"model {model_id} entry must be an object", code=Code.PROVIDER_INVALID)
+        _check_spellings(raw, f"model {model_id}")
         efforts = raw.get("efforts")
         if efforts is not None and (not isinstance(efforts, (list, tuple)) or not all(isinstance(e, str) for e in efforts)):
             raise FxInputError(f"model {model_id} efforts must be a list of strings", code=Code.PROVIDER_INVALID)
@@ -94,10 +95,31 @@ def parse_models(models: object) -> dict[str, ModelEntry]:
     return out
 
 
+# libfx's spellings of provider and model keys, and the key to use here instead: a libfx
+# provider definition pasted as it is gets told which key is misspelt, not that a key it
+# never set is missing.
+LIBFX_KEYS = {
+    "baseUrl": "base_url", "baseURL": "base_url", "apiKey": "api_key", "idleTimeoutMs": "idle_timeout_s (seconds)",
+    "contextWindow": "context_window", "maxOutputTokens": "max_output_tokens", "maxTokens": "max_output_tokens",
+    "supportsToolUse": "supports_tools", "supportsTools": "supports_tools", "supportsImages": "supports_images",
+    "supportsVision": "supports_images", "supportsStructuredOutput": "supports_structured_output",
+    "reasoningEfforts": "efforts",
+}
+
+
+def _check_spellings(raw: Mapping[object, object], where: str) -> None:
+    """`FX_PROVIDER_INVALID` naming the first libfx spelling in `raw` and the key to use."""
+    for key in raw:
+        if isinstance(key, str) and key in LIBFX_KEYS:
+            raise FxInputError(f"{where} key {key!r}: use {LIBFX_KEYS[key]!r} (provider and model keys are "
+                               "snake_case here)", code=Code.PROVIDER_INVALID)
+
+
 def custom_provider(spec: object, *, api_key: str | None = None) -> Provider:
     """A `Provider` from a custom-provider dict; `api_key` overrides the dict's own key."""
     if not isinstance(spec, Mapping):
         raise FxInputError("provider must be a dict {name, base_url, models}", code=Code.PROVIDER_INVALID)
+    _check_spellings(spec, "provider")
     name = spec.get("name")
     if not isinstance(name, str) or not name:
         raise FxInputError("provider name must be a non-empty string", code=Code.PROVIDER_INVALID)
