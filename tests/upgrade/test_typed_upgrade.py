@@ -26,10 +26,11 @@ same when the typed prompt arrives (through this release's web) while the previo
 release's worker holds the session for an untyped turn (stored through its own web): it
 ends its turn and leaves the typed one.
 
-`test_a_typed_turn_runs_on_a_new_worker_while_the_previous_release_still_runs` (xfail,
-strict): with both releases' workers live, the typed turn waits as long as the previous
-release's worker holds the sweeper guard (its sweeper skips sessions let go for a newer
-layout, and the guard stays with its holder), so it runs only once that worker is gone.
+`test_a_typed_turn_runs_on_a_new_worker_while_the_previous_release_still_runs`: with both
+releases' workers live and the previous release's worker holding the sweeper guard (its
+sweeper skips sessions let go for a newer layout, and the guard stays with its holder), the
+new worker sweeps the sessions let go for its layout itself (`Sweeper.sweep_newer`), so the
+typed turn runs mid-deploy, not only once every previous-release process is gone.
 """
 
 from __future__ import annotations
@@ -348,11 +349,6 @@ def test_a_typed_prompt_behind_a_turn_the_previous_release_holds_is_left_to_a_ne
     assert not trouble, trouble
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "a session let go for a newer layout (meta `newer` 4) is woken only by a sweeper of a release that reads it, "
-    "and the sweeper guard stays with the process that holds it (it renews it every tick): while a previous-release "
-    "worker holds the guard, its sweeper skips the session and this release's worker is never woken for it, so the "
-    "typed turn waits until that process exits"))
 def test_a_typed_turn_runs_on_a_new_worker_while_the_previous_release_still_runs(deployment: Deployment) -> None:
     """Mid-deploy: this release's worker joins while the previous release's keeps running;
     the typed prompt the previous one left (meta `newer` 4) should run on the new worker
