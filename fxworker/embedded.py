@@ -172,6 +172,7 @@ def start_embedded_sweeper(settings: Settings | None = None) -> Sweeper:
         liveness=Liveness(store, agents=served, counter=PROCESS_COUNTER),
         unserved=lambda sid, agent: settle_unserved(sid, agent, settings=settings),
         lost_after_ms=lost_after_ms(settings),
+        local_agents=served,  # its wakes stay in this process (a local store may be shared)
     )
     loop = LoopThread("fx-sweeper")
     _sweeper = (sweeper, loop)

@@ -28,6 +28,12 @@ class Settings:
     broker_url: str | None = None
     # FX_PREFIX: the prefix of every store key.
     prefix: str = "fx"
+    # FX_DATA_DIR: with no store URL, where the local store keeps sessions (a private server's
+    # append-only file, `fxworker.store.local`); `:memory:` keeps them in this process only.
+    # Unset: `.fx` in the working directory.
+    data_dir: str | None = None
+    # FX_DATA_IDLE_S: the local store's server stops once it has had no client this long.
+    data_idle_s: float = 60.0
     # FX_AGENTS: the module that creates the agents; workers and web processes import it.
     agents_module: str | None = None
     # FX_DELIVERY_TIMEOUT_S: the deadline of one delivery (the task time limit).
@@ -135,6 +141,8 @@ class Settings:
             store_url=text("FX_STORE_URL"),
             broker_url=text("FX_BROKER_URL"),
             prefix=text("FX_PREFIX") or default.prefix,
+            data_dir=text("FX_DATA_DIR"),
+            data_idle_s=number("FX_DATA_IDLE_S", default.data_idle_s, minimum=1.0),
             agents_module=text("FX_AGENTS"),
             delivery_timeout_s=number("FX_DELIVERY_TIMEOUT_S", default.delivery_timeout_s, minimum=1.0),
             reserve_s=number("FX_RESERVE_S", default.reserve_s),

@@ -26,7 +26,7 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from fxengine.errors import FxInputError
@@ -86,6 +86,7 @@ class Sweeper:
         self, store: RedisStore, *, interval_s: float, guard: Callable[[int], Awaitable[bool]], wake: Any,
         liveness: Liveness | None = None, unserved: Unserved | None = None, lost_after_ms: int = 600_000,
         newer_guard: Callable[[int], Awaitable[bool]] | None = None,
+        local_agents: Callable[[], Iterable[str]] | None = None,
     ) -> None:
         self.store = store
         self.interval_s = interval_s
@@ -94,6 +95,10 @@ class Sweeper:
         # layout level while the guard is another's (`sweep_newer`)? One per level.
         self.newer_guard = newer_guard
         self._next_newer_ms = 0
+        # With in-process wakes (the embedded mode): the agents this process runs. A session
+        # of another agent is left to the process that runs it (several processes may share
+        # one local store), except to settle one nobody runs.
+        self.local_agents = local_agents
         self.wake = wake  # callable(session_id, agent) -> None
         self.liveness = liveness
         self.unserved = unserved
@@ -135,7 +140,7 @@ class Sweeper:
                 # claim here records `noWorker`, and past the give-up ends its inputs.
                 if r.unserved_next_ms is None or r.unserved_next_ms <= now:
                     unserved.append((r.session_id, r.agent))
-            elif self._wake_due(r.agent, r.woken_ms, served, now):
+            elif self._runs_here(r.agent) and self._wake_due(r.agent, r.woken_ms, served, now):
                 wake.append((r.session_id, r.agent))
         await self._settle_unserved(unserved)
         woken = await self._wake_all(wake)
@@ -197,6 +202,10 @@ class Sweeper:
             log.info("sweeper denied %d call(s) whose wait timed out", denied)
         return denied
 
+    def _runs_here(self, agent: str) -> bool:
+        """Whether a wake this sweeper sends for `agent` reaches a process that runs it."""
+        return self.local_agents is None or agent in set(self.local_agents())
+
     def _wake_due(self, agent: str, woken_ms: int | None, served: dict[str, Service] | None, now: int) -> bool:
         """Whether to queue a wake for a session of `agent` whose outstanding wake (if any)
         was queued at `woken_ms`: none is, or that one was lost."""
@@ -234,7 +243,7 @@ class Sweeper:
                 continue
             if served is not None and state.agent not in served:
                 continue  # the next sweep settles it
-            if self._wake_due(state.agent, state.woken_ms, served, now):
+            if self._runs_here(state.agent) and self._wake_due(state.agent, state.woken_ms, served, now):
                 woken.append((sid, state.agent))
         return await self._wake_all(woken)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 import uuid
@@ -19,6 +20,12 @@ if sys.version_info[:2] == (3, 11):
     # parse fails with "SystemError: AST constructor recursion depth mismatch" and can
     # end the run with an internal error. Without carets, tracebacks never parse.
     traceback._extract_caret_anchors_from_line_segment = lambda segment: None  # type: ignore[attr-defined]
+
+
+# An agent built with no store and no REDIS_URL uses the default store: in this process's
+# memory for the suite (the local store on disk, `fxworker.store.local`, has tests of its own,
+# which pass FX_DATA_DIR; a subprocess given an environment of its own chooses for itself).
+os.environ.setdefault("FX_DATA_DIR", ":memory:")
 
 
 @pytest.fixture(scope="session")

