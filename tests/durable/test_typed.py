@@ -1,0 +1,488 @@
+"""Typed answers of durable turns (docs/design.md §4 "Typed answers"), on the embedded
+store (the production Lua on fakeredis) and a real Redis, with in-process workers.
+
+An agent's `output_type` (or a prompt's own, imported on the worker by its stored name)
+makes each turn's answer an object: the model answers by calling `final_result` (tool
+mode) or in JSON text (native mode); an answer that does not validate goes back to it
+with the errors, at most `output_retries` times, then the turn ends `error`
+`FX_OUTPUT_INVALID`. The answer is on the `turn_end` line as JSON and in
+`TurnResult.output` as an instance of the type. The real-worker and kill -9 tests are in
+tests/durable/test_typed_celery.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from fxengine.errors import FxInputError
+from fxengine.output import Output
+from fxengine.testing import Reply, ScriptedModel, text, tool_call
+from fxworker import Agent, Settings, embedded
+from fxworker.embedded import InProcessWaker
+from fxworker.errors import FxUnknownSessionError
+from fxworker.store import embedded_store, redis_store
+from fxworker.store.types import DELEGATED_LEVEL, TYPED_LEVEL, Claim, Newer
+from tests.durable.conftest import stored_lines, system_text
+from tests.durable.tooling import provider
+from tests.durable.typed_models import Invoice, Receipt
+from tests.support.redis_server import delete_prefix
+
+pytestmark = pytest.mark.timeout(60)
+
+TURN_S = 15.0
+# What the engine writes into a conversation (retries, a resume): never a turn's prompt.
+ENGINE_TEXTS = ("Your answer did not validate", "Give your answer by calling", "Resuming from")
+ERRORS_MARK = "did not validate as"
+
+
+# ------------------------------------------------------------------------ the model
+
+
+def _content(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content or ""
+
+
+def prompt_of(request: Any) -> str:
+    """The prompt of the turn a recorded request belongs to (the last user message the
+    engine did not write itself)."""
+    for message in reversed(request.body.get("messages") or []):
+        if message.get("role") == "user" and not _content(message).startswith(ENGINE_TEXTS):
+            return _content(message)
+    return ""
+
+
+def turn_messages(request: Any) -> list[dict[str, Any]]:
+    """The messages after the turn's prompt."""
+    messages = request.body.get("messages") or []
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].get("role") == "user" and not _content(messages[i]).startswith(ENGINE_TEXTS):
+            return messages[i + 1:]
+    return []
+
+
+def told_errors(request: Any) -> list[str]:
+    """The validation errors the model is shown in this turn (a final-result call's result,
+    or a user message in native mode)."""
+    return [_content(m) for m in turn_messages(request) if ERRORS_MARK in _content(m)]
+
+
+def tool_names(request: Any) -> list[str]:
+    return [t["function"]["name"] for t in request.body.get("tools") or []]
+
+
+def answer(request: Any, obj: dict[str, Any]) -> Reply:
+    """`obj` as the request asks for it: JSON text for a response format, else a call of
+    `final_result`."""
+    if "response_format" in request.body:
+        return Reply(text(json.dumps(obj)))
+    return Reply(tool_call(f"call_{uuid.uuid4().hex[:8]}", "final_result", obj))
+
+
+def responder(request: Any) -> Reply:
+    """Driven by the agent (its instructions) and the turn's prompt `<kind>:<arg>`:
+
+    - triage: calls `billing` with the prompt's `<arg>`; after the result, `answer: <it>`;
+    - `valid:<n>`: the invoice `{number: n, total: 42}`;
+    - `fix:<n>`: `{number: n}` (no total) until the model was shown errors, then `{n, 7}`;
+    - `bad:<n>`: `{number: n}`, every time;
+    - `receipt:<shop>`: the receipt `{shop, items: [tea, cake]}`;
+    - anything else: an untyped turn's `echo:<prompt>`, a typed one's invoice of that number.
+    """
+    prompt = prompt_of(request)
+    if "You are triage." in system_text(request):
+        results = [_content(m) for m in turn_messages(request) if m.get("role") == "tool"]
+        if results:
+            return Reply(text("answer: " + results[-1]))
+        return Reply(tool_call(f"call_{uuid.uuid4().hex[:8]}", "billing", {"input": prompt.partition(":")[2]}))
+    kind, _, arg = prompt.partition(":")
+    typed = "response_format" in request.body or "final_result" in tool_names(request)
+    if kind == "fix":
+        return answer(request, {"number": arg, "total": 7} if told_errors(request) else {"number": arg})
+    if kind == "bad":
+        return answer(request, {"number": arg})
+    if kind == "receipt":
+        return answer(request, {"shop": arg, "items": ["tea", "cake"]})
+    if kind == "valid" or typed:
+        return answer(request, {"number": arg or prompt, "total": 42})
+    return Reply(text("echo:" + prompt))
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[ScriptedModel]:
+    with ScriptedModel() as m:
+        m.responder = responder
+        yield m
+
+
+def asked(model: ScriptedModel, prompt: str) -> list[Any]:
+    """The model requests of the turns whose prompt is `prompt`, in order."""
+    return [r for r in model.requests if prompt_of(r) == prompt]
+
+
+def tag() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+# ------------------------------------------------------------------------ the agents
+
+
+class Typed:
+    """One store and its agents: `invoicer` (answers an `Invoice`), `patient` (the same,
+    two retries), `plain` (untyped), `native` (an `Invoice` by response format),
+    `structured` (auto mode on a model whose catalog entry takes a response format),
+    `billing` (an `Invoice`) and `triage` (untyped, delegating to `billing`)."""
+
+    def __init__(self, agents: dict[str, Agent], prefix: str) -> None:
+        self.agents = agents
+        self.prefix = prefix
+
+    def __getattr__(self, name: str) -> Agent:
+        try:
+            return self.agents[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def store(self) -> Any:
+        return self.agents["plain"].store
+
+
+@contextmanager
+def make_typed(model: ScriptedModel, url: str | None, *, workers: int = 2) -> Iterator[Typed]:
+    prefix = f"fxe{uuid.uuid4().hex[:8]}"
+    store = redis_store(url, prefix=prefix) if url else embedded_store(prefix=prefix)
+    common: dict[str, Any] = dict(model="scripted", provider=provider(model.base_url), api_key="test-key",
+                                  store=store, waker=InProcessWaker(start_workers=False),
+                                  settings=Settings(lease_s=2.0, reserve_s=4.0, sweep_s=0.5))
+    structured_provider = provider(model.base_url)
+    structured_provider["models"] = {"scripted": {**structured_provider["models"]["scripted"],
+                                                  "supports_structured_output": True}}
+    billing = Agent("billing", instructions="You are billing.", output_type=Invoice, **common)
+    agents = [
+        Agent("invoicer", instructions="You are invoicer.", output_type=Invoice, **common),
+        Agent("patient", instructions="You are patient.", output_type=Invoice, output_retries=2, **common),
+        Agent("plain", instructions="You are plain.", **common),
+        Agent("native", instructions="You are native.", output_type=Invoice, output_mode="native", **common),
+        Agent("structured", instructions="You are structured.", output_type=Invoice,
+              **{**common, "provider": structured_provider}),
+        billing,
+        Agent("triage", instructions="You are triage.", tools=[billing.as_tool()], **common),
+    ]
+    if workers:
+        embedded.start_embedded_workers(workers)
+    try:
+        yield Typed({a.name: a for a in agents}, prefix)
+    finally:
+        embedded.stop_embedded_workers()
+        for a in agents:
+            a.close()
+        if url:
+            delete_prefix(url, prefix)
+
+
+@pytest.fixture(params=["fakeredis", "redis"])
+def store_url(request: pytest.FixtureRequest) -> str | None:
+    return request.getfixturevalue("redis_url") if request.param == "redis" else None
+
+
+@pytest.fixture
+def typed(store_url: str | None, model: ScriptedModel) -> Iterator[Typed]:
+    with make_typed(model, store_url) as t:
+        yield t
+
+
+def of_type(lines: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [line for line in lines if line["type"] == kind]
+
+
+def final_results(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The `tool_end` lines of `final_result` calls (each answer in tool mode has one)."""
+    return [line for line in of_type(lines, "tool_end") if line["name"] == "final_result"]
+
+
+async def wait_end(agent: Agent, session_id: str, message_id: str) -> dict[str, Any]:
+    """The `turn_end` line of `message_id`, once stored (the store is polled every 20 ms)."""
+    async def ended() -> dict[str, Any]:
+        while True:
+            for line in await stored_lines(agent, session_id):
+                if line["type"] == "turn_end" and line.get("messageId") == message_id:
+                    return line
+            await asyncio.sleep(0.02)
+    return await asyncio.wait_for(ended(), TURN_S)
+
+
+# ------------------------------------------------------------------------ tests
+
+
+async def test_an_agents_type_answers_with_the_object_on_the_first_try(typed: Typed, model: ScriptedModel) -> None:
+    session = typed.invoicer.session()
+    prompt = f"valid:A-{tag()}"
+    turn = await session.prompt(prompt)
+    result = await asyncio.wait_for(turn.result(), TURN_S)
+    number = prompt[6:]
+    assert result.stop_reason == "end_turn", result
+    assert isinstance(result.output, Invoice) and result.output == Invoice(number=number, total=42)
+    lines = await stored_lines(typed.invoicer, session.id)
+    [end] = of_type(lines, "turn_end")
+    assert end["output"] == {"number": number, "total": 42} and "error" not in end
+    assert [(t["isError"], t["content"]) for t in final_results(lines)] == [(False, "Final result taken.")]
+    [request] = asked(model, prompt)
+    [final] = [t for t in request.body["tools"] if t["function"]["name"] == "final_result"]
+    assert final["function"]["parameters"] == Output(Invoice).schema
+    assert "response_format" not in request.body
+
+
+async def test_a_typed_input_is_stored_with_its_type_by_name_and_needs_the_typed_level(
+        store_url: str | None, model: ScriptedModel) -> None:
+    """Stored before any worker runs: the agent's type as `@agent`, a prompt's own by its
+    import path, each with its mode and retries; meta `newer` is `TYPED_LEVEL`, so a
+    process that reads only delegated turns (level 3) takes nothing, and this release's
+    claim takes both. Once let go, workers run both."""
+    with make_typed(model, store_url, workers=0) as typed:
+        session = typed.patient.session()
+        own, agents = f"receipt:R-{tag()}", f"valid:B-{tag()}"
+        first = await session.prompt(agents)
+        second = await session.prompt(own, output_type=Receipt)
+        store = typed.store
+        state = await store.state(session.id)
+        assert state is not None and state.newer == TYPED_LEVEL and state.pending == 2, state
+        older = await store.claim(session.id, holder="old", lease_ms=2000, only_work=True, reads=DELEGATED_LEVEL)
+        assert isinstance(older, Newer) and older.level == TYPED_LEVEL
+        claim = await store.claim(session.id, holder="peek", lease_ms=2000, only_work=True)
+        assert isinstance(claim, Claim)
+        assert [(i.message_id, i.settings) for i in claim.pending] == [
+            (first.message_id, {"output": {"v": 1, "type": "@agent", "mode": "auto", "retries": 2}}),
+            (second.message_id, {"output": {"v": 1, "type": "tests.durable.typed_models:Receipt", "mode": "auto",
+                                            "retries": 2}}),
+        ]
+        await store.release(session.id, claim.epoch, cutoff=False)
+        embedded.start_embedded_workers(1)
+        typed.patient.wake(session.id, reason="test")
+        one = await asyncio.wait_for(first.result(), TURN_S)
+        two = await asyncio.wait_for(second.result(), TURN_S)
+        assert isinstance(one.output, Invoice) and one.output.number == agents[6:]
+        assert isinstance(two.output, Receipt) and two.output == Receipt(shop=own[8:], items=["tea", "cake"])
+        assert [len(asked(model, p)) for p in (agents, own)] == [1, 1]
+
+
+async def test_a_prompts_own_type_overrides_the_agents_and_types_an_untyped_agent(
+        typed: Typed, model: ScriptedModel) -> None:
+    plain = typed.plain.session()
+    shop = f"Cafe{tag()}"
+    result = await asyncio.wait_for((await plain.prompt(f"receipt:{shop}", output_type=Receipt)).result(), TURN_S)
+    assert result.stop_reason == "end_turn", result
+    assert isinstance(result.output, Receipt) and result.output == Receipt(shop=shop, items=["tea", "cake"])
+    [request] = asked(model, f"receipt:{shop}")
+    [final] = [t for t in request.body["tools"] if t["function"]["name"] == "final_result"]
+    assert final["function"]["parameters"] == Output(Receipt).schema
+    # The next prompt of the same session, without one, is untyped again.
+    untyped = f"hello {tag()}"
+    after = await asyncio.wait_for((await plain.prompt(untyped)).result(), TURN_S)
+    assert after.stop_reason == "end_turn" and after.output is None
+    [request] = asked(model, untyped)
+    assert "final_result" not in tool_names(request) and "response_format" not in request.body
+    ends = of_type(await stored_lines(typed.plain, plain.id), "turn_end")
+    assert [("output" in end) for end in ends] == [True, False]
+
+    invoicer = typed.invoicer.session()
+    shop = f"Deli{tag()}"
+    result = await asyncio.wait_for((await invoicer.prompt(f"receipt:{shop}", output_type=Receipt)).result(), TURN_S)
+    assert isinstance(result.output, Receipt) and result.output.shop == shop
+    [request] = asked(model, f"receipt:{shop}")
+    assert tool_names(request).count("final_result") == 1  # the prompt's type, not the agent's beside it
+    [final] = [t for t in request.body["tools"] if t["function"]["name"] == "final_result"]
+    assert final["function"]["parameters"] == Output(Receipt).schema
+
+
+async def test_an_invalid_answer_goes_back_with_its_errors_and_the_corrected_one_ends_the_turn(
+        typed: Typed, model: ScriptedModel) -> None:
+    session = typed.invoicer.session()
+    prompt = f"fix:C-{tag()}"
+    result = await asyncio.wait_for((await session.prompt(prompt)).result(), TURN_S)
+    assert result.stop_reason == "end_turn", result
+    assert result.output == Invoice(number=prompt[4:], total=7)
+    first, second = asked(model, prompt)
+    assert told_errors(first) == []
+    [errors] = told_errors(second)
+    assert '"missing"' in errors and '"total"' in errors, errors
+    [call] = [c for m in turn_messages(second) if m.get("role") == "assistant" for c in m.get("tool_calls") or []]
+    [result_message] = [m for m in turn_messages(second) if m.get("role") == "tool"]
+    assert call["function"]["name"] == "final_result" and result_message["tool_call_id"] == call["id"]
+    assert result_message["content"] == errors
+    lines = await stored_lines(typed.invoicer, session.id)
+    assert [t["isError"] for t in final_results(lines)] == [True, False]
+    [end] = of_type(lines, "turn_end")
+    assert end["output"] == {"number": prompt[4:], "total": 7}
+
+
+@pytest.mark.parametrize("agent,attempts", [("invoicer", 2), ("patient", 3)])
+async def test_answers_invalid_past_the_retries_end_the_turn_fx_output_invalid(
+        typed: Typed, model: ScriptedModel, agent: str, attempts: int) -> None:
+    session = typed.agents[agent].session()
+    prompt = f"bad:D-{tag()}"
+    result = await asyncio.wait_for((await session.prompt(prompt)).result(), TURN_S)
+    assert result.stop_reason == "error" and result.output is None, result
+    assert result.error is not None and result.error["code"] == "FX_OUTPUT_INVALID", result.error
+    requests = asked(model, prompt)
+    assert len(requests) == attempts, "one answer, then one per retry"
+    assert [len(told_errors(r)) for r in requests] == list(range(attempts))
+    lines = await stored_lines(typed.agents[agent], session.id)
+    [end] = of_type(lines, "turn_end")
+    assert end["stopReason"] == "error" and end["error"]["code"] == "FX_OUTPUT_INVALID" and "output" not in end
+    assert end["error"]["errors"] == [{"type": "missing", "loc": ["total"], "msg": "Field required"}]
+    assert [t["isError"] for t in final_results(lines)] == [True] * attempts
+
+
+@pytest.mark.parametrize("kind", ["function-local", "union"])
+async def test_a_type_a_worker_cannot_import_is_refused_at_the_prompt_and_nothing_is_stored(
+        typed: Typed, model: ScriptedModel, kind: str) -> None:
+    class Inner(BaseModel):
+        name: str
+
+    output_type: Any = Inner if kind == "function-local" else Invoice | Receipt
+    session = typed.plain.session()
+    with pytest.raises(FxInputError) as refused:
+        await session.prompt(f"refused {tag()}", output_type=output_type)
+    assert refused.value.code == "FX_OUTPUT_TYPE_INVALID"
+    with pytest.raises(FxUnknownSessionError):
+        await session.state()  # no session was made
+    # On a session with a turn behind it: nothing more is stored, nothing runs.
+    assert (await asyncio.wait_for((await session.prompt(f"first {tag()}")).result(), TURN_S)).stop_reason == "end_turn"
+    before = await session.state()
+    lines_before = await stored_lines(typed.plain, session.id)
+    prompt = f"refused {tag()}"
+    with pytest.raises(FxInputError) as refused:
+        await session.prompt(prompt, output_type=output_type)
+    assert refused.value.code == "FX_OUTPUT_TYPE_INVALID"
+    after = await typed.store.state(session.id)
+    assert after is not None and after.pending == 0 and after.status == "idle"
+    assert (await session.state()) == before
+    assert await stored_lines(typed.plain, session.id) == lines_before
+    assert asked(model, prompt) == []
+
+
+@pytest.mark.parametrize("stored_type", ["tests.durable.typed_models:Missing", "@agent"])
+async def test_a_stored_type_that_does_not_import_here_ends_its_turn_once_and_the_session_goes_on(
+        typed: Typed, model: ScriptedModel, stored_type: str) -> None:
+    """An input stored by another web (a newer agents module: a type this worker cannot
+    import, or `@agent` for an agent that has no type here) ends `error`
+    `FX_OUTPUT_TYPE_INVALID` before any model request, once; the next prompt runs."""
+    from fxworker.ids import new_message_id
+
+    plain = typed.plain
+    session = plain.session()
+    prompt = f"stored {tag()}"
+    message_id = new_message_id()
+    accepted = await plain.store.accept(
+        session.id, agent="plain", kind="prompt", message_id=message_id, input=prompt,
+        settings={"output": {"v": 1, "type": stored_type, "mode": "auto", "retries": 1}}, needs=TYPED_LEVEL)
+    assert not accepted.repeated
+    plain.wake(session.id, reason="test")
+    end = await wait_end(plain, session.id, message_id)
+    assert end["stopReason"] == "error" and end["error"]["code"] == "FX_OUTPUT_TYPE_INVALID", end
+    assert "output" not in end
+    assert asked(model, prompt) == []
+    after = f"after {tag()}"
+    result = await asyncio.wait_for((await session.prompt(after)).result(), TURN_S)
+    assert result.stop_reason == "end_turn" and result.output is None, result
+    lines = await stored_lines(plain, session.id)
+    assert [(line["messageId"], line["stopReason"]) for line in of_type(lines, "turn_end")] == [
+        (message_id, "error"), (result.message_id, "end_turn")]
+    # Ended unstarted (as a refused delegation is): a turn_end, no turn_start.
+    assert [line["messageId"] for line in of_type(lines, "turn_start")] == [result.message_id]
+    state = await plain.store.state(session.id)
+    assert state is not None and state.status == "idle" and state.pending == 0
+    assert state.epoch <= 3, f"one claim per prompt (and at most one more), not a loop: epoch {state.epoch}"
+    assert len(asked(model, after)) == 1
+
+
+def test_the_blocking_twin_answers_with_the_object(store_url: str | None, model: ScriptedModel) -> None:
+    with make_typed(model, store_url) as typed:
+        session = typed.plain.blocking_session()
+        shop = f"Shop{tag()}"
+        turn = session.prompt(f"receipt:{shop}", output_type=Receipt)
+        result = turn.result()
+        assert result.stop_reason == "end_turn", result
+        assert isinstance(result.output, Receipt) and result.output == Receipt(shop=shop, items=["tea", "cake"])
+        again = session.prompt(f"receipt:{shop}", message_id=turn.message_id, output_type=Receipt).result()
+        assert again.repeated and again.output == result.output and isinstance(again.output, Receipt)
+        invoiced = typed.invoicer.blocking_session().prompt(f"valid:S-{shop}").result()
+        assert isinstance(invoiced.output, Invoice) and invoiced.output.number == f"S-{shop}"
+        assert len(asked(model, f"receipt:{shop}")) == 1
+
+
+async def test_a_repeated_message_id_answers_with_the_same_object(typed: Typed, model: ScriptedModel) -> None:
+    session = typed.invoicer.session()
+    prompt = f"fix:E-{tag()}"
+    turn = await session.prompt(prompt)
+    first = await asyncio.wait_for(turn.result(), TURN_S)
+    assert first.stop_reason == "end_turn" and isinstance(first.output, Invoice)
+    again_turn = await session.prompt(prompt, message_id=turn.message_id)
+    again = await asyncio.wait_for(again_turn.result(), TURN_S)
+    assert again.repeated and again.stop_reason == "end_turn"
+    assert isinstance(again.output, Invoice) and again.output == first.output
+    assert len(asked(model, prompt)) == 2, "the repeat asked the model nothing"
+    # A fresh object for the same session id reads it the same way.
+    other = typed.invoicer.session(session.id)
+    third = await asyncio.wait_for((await other.prompt(prompt, message_id=turn.message_id)).result(), TURN_S)
+    assert third.repeated and third.output == first.output
+    assert len(of_type(await stored_lines(typed.invoicer, session.id), "turn_end")) == 1
+
+
+@pytest.mark.parametrize("agent", ["native", "structured"])
+async def test_native_mode_asks_by_response_format_and_corrects_in_text(
+        typed: Typed, model: ScriptedModel, agent: str) -> None:
+    """`output_mode="native"`, or auto on a model whose catalog entry has
+    `supports_structured_output`: the request carries a JSON-schema `response_format` and
+    no `final_result` tool; the answer's text is the object; errors go back as a user
+    message."""
+    session = typed.agents[agent].session()
+    prompt = f"fix:N-{tag()}"
+    result = await asyncio.wait_for((await session.prompt(prompt)).result(), TURN_S)
+    assert result.stop_reason == "end_turn", result
+    assert result.output == Invoice(number=prompt[4:], total=7)
+    first, second = asked(model, prompt)
+    for request in (first, second):
+        assert "final_result" not in tool_names(request)
+        response_format = request.body["response_format"]
+        assert response_format["type"] == "json_schema"
+        assert response_format["json_schema"]["schema"] == Output(Invoice).schema
+    assert told_errors(first) == []
+    [retry] = [m for m in turn_messages(second) if ERRORS_MARK in _content(m)]
+    assert retry["role"] == "user" and '"total"' in _content(retry)
+    lines = await stored_lines(typed.agents[agent], session.id)
+    assert final_results(lines) == []
+    [end] = of_type(lines, "turn_end")
+    assert end["output"] == {"number": prompt[4:], "total": 7}
+
+
+async def test_a_typed_child_answers_its_parent_with_the_objects_json(typed: Typed, model: ScriptedModel) -> None:
+    session = typed.triage.session()
+    number = f"F-{tag()}"
+    result = await asyncio.wait_for((await session.prompt(f"ask:valid:{number}")).result(), TURN_S)
+    assert result.stop_reason == "end_turn", result
+    assert result.output is None  # the parent is untyped
+    lines = await stored_lines(typed.triage, session.id)
+    [start] = of_type(lines, "delegate_start")
+    [delegate_end] = of_type(lines, "delegate_end")
+    assert delegate_end["stopReason"] == "end_turn", delegate_end
+    expected = json.dumps({"number": number, "total": 42}, separators=(",", ":"))
+    parent_asks = asked(model, f"ask:valid:{number}")
+    assert len(parent_asks) == 2
+    [tool_message] = [m for m in turn_messages(parent_asks[1]) if m.get("role") == "tool"]
+    assert tool_message["content"] == expected
+    assert "".join(line["delta"] for line in of_type(lines, "text_delta")) == "answer: " + expected
+    child_lines = await stored_lines(typed.billing, start["sessionId"])
+    [child_end] = of_type(child_lines, "turn_end")
+    assert child_end["output"] == {"number": number, "total": 42}
