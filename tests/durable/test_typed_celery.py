@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 
 from fxengine.testing import Reply, ScriptedModel, hold, text, tool_call
 from tests.chaos.faults import assert_no_stale_line, lines_of, pid_of, wait_line
@@ -27,7 +28,8 @@ from tests.durable.conftest import system_text
 from tests.durable.tooling import provider
 from tests.durable.typed_models import Invoice, Receipt
 from tests.support.redis_server import delete_prefix
-from tests.support.workers import CeleryWorker, Workers
+from tests.support.stored import stored_records
+from tests.support.workers import CeleryWorker, Workers, wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.celery, pytest.mark.timeout(120)]
 
@@ -70,7 +72,11 @@ def told_errors(request: Any) -> list[str]:
     return [_content(m) for m in after if ERRORS_MARK in _content(m)]
 
 
-def final_result(obj: dict[str, Any], *before: Any) -> Reply:
+def answer(request: Any, obj: dict[str, Any], *before: Any) -> Reply:
+    """`obj` as the request asks for it (after the parts `before`): JSON text for a
+    response format, else a call of `final_result`."""
+    if "response_format" in request.body:
+        return Reply(*before, text(json.dumps(obj)))
     return Reply(*before, tool_call(f"call_{uuid.uuid4().hex[:8]}", "final_result", obj))
 
 
@@ -95,20 +101,20 @@ class Responder:
         kind, _, arg = prompt_of(request).partition(":")
         errors = told_errors(request)
         if kind == "valid":
-            return final_result({"number": arg, "total": 42})
+            return answer(request, {"number": arg, "total": 42})
         if kind == "fix":
-            return final_result({"number": arg, "total": 7} if errors else {"number": arg})
+            return answer(request, {"number": arg, "total": 7} if errors else {"number": arg})
         if kind == "bad":
-            return final_result({"number": arg})
+            return answer(request, {"number": arg})
         if kind == "killfix":
             if not errors:
-                return final_result({"number": arg})
+                return answer(request, {"number": arg})
             with self._lock:
                 first = arg not in self._held
                 self._held.add(arg)
-            return final_result({"number": arg, "total": 7}, *([hold(arg)] if first else []))
+            return answer(request, {"number": arg, "total": 7}, *([hold(arg)] if first else []))
         if kind == "receipt":
-            return final_result({"shop": arg, "items": ["tea", "cake"]})
+            return answer(request, {"shop": arg, "items": ["tea", "cake"]})
         return Reply(text("echo:" + prompt_of(request)))
 
 
@@ -150,14 +156,28 @@ class Stack:
                                       waker=CeleryWaker(make_celery_app(settings)), settings=settings)
         self.agents = {
             "invoicer": Agent("invoicer", instructions="You are invoicer.", output_type=Invoice, **common),
+            "native": Agent("native", instructions="You are native.", output_type=Invoice, output_mode="native",
+                            **common),
             "plain": Agent("plain", instructions="You are plain.", **common),
         }
 
     def start(self, *queues: str) -> CeleryWorker:
         """A worker consuming the queues of `queues` (agent names), ready."""
-        return self.workers.start(queues=queues or ("invoicer", "plain"), env={
+        return self.workers.start(queues=queues or ("invoicer", "native", "plain"), env={
             "FX_AGENTS": "tests.durable.typed_agents", "FX_TEST_MODEL_URL": self.model.base_url,
             "FX_LEASE_S": str(LEASE_S), "FX_SWEEP_S": "0.5", "FX_RESERVE_S": "4"})
+
+    def journal(self, session_id: str) -> list[list[tuple[str, dict[str, Any]]]]:
+        """The session's stored journal records, each as its events (kind, body)."""
+        from fxengine.journal.records import decode_batch
+        from fxworker.keys import session_keys
+
+        r = redis.Redis.from_url(self.redis_url)
+        try:
+            records = stored_records(r, session_keys(self.prefix, session_id))
+        finally:
+            r.close()
+        return [decode_batch(fields[b"d"]) for _, fields in records]
 
     def lines(self, agent: str, session_id: str) -> list[dict[str, Any]]:
         return lines_of(self.agents[agent], session_id)
@@ -249,30 +269,38 @@ def test_an_answer_invalid_twice_ends_the_turn_fx_output_invalid(stack: Stack, m
     assert [len(told_errors(r)) for r in asked(model, prompt)] == [0, 1], "one answer and one retry"
 
 
+@pytest.mark.parametrize("agent,own_type", [("invoicer", None), ("plain", Invoice), ("native", None)],
+                         ids=["agents-type", "prompts-own-type", "native"])
 def test_a_worker_killed_before_the_retrys_answer_is_taken_over_without_asking_the_first_again(
-        stack: Stack, model: ScriptedModel) -> None:
+        stack: Stack, model: ScriptedModel, agent: str, own_type: type | None) -> None:
     """The first answer does not validate; its verdict is stored with the response. The
     retry (carrying the errors) is held at the model; kill -9 of its worker there. A new
     worker takes the session over once the lease expires and resumes the turn from the
     verdict: it sends the retry again (with the errors), not the first request, and the
-    valid answer ends the turn once."""
+    valid answer ends the turn once. For the agent's type, a prompt's own (imported by
+    name on both workers), and native mode (the errors go back as a user message, kept
+    in the verdict's record)."""
     dying = stack.start()
-    session = stack.agents["invoicer"].blocking_session()
+    session = stack.agents[agent].blocking_session()
     name = f"K{tag()}"
     prompt = f"killfix:{name}"
-    turn = session.prompt(prompt)
+    turn = session.prompt(prompt, output_type=own_type) if own_type else session.prompt(prompt)
     try:
         model.wait_held(name, timeout_s=TURN_S)
         first, retry = asked(model, prompt)
         assert (pid_of(first), told_errors(first)) == (dying.pid, [])
         assert pid_of(retry) == dying.pid and len(told_errors(retry)) == 1
-        # The verdict rode in the response's append: its final_result line is stored.
-        wait_line(stack.agents["invoicer"], session.id,
-                  lambda ln: ln["type"] == "tool_end" and ln["name"] == "final_result", TURN_S,
-                  what="the first answer's verdict stored")
+        # The verdict rides in the response's append: once it is stored, kill.
+        [appended] = wait_until(lambda: [r for r in stack.journal(session.id) if any(k == "output" for k, _ in r)],
+                                TURN_S, what="the first answer's verdict stored")  # type: ignore[misc]
+        kinds = [kind for kind, _ in appended]
+        verdict = kinds.index("output")
+        assert kinds[:verdict + 1] == ["model_response", *(["tool_result"] if agent != "native" else []), "output"]
+        body = appended[verdict][1]
+        assert "errors" in body and ("retry" in body) == (agent == "native"), body
         dying.kill()
         taking_over = stack.start()
-        end = stack.wait_end("invoicer", session.id, TAKEOVER_S)
+        end = stack.wait_end(agent, session.id, TAKEOVER_S)
     finally:
         model.release(name)
     assert end["stopReason"] == "end_turn" and end["output"] == {"number": name, "total": 7}, end
@@ -283,9 +311,9 @@ def test_a_worker_killed_before_the_retrys_answer_is_taken_over_without_asking_t
     assert [(pid_of(r), len(told_errors(r))) for r in requests] == [
         (dying.pid, 0), (dying.pid, 1), (taking_over.pid, 1)]
     assert told_errors(requests[2]) == told_errors(requests[1]), "the same errors, read from the journal"
-    lines = stack.lines("invoicer", session.id)
+    lines = stack.lines(agent, session.id)
     assert_no_stale_line(lines)
     assert len(of_type(lines, "turn_end")) == 1
     assert [ln["interrupted"] for ln in of_type(lines, "turn_resume")] == [True]
-    assert [t["isError"] for t in final_results(lines)] == [True, False]
+    assert [t["isError"] for t in final_results(lines)] == ([] if agent == "native" else [True, False])
     assert end["epoch"] > lines[0]["epoch"], "the end came from the new worker"

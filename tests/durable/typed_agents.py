@@ -5,6 +5,8 @@ process's pid (header `x-fx-pid`), each agent's instructions naming it:
 
 - `invoicer`: every answer is a `tests.durable.typed_models.Invoice` (tool mode: the
   scripted model's catalog entry has no `supports_structured_output`), one retry;
+- `native`: the same type asked for by a JSON-schema response format
+  (`output_mode="native"`), the answer's text being the object;
 - `plain`: untyped (a prompt may type its own turn with a type of `typed_models`).
 """
 
@@ -20,8 +22,9 @@ from tests.durable.typed_models import Invoice
 def _agents() -> dict[str, Agent]:
     common: dict[str, Any] = dict(model="scripted", provider=provider(), api_key="test-key")
     invoicer = Agent("invoicer", instructions="You are invoicer.", output_type=Invoice, **common)
+    native = Agent("native", instructions="You are native.", output_type=Invoice, output_mode="native", **common)
     plain = Agent("plain", instructions="You are plain.", **common)
-    return {a.name: a for a in (invoicer, plain)}
+    return {a.name: a for a in (invoicer, native, plain)}
 
 
 AGENTS = _agents()
