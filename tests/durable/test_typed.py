@@ -106,12 +106,14 @@ def answer(request: Any, obj: dict[str, Any], *also: Any) -> Reply:
 def responder(request: Any) -> Reply:
     """Driven by the agent (its instructions) and the turn's prompt `<kind>:<arg>`:
 
-    - triage: calls `billing` with the prompt's `<arg>`; after the result, `answer: <it>`;
+    - triage: calls `billing` with the prompt's `<arg>`; after the result, `answer: <it>`
+      (typed: the receipt `{shop: triage, items: [<it>]}`);
     - `valid:<n>`: the invoice `{number: n, total: 42}`;
     - `fix:<n>`: `{number: n}` (no total) until the model was shown errors, then `{n, 7}`;
     - `bad:<n>`: `{number: n}`, every time;
     - `receipt:<shop>`: the receipt `{shop, items: [tea, cake]}`;
     - `heldreceipt:<shop>`: that receipt, after a `hold(<shop>)`;
+    - `heldvalid:<n>`: "thinking ", a `hold(<n>)`, then the invoice;
     - `chat:<n>`: text (no final result) until told to call it, then the invoice;
     - `garbled:<n>`: final-result arguments that are not JSON, then the invoice;
     - `note:<n>` / `badnote:<n>`: the invoice (without its total) and a call of `note` in
@@ -121,6 +123,8 @@ def responder(request: Any) -> Reply:
     prompt = prompt_of(request)
     if "You are triage." in system_text(request):
         results = [_content(m) for m in turn_messages(request) if m.get("role") == "tool"]
+        if results and "final_result" in tool_names(request):  # a prompt that typed its own turn
+            return answer(request, {"shop": "triage", "items": results})
         if results:
             return Reply(text("answer: " + results[-1]))
         return Reply(tool_call(f"call_{uuid.uuid4().hex[:8]}", "billing", {"input": prompt.partition(":")[2]}))
@@ -132,6 +136,8 @@ def responder(request: Any) -> Reply:
         return answer(request, {"number": arg})
     if kind == "receipt":
         return answer(request, {"shop": arg, "items": ["tea", "cake"]})
+    if kind == "heldvalid":
+        return Reply(text("thinking "), hold(arg), *answer(request, {"number": arg, "total": 42}).parts)
     if kind == "heldreceipt":
         return Reply(hold(arg), *answer(request, {"shop": arg, "items": ["tea", "cake"]}).parts)
     if kind == "chat":
@@ -699,3 +705,133 @@ async def test_an_open_turn_whose_type_no_longer_imports_where_it_resumes_ends_o
         lines = await stored_lines(typed.plain, session.id)
         assert [(line["messageId"], line["stopReason"]) for line in of_type(lines, "turn_end")] == [
             (turn.message_id, "error"), (next_turn.message_id, "end_turn")]
+
+
+async def test_a_steer_while_the_answer_streams_is_answered_by_the_next_object(
+        typed: Typed, model: ScriptedModel) -> None:
+    """A steer cuts the streaming answer short: the cut answer is not judged, the model is
+    asked again with the steer, and that answer is the turn's object."""
+    session = typed.invoicer.session()
+    held = f"L-{tag()}"
+    steer = f"valid:M-{tag()}"
+    turn = await session.prompt(f"heldvalid:{held}")
+    try:
+        await asyncio.wait_for(asyncio.to_thread(model.wait_held, held, timeout_s=TURN_S), TURN_S + 1)
+        await session.steer(steer)
+        result = await asyncio.wait_for(turn.result(), TURN_S)
+    finally:
+        model.release(held)
+    assert result.stop_reason == "end_turn", result
+    assert result.output == Invoice(number=steer[6:], total=42), result.output
+    assert len(asked(model, f"heldvalid:{held}")) == 1 and len(asked(model, steer)) == 1
+    lines = await stored_lines(typed.invoicer, session.id)
+    [end] = of_type(lines, "turn_end")
+    assert end["output"] == {"number": steer[6:], "total": 42}
+    assert [t["isError"] for t in final_results(lines)] == [False], "only the steered answer was judged"
+
+
+async def test_a_cancelled_typed_turn_has_no_output(typed: Typed, model: ScriptedModel) -> None:
+    session = typed.invoicer.session()
+    held = f"O-{tag()}"
+    turn = await session.prompt(f"heldvalid:{held}")
+    try:
+        await asyncio.wait_for(asyncio.to_thread(model.wait_held, held, timeout_s=TURN_S), TURN_S + 1)
+        assert await turn.cancel()
+        result = await asyncio.wait_for(turn.result(), TURN_S)
+    finally:
+        model.release(held)
+    assert result.stop_reason == "cancelled" and result.output is None, result
+    [end] = of_type(await stored_lines(typed.invoicer, session.id), "turn_end")
+    assert "output" not in end
+
+
+async def test_a_typed_child_that_never_validates_answers_its_parent_with_the_error(
+        typed: Typed, model: ScriptedModel) -> None:
+    session = typed.triage.session()
+    number = f"P-{tag()}"
+    result = await asyncio.wait_for((await session.prompt(f"ask:bad:{number}")).result(), TURN_S)
+    assert result.stop_reason == "end_turn", result  # the parent read the error and answered
+    lines = await stored_lines(typed.triage, session.id)
+    [delegate_end] = of_type(lines, "delegate_end")
+    assert delegate_end["stopReason"] == "error" and delegate_end["error"]["code"] == "FX_OUTPUT_INVALID"
+    [_, after] = asked(model, f"ask:bad:{number}")
+    [tool_message] = [m for m in turn_messages(after) if m.get("role") == "tool"]
+    assert "FX_OUTPUT_INVALID" in _content(tool_message), tool_message
+    assert len(asked(model, f"bad:{number}")) == 2  # the child's answer and its one retry
+
+
+async def test_a_final_result_tool_of_the_agents_own_clashes_unless_native(
+        store_url: str | None, model: ScriptedModel) -> None:
+    """A tool named `final_result` is refused (`FX_TOOL_INVALID`) beside a typed answer in
+    tool mode: on the Agent, or at a prompt that types its turn (nothing stored); native
+    mode does not add the tool, so it may be the agent's own."""
+    from fxworker.errors import FxConfigError
+
+    own = Tool("final_result", "The agent's own.", {"type": "object", "properties": {}}, idempotent=True,
+               execute=lambda input, ctx: "own")
+    prefix = f"fxe{uuid.uuid4().hex[:8]}"
+    store = redis_store(store_url, prefix=prefix) if store_url else embedded_store(prefix=prefix)
+    common: dict[str, Any] = dict(model="scripted", provider=provider(model.base_url), api_key="test-key",
+                                  store=store, waker=InProcessWaker(start_workers=False), tools=[own])
+    with pytest.raises((FxInputError, FxConfigError)) as refused:
+        Agent("clash", output_type=Invoice, **common)
+    assert refused.value.code == "FX_TOOL_INVALID"
+    untyped = Agent("clash", **common)
+    native = Agent("clash-native", output_type=Invoice, output_mode="native", **common)
+    try:
+        session = untyped.session()
+        with pytest.raises(FxInputError) as refused:
+            await session.prompt("x", output_type=Invoice)
+        assert refused.value.code == "FX_TOOL_INVALID"
+        with pytest.raises(FxUnknownSessionError):
+            await session.state()
+        assert native.output is not None and native.output.mode == "native"
+    finally:
+        untyped.close()
+        native.close()
+        if store_url:
+            delete_prefix(store_url, prefix)
+
+
+async def test_a_class_defined_in_a_function_may_type_the_agent(store_url: str | None, model: ScriptedModel) -> None:
+    """The agent's own type is stored as `@agent`, never by name: any class pydantic
+    validates will do there, one defined in a function too (the worker's agent holds it)."""
+    class Local(BaseModel):
+        number: str
+        total: int
+
+    prefix = f"fxe{uuid.uuid4().hex[:8]}"
+    store = redis_store(store_url, prefix=prefix) if store_url else embedded_store(prefix=prefix)
+    local = Agent("local", instructions="You are local.", output_type=Local, model="scripted",
+                  provider=provider(model.base_url), api_key="test-key", store=store,
+                  waker=InProcessWaker(start_workers=False), settings=Settings(lease_s=2.0, reserve_s=4.0, sweep_s=0.5))
+    embedded.start_embedded_workers(1)
+    try:
+        number = f"Q-{tag()}"
+        result = await asyncio.wait_for((await local.session().prompt(f"valid:{number}")).result(), TURN_S)
+        assert result.stop_reason == "end_turn" and isinstance(result.output, Local), result
+        assert result.output.number == number
+    finally:
+        embedded.stop_embedded_workers()
+        local.close()
+        if store_url:
+            delete_prefix(store_url, prefix)
+
+
+async def test_a_prompts_own_type_holds_across_the_park_on_its_children(typed: Typed, model: ScriptedModel) -> None:
+    """A prompt that types its own turn on an untyped agent that delegates: the turn parks
+    on its child (its input may go to rest with its log) and resumes on the child's
+    answer still typed: the model is asked for a `Receipt` again, and it is the output."""
+    session = typed.triage.session()
+    number = f"T-{tag()}"
+    result = await asyncio.wait_for(
+        (await session.prompt(f"ask:valid:{number}", output_type=Receipt)).result(), TURN_S)
+    assert result.stop_reason == "end_turn", result
+    child_answer = json.dumps({"number": number, "total": 42}, separators=(",", ":"))
+    assert result.output == Receipt(shop="triage", items=[child_answer]), result.output
+    before, after = asked(model, f"ask:valid:{number}")
+    assert "final_result" in tool_names(before) and "final_result" in tool_names(after)
+    lines = await stored_lines(typed.triage, session.id)
+    assert len(of_type(lines, "turn_pause")) == 1
+    [end] = of_type(lines, "turn_end")
+    assert end["output"] == {"shop": "triage", "items": [child_answer]}

@@ -17,7 +17,7 @@ import json
 import threading
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -291,8 +291,9 @@ def test_a_worker_killed_before_the_retrys_answer_is_taken_over_without_asking_t
         assert (pid_of(first), told_errors(first)) == (dying.pid, [])
         assert pid_of(retry) == dying.pid and len(told_errors(retry)) == 1
         # The verdict rides in the response's append: once it is stored, kill.
-        [appended] = wait_until(lambda: [r for r in stack.journal(session.id) if any(k == "output" for k, _ in r)],
-                                TURN_S, what="the first answer's verdict stored")  # type: ignore[misc]
+        found = wait_until(lambda: [r for r in stack.journal(session.id) if any(k == "output" for k, _ in r)],
+                           TURN_S, what="the first answer's verdict stored")
+        [appended] = cast("list[list[tuple[str, dict[str, Any]]]]", found)
         kinds = [kind for kind, _ in appended]
         verdict = kinds.index("output")
         assert kinds[:verdict + 1] == ["model_response", *(["tool_result"] if agent != "native" else []), "output"]

@@ -19,7 +19,7 @@ from tests.durable.approval_tooling import provider
 from tests.durable.typed_models import Invoice
 
 
-def _agents() -> dict[str, Agent]:
+def _agents() -> dict[str, Agent[Any]]:
     common: dict[str, Any] = dict(model="scripted", provider=provider(), api_key="test-key")
     invoicer = Agent("invoicer", instructions="You are invoicer.", output_type=Invoice, **common)
     native = Agent("native", instructions="You are native.", output_type=Invoice, output_mode="native", **common)
