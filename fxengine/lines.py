@@ -214,6 +214,7 @@ class TurnEnd(_Stored, EndBody):
     messageId: str | None
     repeated: NotRequired[bool]  # added by a reader answering an ended turn again
     delegatedUsage: NotRequired[dict[str, int]]  # the usage of the turns its delegated calls ran
+    outputType: NotRequired[str]  # a typed turn's answer type, by name ("@agent" or "module:Name")
 
 
 class DelegateStart(_Stored):

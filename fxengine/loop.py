@@ -558,7 +558,11 @@ class TurnRunner:
             body["errors"] = verdict.errors
             if judged.final is None:
                 body["retry"] = verdict.retry  # the model reads it as a user message
-        core.commit("output", body)
+        stored = core.commit("output", body, want_ack=not verdict.ok)
+        if not verdict.ok:
+            # The retry's request waits for the refused answer's record: once an answer
+            # came, a crash never pays for it again.
+            await core.journal.wait(stored)
         for call, content, is_error in judged.answered:
             await self.events.put(ev.tool_start(call["id"], call["name"], _arguments(call), step))
             await self.events.put(ev.tool_end(call["id"], call["name"], is_error=is_error, content=content, step=step))

@@ -842,13 +842,24 @@ class Turn(Generic[OutputT]):
         if end is None or "output" not in end:
             return None
         value = end["output"]
-        if self._output is None:
+        output = self._output
+        named = end.get("outputType")
+        try:
+            if named == typed.AGENT_TYPE:
+                output = self.session.agent.output
+            elif isinstance(named, str) and (output is None or output.name != named):
+                output = Output(named)  # the prompt's own type, by the name the worker stored
+        except FxInputError as exc:
+            log.warning("the answer type of %s/%s, %s, does not import here (%s); its answer is kept as JSON",
+                        self.session_id, self.message_id, named, exc)
+            return value
+        if output is None:
             return value
         try:
-            return self._output.load(value)
+            return output.load(value)
         except ValueError as exc:
             log.warning("the answer of %s/%s does not validate as %r here (%s); kept as JSON", self.session_id,
-                        self.message_id, self._output.type, exc)
+                        self.message_id, output.type, exc)
             return value
 
 

@@ -45,9 +45,9 @@ from fxengine.lines import ErrorBody
 from fxengine.tools.definition import Tool
 from fxengine.tools.runner import parse_arguments
 
-from . import protocol, tracing
+from . import protocol, registry, tracing, typed
 from .ids import SESSION_PREFIX, now_ms
-from .store.types import DELEGATED_LEVEL
+from .store.types import DELEGATED_LEVEL, TYPED_LEVEL
 from .wakers import cancel_with_wake
 
 if TYPE_CHECKING:
@@ -285,12 +285,20 @@ async def start_children(parent: Parent, calls: Sequence[Call], writer: LineWrit
                       "depth": depth, "maxDepth": max_depth, "refuse": refuse}
         child = child_session_id(parent.session_id, call.tool, call.execution_id)
         message_id = child_message_id(call.execution_id)
+        settings: dict[str, object] = {LINK_KEY: dict(link)}
+        needs = DELEGATED_LEVEL  # a process of an older release would never answer the parent
+        child_agent = registry.get_agent(call.tool.agent)
+        if child_agent is not None and child_agent.output is not None:
+            # A typed agent's answer: stored as its prompts are, so only a process that types
+            # it runs the child (its workers read the agent's own type).
+            settings[typed.OUTPUT_KEY] = dict(typed.stored(child_agent.output, child_agent.output))
+            needs = TYPED_LEVEL
         accepted = await parent.store.accept(
             child, agent=call.tool.agent, kind="prompt", message_id=message_id,
             input=blocks if isinstance(blocks, list) else check_prompt_input(blocks, json_only=True),
-            context=parent.context, settings={LINK_KEY: dict(link)}, now_ms=now_ms(),
+            context=parent.context, settings=settings, now_ms=now_ms(),
             traceparent=tracing.current_traceparent() if tracing.enabled() else None,
-            needs=DELEGATED_LEVEL,  # a process of an older release would never answer the parent
+            needs=needs,
         )
         new = call.id not in announced if announced is not None else not accepted.repeated
         if new and writer is not None:

@@ -255,6 +255,16 @@ class TurnRun:
         turn_input = self.input
         return delegation.link_of(turn_input.settings) if turn_input is not None else None
 
+    @property
+    def output_type(self) -> str:
+        """How the turn's answer type is named (`typed.StoredOutput.type`): its input's own,
+        else the agent's (`"@agent"`)."""
+        turn_input = self.input
+        raw = turn_input.settings.get(typed.OUTPUT_KEY) if turn_input is not None and isinstance(
+            turn_input.settings, Mapping) else None
+        name = raw.get("type") if isinstance(raw, Mapping) else None
+        return name if isinstance(name, str) else typed.AGENT_TYPE
+
     def parent(self) -> delegation.Parent:
         """This turn as the parent of the turns its delegating calls start."""
         delivery = self.delivery
@@ -451,6 +461,7 @@ class TurnRun:
             line = self._end_line(stop_reason, usage, error)
             if "output" in event:
                 line["output"] = event["output"]  # a typed turn's answer, as JSON
+                line["outputType"] = self.output_type  # what a reader rebuilds it as
             self.ride = persistence.ride_with_end(line, release=self._may_release,
                                                   checkpoint=self.engine.settled_checkpoint,
                                                   before=self._answer(stop_reason, error, usage, line))

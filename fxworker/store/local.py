@@ -34,7 +34,6 @@ from pathlib import Path
 from ..errors import FxConfigError
 from ..settings import Settings
 from . import _local_server
-from .redis import RedisStore
 
 log = logging.getLogger("fxworker.store")
 
@@ -137,16 +136,6 @@ def _wait_loaded(sock: str, deadline: float) -> None:
         time.sleep(0.02)
 
 
-def local_store(settings: Settings, *, directory: Path | None = None) -> RedisStore:
-    """The store on the data directory's server (started if need be)."""
-    from . import redis_store
-
-    directory = directory or data_dir(settings)
-    assert directory is not None, "FX_DATA_DIR=:memory: is the in-memory store"
-    sock = ensure_server(directory, idle_s=settings.data_idle_s)
-    return redis_store(f"unix://{sock}", prefix=settings.prefix, cluster=False, settings=settings)
-
-
 def stop_server(directory: Path) -> bool:
     """Shuts the directory's server down now (its file is written out first); False when
     none answers."""
@@ -160,5 +149,4 @@ def stop_server(directory: Path) -> bool:
     return True
 
 
-__all__ = ["DEFAULT_DATA_DIR", "MEMORY", "data_dir", "ensure_server", "local_store", "server_binary", "socket_path",
-           "stop_server"]
+__all__ = ["DEFAULT_DATA_DIR", "MEMORY", "data_dir", "ensure_server", "server_binary", "socket_path", "stop_server"]

@@ -638,8 +638,6 @@ async def test_an_agent_typed_str_answers_with_its_text(typed: Typed, model: Scr
     assert end["output"] == f"echo:{prompt}"
 
 
-@pytest.mark.xfail(strict=True, reason="Session.resume() builds its Turn with the agent's output type "
-                   "(fxworker/agent.py, Session.resume), not the resumed input's own: the answer stays JSON")
 async def test_a_turn_followed_by_resume_reads_the_prompts_own_type(
         store_url: str | None, model: ScriptedModel) -> None:
     """`Session.resume()` (a client that reconnects) of a turn whose prompt gave its own
@@ -878,8 +876,6 @@ async def test_the_retries_are_counted_across_a_worker_that_dies(store_url: str 
         assert [line["interrupted"] for line in of_type(lines, "turn_resume")] == [True]
 
 
-@pytest.mark.xfail(strict=True, reason="Session.follow() builds its Turn with the agent's output type "
-                   "(fxworker/agent.py, Session.follow), not the followed input's own: the answer stays JSON")
 async def test_a_turn_followed_after_a_steer_reads_the_prompts_own_type(typed: Typed, model: ScriptedModel) -> None:
     """`Session.follow(accepted)` of a steer into a turn whose prompt gave its own type:
     the answer is read as that type, as the prompt's own turn reads it."""
