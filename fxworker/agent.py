@@ -493,6 +493,11 @@ class Session(Generic[OutputT]):
         owner = self._forwarded(getattr(accepted, "agent", None))
         if accepted.wake:  # else a wake sent moments ago, not taken yet, runs it too (§7)
             await self._wake(owner, "prompt")
+        elif accepted.repeated and accepted.status != "done" and isinstance(self.agent.waker, InProcessWaker):
+            # A prompt stored by a process that died (the embedded mode, a local store): this
+            # process's worker and sweeper must run, or nothing here would take the turn on
+            # once its dead lease expires.
+            await self._wake(owner, "prompt")
         return Turn(self, message_id=accepted.message_id, repeated=accepted.repeated, cursor=accepted.cursor,
                     output=output or self.agent.output)
 
