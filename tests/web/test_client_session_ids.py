@@ -9,10 +9,11 @@ that id prompts the same session; under a hook it may not (403 `FX_FORBIDDEN`, n
 stored) unless the embedder says so, with `True` or a callable of its own, and the hook is
 asked for a `prompt` on that id. `False` refuses it in token mode too. A refused id form
 is 400 `FX_INVALID_SESSION_ID` before any hook is asked about it. The OpenAPI document
-describes `sessionId` and the answers. A create naming an existing session under a
-`session_context` hook re-pins that session's context (marked as a known failure: the
-prompt route keeps the context pinned at create). Users are named by an `x-user` header
-(a stand-in for the embedder's cookie session).
+describes `sessionId` and the answers. A create naming another agent's session prompts it
+as its owner. A create naming an existing session under a `session_context` hook re-pins
+that session's context (marked as a known failure: the prompt route keeps the context
+pinned at create). Users are named by an `x-user` header (a stand-in for the embedder's
+cookie session).
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ from starlette.requests import Request
 
 from fxengine.testing import ScriptedModel
 from fxworker import Agent
+from fxworker.embedded import InProcessWaker
 from fxworker.errors import FxUnknownSessionError
 from fxworker.keys import session_keys
 from fxworker.settings import Settings
 from fxworker.store.embedded import shared_server
 from fxworker.web import create_app
-from tests.durable.conftest import embedded_agent, responder
+from tests.durable.conftest import embedded_agent, responder, system_text
+from tests.durable.tooling import provider, tools
 from tests.web._inprocess import ThreadServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -136,6 +139,11 @@ async def test_without_a_hook_a_create_names_its_session_and_a_second_one_prompt
 
         state = (await client.get("/v1/sessions/user-7")).json()
         assert (state["sessionId"], state["status"], state["turns"]) == ("user-7", "idle", 2)
+        listed = (await client.get("/v1/sessions")).json()["sessions"]
+        assert [s["sessionId"] for s in listed if s["sessionId"] == "user-7"] == ["user-7"]
+        timeline = await client.get("/v1/sessions/user-7/timeline")
+        assert timeline.status_code == 200, timeline.text
+        assert [t["messageId"] for t in timeline.json()["turns"]] == [body["messageId"], again.json()["messageId"]]
         assert (await agent.session("user-7").state())["turns"] == 2
         # The model was sent the first turn with the second: one conversation.
         sent = json.dumps(scripted.requests[-1].body["messages"])
@@ -168,6 +176,30 @@ async def test_a_named_create_can_stream_its_turn(scripted: ScriptedModel) -> No
         assert lines[-1]["stopReason"] == "end_turn"
         state = (await client.get("/v1/sessions/user-9")).json()
         assert state["turns"] == 1
+
+
+async def test_a_create_naming_another_agents_session_prompts_it_as_its_owner(scripted: ScriptedModel) -> None:
+    with embedded_agent(scripted) as agent:
+        other = Agent("other", model="scripted", provider=provider(scripted.base_url), api_key="test-key",
+                      tools=tools(), store=agent.store, waker=InProcessWaker(start_workers=False),
+                      instructions="You are other.")
+        try:
+            app = create_app(agents={"default": agent, "other": other}, settings=Settings())
+            with ThreadServer(app) as url:
+                async with httpx.AsyncClient(base_url=url, timeout=10.0) as client:
+                    first = await client.post("/v1/sessions",
+                                              json={"input": "a", "sessionId": "user-5", "agent": "other"})
+                    assert first.status_code == 202, first.text
+                    await turn_end(client, "user-5", first.json()["messageId"])
+                    second = await client.post("/v1/sessions", json={"input": "b", "sessionId": "user-5"})
+                    assert second.status_code == 202 and second.json()["sessionId"] == "user-5", second.text
+                    await turn_end(client, "user-5", second.json()["messageId"])
+                    state = (await client.get("/v1/sessions/user-5")).json()
+                    assert (state["agent"], state["turns"]) == ("other", 2)
+        finally:
+            other.close()
+    asked = [(system_text(r), r.body["messages"][-1]["content"]) for r in scripted.requests[-2:]]
+    assert asked == [("You are other.", "a"), ("You are other.", "b")]
 
 
 async def test_client_session_ids_false_refuses_a_named_create_in_token_mode(scripted: ScriptedModel) -> None:
