@@ -170,7 +170,13 @@ async def _first_session(request: Request, agent: Agent, body: CreateSessionBody
         session_id = validate_session_id(body.session_id)  # 400 before the hooks see it
         await check_session_id(request, session_id)
         await check_access(request, session_id, "prompt")  # it may exist: the hook decides as for a prompt
-        return agent.session(session_id, context=context)
+        try:
+            await agent.session(session_id).state()
+        except FxUnknownSessionError:
+            return agent.session(session_id, context=context)  # new: the create pins its context
+        # It exists: its pinned context holds, as for a prompt (two creates racing for one
+        # new id may both pin theirs; the second's stands).
+        return agent.session(session_id)
     session = agent.session(None, context=context)  # checks the settings before anything is stored
     if body.message_id is None:
         return session

@@ -306,11 +306,6 @@ def pinned(request: Request, create: Any) -> dict[str, Any]:
     return {"userId": request.headers.get("x-user")}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "fxworker/web/sessions.py _first_session opens a named session with the create's context "
-    "(session_context(request, body)) even when the session exists, and accept.lua makes a given context the "
-    "session's: a create naming an existing session re-pins its context for every later prompt, which a "
-    "POST /v1/sessions/{id}/prompts of the same caller cannot do"))
 async def test_a_create_naming_an_existing_session_keeps_the_context_pinned_at_its_create(
         scripted: ScriptedModel) -> None:
     """A session shared by the embedder's rule (alice and bob may both prompt `ticket-1`):
