@@ -86,7 +86,7 @@ from typing import Any
 from tests.chaos.bounds import caller_actions, no_worker, progress, queued_wakes, turn_calls
 
 MAX_CUTOFFS = 3
-FAULT_KINDS = ("kill", "stop", "term", "redis", "clients", "poison", "squeeze", "stall", "replacement")
+FAULT_KINDS = ("kill", "stop", "term", "redis", "clients", "poison", "squeeze", "stall", "typed", "replacement")
 # On a cluster store the nemesis also kills primaries (`tests.chaos.nemesis`).
 CLUSTER_FAULT_KINDS = (*FAULT_KINDS, "primary")
 # Poison kinds a worker's transport cannot decode: they must be dead-lettered.
@@ -612,6 +612,7 @@ def typed_turns(obs: Observation, violations: list[str]) -> dict[str, Any]:
         "typed_refused_stored": figures["refused_stored"],
         "typed_probes_not_run": figures["probes_not_run"],
         "typed_requests_max": figures["requests_max"],
+        "typed_kills": sum(1 for f in obs.faults if f["fault"] == "kill" and f.get("typed")),
     }
 
 

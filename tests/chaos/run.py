@@ -415,6 +415,7 @@ def table(verdict: Verdict, seed: int, elapsed_s: float, *, cluster: bool = Fals
          f"{f['typed_refused_stored']}"),
         ("typed outputs checked / probes answered not run / most requests of a turn",
          f"{f['typed_outputs']} / {f['typed_probes_not_run']} / {f['typed_requests_max']}"),
+        ("typed kills armed / fired (after an invalid answer)", f"{faults['typed']} / {f['typed_kills']}"),
         ("inputs ended twice", f["ended_twice"]),
         ("epochs (highest share of a session's bound)", f"{f['epochs']} ({f['epoch_of_bound_max']:.2f})"),
         ("lines / epoch / yield bounds exceeded", f["bounds_exceeded"]),

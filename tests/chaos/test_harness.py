@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from fxengine.testing import Reply, delay, text, tool_call
-from fxengine.testing.script import Delay, Text
+from fxengine.testing.script import Delay, Text, ToolCall
 from tests.chaos import poison, wakes
 from tests.chaos.checker import CLUSTER_FAULT_KINDS, FAULT_KINDS, Observation, check
 from tests.chaos.system import QUEUES
@@ -572,3 +572,47 @@ def test_each_broken_typed_rule_fails() -> None:
     # a request asked again after a fault near it is within the bound
     near = [{"fault": "kill", "t": 3.0, "pid": 1}, {"fault": "stall", "t": 4.0}]
     assert check(_typed(_typed_turn(output=good), typed_answers=looped, faults=near)).violations == []
+
+
+class _Request:
+    """A model request as the chaos script reads one: the body's messages and tools, the pid."""
+
+    def __init__(self, *messages: dict, typed: bool = True, pid: str = "42") -> None:
+        tools = [{"type": "function", "function": {"name": "final_result", "parameters": {}}}] if typed else []
+        self.body = {"messages": list(messages), "tools": tools}
+        self.headers = {"x-fx-pid": pid}
+
+
+def _calls(reply: Reply) -> list[ToolCall]:
+    return [p for p in reply.parts if isinstance(p, ToolCall)]
+
+
+def test_the_script_answers_typed_turns_and_fires_an_armed_kill_after_an_invalid_answer() -> None:
+    from tests.chaos.history import History
+    from tests.chaos.workload import ModelScript
+
+    history = History()
+    script = ModelScript(3, "key", history)
+    fired: list[tuple[int, float]] = []
+    script.arm_typed_kill(lambda pid, after_s: fired.append((pid, after_s)))
+    first_try = _Request({"role": "user", "content": "typed:s1g0.0"})
+    answers = [json.loads(_calls(script(first_try))[-1].arguments) for _ in range(20)]
+    assert all(a["tag"] == "s1g0.0" for a in answers)
+    invalid = [a for a in answers if "n" not in a]
+    assert invalid and len(invalid) < len(answers)  # some first tries refused, others valid
+    assert len(fired) == 1 and fired[0][0] == 42 and fired[0][1] > 0  # the armed kill, once
+    retry = _Request({"role": "user", "content": "typed:s1g0.1"},
+                     {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "final_result"}}]},
+                     {"role": "tool", "tool_call_id": "c", "content": "The arguments did not validate as TypedAnswer: []"})
+    steered = _Request({"role": "user", "content": "typed:s1g0.2"}, {"role": "user", "content": "steer:s1g0.2.0"})
+    for request, tag in ((retry, "s1g0.1"), (steered, "s1g0.2.0")):
+        for _ in range(10):
+            calls = _calls(script(request))
+            assert calls[-1].name == "final_result" and json.loads(calls[-1].arguments)["tag"] == tag
+            assert isinstance(json.loads(calls[-1].arguments)["n"], int)
+            assert all(c.name == "probe" for c in calls[:-1])
+    numbers = [a["n"] for a in history.of("typed_answer") if a["valid"]]
+    assert len(numbers) == len(set(numbers))  # each valid answer numbered apart
+    assert not any(c.name == "final_result" for c in _calls(script(_Request({"role": "user", "content": "probe:s2g0.0"},
+                                                                             typed=False))))
+    assert script.disarm_typed_kills() == 0

@@ -45,7 +45,9 @@ compare them with the stream the store holds (§11.7).
   validate ...") or whose turn's last input is a steer gets a valid one naming that
   input's tag. Each answer is recorded (`typed_answer`: the tag, valid or not, `n`, whether
   the request carried the errors, the worker's pid, whether it stalled, the wall time)
-  for the checker's `typed:` rules.
+  for the checker's `typed:` rules. The nemesis's `typed` fault arms a kill
+  (`arm_typed_kill`): the next invalid answer the script serves calls it with the pid of
+  the worker that asked, which the nemesis kills about when the reply has been sent.
 `<tag>` is `s<driver>g<session>.<prompt>`; the script keeps, per session, the pid of the worker
 process that made its last model request (from the `x-fx-pid` header), which is how the
 nemesis knows which sessions a worker it kills was running.
@@ -63,6 +65,7 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,12 +144,27 @@ class ModelScript:
         self.requests = 0
         self.keyed_requests = 0
         self._answers = 0  # the `n` of the last valid typed answer
+        # What the nemesis armed (`arm_typed_kill`): called with the pid of the worker served
+        # the next invalid typed answer and the seconds until that reply has been sent.
+        self._typed_kills: list[Callable[[int, float], None]] = []
 
     def _ms(self) -> float:
         with self._lock:
             if self._rng.random() < 0.1:
                 return self._rng.uniform(*LONG_PAUSE_MS)
             return self._rng.uniform(20, 400)
+
+    def arm_typed_kill(self, kill: Callable[[int, float], None]) -> None:
+        """The next invalid answer to a typed turn calls `kill(pid, seconds)` (the worker that
+        asked, and how long until the reply is sent)."""
+        with self._lock:
+            self._typed_kills.append(kill)
+
+    def disarm_typed_kills(self) -> int:
+        """Drops the typed kills not yet fired; how many there were."""
+        with self._lock:
+            n, self._typed_kills = len(self._typed_kills), []
+        return n
 
     def arm_stall(self, stall: Stall) -> None:
         """The next model request (of any session) goes silent as `stall` says."""
@@ -192,7 +210,17 @@ class ModelScript:
         stall = self._stall_for(tag.split(".")[0], request)
         if answer is not None and self._history is not None:
             self._history.record("typed_answer", **answer, stalled=stall is not None, wall=round(time.time(), 4))
+        if answer is not None and not answer["valid"]:
+            self._fire_typed_kill(answer, reply, stall)
         return reply if stall is None else stall.into(reply)
+
+    def _fire_typed_kill(self, answer: dict[str, Any], reply: Reply, stall: Stall | None) -> None:
+        with self._lock:
+            kill = self._typed_kills.pop(0) if self._typed_kills else None
+        if kill is None or not answer.get("pid"):
+            return
+        ms = sum(p.ms for p in reply.parts if isinstance(p, Delay)) + (stall.ms if stall is not None else 0.0)
+        kill(int(answer["pid"]), ms / 1000.0)
 
     def _typed(self, request: Any, prompt: str) -> tuple[Reply, dict[str, Any]]:
         """A final-result call answering a request of a typed turn (see the module doc), and
