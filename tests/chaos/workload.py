@@ -36,7 +36,7 @@ compare them with the stream the store holds (§11.7).
 - `typed:<tag>`, the only prompt of a session of the agent `typed` (`TYPED_SHARE` of the
   drivers' sessions, and driver 1's first one, are such sessions): a turn that answers with
   a `tests.chaos.tooling.TypedAnswer` through the final-result tool. The script answers any
-  request that offers that tool (`typed_request`) with a call of it: a request of a
+  request that offers that tool (`offers_final_result`) with a call of it: a request of a
   `typed:<tag>` turn that carries no validation errors gets an invalid one (`{"tag"}`, `n`
   missing) on `TYPED_INVALID_SHARE` of its draws, else a valid one, `{"tag": <tag>, "n":
   <a number of its own>}`, sometimes (`TYPED_PROBE_SHARE`) after a `probe` call in the
