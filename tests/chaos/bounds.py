@@ -56,7 +56,10 @@ yield counted with its fault.
 **Calls of a turn** (`bound: ... tool calls`): a turn stores at most
 `CALLS_PER_TURN + CALLS_PER_RESUME * R` `tool_start` lines (R: its `turn_resume` lines): the
 workload's largest prompt makes 6 calls (`chain:<tag>:6`), and a resume reruns, or asks the
-model again for, at most the 2 calls of one reply (`both:<tag>`). A turn that keeps starting
+model again for, at most the 2 calls of one reply (`both:<tag>`). A turn of the agent `typed`
+also counts its final-result calls (the engine answers them itself: a `tool_start` each) and
+adds `CALLS_PER_STEER` for each steer placed in it (a `user_message`): a steer placed after a
+valid answer sets it aside, and the model answers again. A turn that keeps starting
 calls that never end (a cancel the turn did not take) is past it long before its delivery yields.
 
 **Queued wakes** (`bound: ... wakes queued`): the broker holds at most one wake of a session
@@ -90,7 +93,7 @@ SOFT_STOP_S = 8.0  # FX_DELIVERY_TIMEOUT_S 12 - FX_RESERVE_S 4 (tests.chaos.syst
 LINES_PER_PROMPT, LINES_PER_STEER, LINES_PER_CANCEL, LINES_PER_YIELD, LINES_PER_FAULT, LINES_SLACK = 17, 4, 1, 3, 6, 2
 LINES_PER_DECISION = 5
 EPOCHS_PER_INPUT, EPOCHS_PER_YIELD, EPOCHS_PER_FAULT, EPOCH_SLACK = 1, 1, 3, 2
-CALLS_PER_TURN, CALLS_PER_RESUME = 6, 2
+CALLS_PER_TURN, CALLS_PER_RESUME, CALLS_PER_STEER = 6, 2, 1
 MAX_QUEUED_WAKES = 1
 NO_AGENT = "FX_NO_AGENT"
 
@@ -159,22 +162,29 @@ def progress(obs: Observation, violations: list[str]) -> dict[str, Any]:
 
 def turn_calls(obs: Observation, violations: list[str]) -> dict[str, Any]:
     """The `tool_start` lines of each turn against its bound (see the module doc)."""
+    from tests.chaos.tooling import TYPED_AGENT
+
+    typed = {a["session"] for a in obs.acks if a.get("agent") == TYPED_AGENT}
     most = 0
     for session_id, lines in sorted(obs.streams.items()):
         starts: Counter[str] = Counter()
         resumes: Counter[str] = Counter()
+        steers: Counter[str] = Counter()
         for line in lines:
             turn = str(line.get("messageId"))
             if line["type"] == "tool_start":
                 starts[turn] += 1
             elif line["type"] == "turn_resume":
                 resumes[turn] += 1
+            elif line["type"] == "user_message" and session_id in typed:
+                steers[turn] += 1
         for turn, n in sorted(starts.items()):
             most = max(most, n)
-            bound = CALLS_PER_TURN + CALLS_PER_RESUME * resumes[turn]
+            bound = CALLS_PER_TURN + CALLS_PER_RESUME * resumes[turn] + CALLS_PER_STEER * steers[turn]
             if n > bound:
+                steered = f", {steers[turn]} steers placed in a typed turn" if session_id in typed else ""
                 violations.append(f"bound: turn {turn} of {session_id} started {n} tool calls, at most {bound} "
-                                  f"({resumes[turn]} resumes)")
+                                  f"({resumes[turn]} resumes{steered})")
     return {"most_tool_starts_in_a_turn": most}
 
 

@@ -45,6 +45,25 @@ parent turn left open once all its children ended; and each child's stream in ep
 one turn at a time, cursors without a gap. A child's effects are §11.2's and §11.3's
 (their starts are recorded with every other).
 
+Typed turns (`typed:`, docs/design.md §6 "Typed answers"; the sessions of the agent `typed`,
+whose every prompt is `typed:<tag>`, `tests.chaos.workload`): every turn of such a session
+that ended `end_turn` carries `output`, which validates as `TypedAnswer`, names the tag of
+its own input or of a steer placed in it, and is an answer the model gave that tag
+(`Observation.typed_answers`, each valid answer numbered apart); where the turn was never
+resumed and no steer came after its last valid final-result call, `output` is that call's
+arguments. No turn of another agent carries `output`. A turn stores at most one refused
+final-result call (the script refuses only a first try, a request that carries no errors,
+and a retry carries its errors; one more for each retry the model did refuse), its
+result telling the model "The arguments did not validate as TypedAnswer"; it ends `error`
+`FX_OUTPUT_INVALID` only if the model gave more than `TYPED_RETRIES` invalid answers for it.
+A valid answer that was stored is not asked for again: two stored valid final-result calls
+of one turn have a steer placed between them. A probe call in the response of a valid answer
+never runs and is answered "not run". The model requests of a `typed:<tag>` turn (those
+whose last input is its prompt) number at most 2 (a refused answer and its retry), plus 2
+for each fault of the run near them and each request that stalled, plus the takeovers,
+fences, transport errors and deadline cut-offs of its session meanwhile, plus its own yields
+and resumes.
+
 Bounds on work without progress (`bound:`, `tests.chaos.bounds`, where the constants are
 explained): per session, its stored lines, its epoch (claims) and its yields against its
 inputs, yields and the faults of its window; per turn, the calls it started; at most one wake of a session queued in the
@@ -67,7 +86,7 @@ from typing import Any
 from tests.chaos.bounds import caller_actions, no_worker, progress, queued_wakes, turn_calls
 
 MAX_CUTOFFS = 3
-FAULT_KINDS = ("kill", "stop", "term", "redis", "clients", "poison", "squeeze", "stall", "replacement")
+FAULT_KINDS = ("kill", "stop", "term", "redis", "clients", "poison", "squeeze", "stall", "typed", "replacement")
 # On a cluster store the nemesis also kills primaries (`tests.chaos.nemesis`).
 CLUSTER_FAULT_KINDS = (*FAULT_KINDS, "primary")
 # Poison kinds a worker's transport cannot decode: they must be dead-lettered.
@@ -104,6 +123,7 @@ class Observation:
     drained_t: float | None = None  # when the drain ended
     decisions: list[dict[str, Any]] = field(default_factory=list)  # decisions sent and their answers (approvals.py)
     children: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # child session id -> its stored lines
+    typed_answers: list[dict[str, Any]] = field(default_factory=list)  # the model's final-result calls (workload.py)
 
 
 @dataclass
@@ -121,7 +141,7 @@ def check(obs: Observation) -> Verdict:
     figures: dict[str, Any] = {}
     for rule in (lost_inputs, duplicated_effects, intents, stale_lines, turn_order, cutoffs, readers, credentials,
                  worker_exits, dead_letters, progress, turn_calls, queued_wakes, no_worker, caller_actions,
-                 approvals, delegations):
+                 approvals, delegations, typed_turns):
         figures.update(rule(obs, violations))
     figures.update(counts(obs))
     return Verdict(figures, violations)
@@ -461,6 +481,172 @@ def delegations(obs: Observation, violations: list[str]) -> dict[str, Any]:
         "child_effect_calls": len({r["x"] for r in child_runs if r.get("tool") == "effect"}),
         "child_probe_calls": len({r["x"] for r in child_runs if r.get("tool") == "probe"}),
     }
+
+
+# ----------------------------------------------------------------------------- typed turns
+
+OUTPUT_INVALID = "FX_OUTPUT_INVALID"
+# Worker diagnostics that may cost a typed turn a model request it asks again.
+TYPED_EXCUSES = ("session.takeover", "session.fenced", "transport.error", "transport.retry", "session.deadline",
+                 "journal.error")
+TYPED_REQUESTS = 2  # a refused answer and its retry
+
+
+def _tag_of(text: object) -> str:
+    return str(text or "").partition(":")[2].partition(":")[0]
+
+
+def typed_turns(obs: Observation, violations: list[str]) -> dict[str, Any]:
+    """Typed turns (`typed:`, see the module doc)."""
+    from fxengine.output import FINAL_RESULT_TOOL
+    from tests.chaos.bounds import FAULT_SPAN_S, TOUCHING
+    from tests.chaos.tooling import TYPED_AGENT, TYPED_RETRIES, TypedAnswer
+    from tests.chaos.workload import TYPED_RETRY_PREFIX
+
+    typed_sessions = {a["session"] for a in obs.acks if a.get("agent") == TYPED_AGENT}
+    texts = {(a["session"], a["messageId"]): a.get("text") for a in obs.acks}
+    valid_sent: dict[str, set[int]] = defaultdict(set)
+    invalid_sent: Counter[str] = Counter()
+    invalid_retries: Counter[str] = Counter()  # invalid answers to requests that carried the errors (none, scripted)
+    for answer in obs.typed_answers:
+        if answer.get("valid"):
+            valid_sent[answer["tag"]].add(int(answer["n"]))
+        else:
+            invalid_sent[answer["tag"]] += 1
+            invalid_retries[answer["tag"]] += bool(answer.get("retry"))
+    probes_run = sorted({r["x"] for r in obs.runs if r.get("tool") == "probe" and str(r.get("name", "")).startswith("t-")})
+    for execution_id in probes_run:
+        violations.append(f"typed: the probe call {execution_id}, given in the response of a valid final result, ran")
+    figures: Counter[str] = Counter()
+    ended: Counter[str] = Counter()
+    for session_id, lines in sorted(obs.streams.items()):
+        typed = session_id in typed_sessions
+        by_turn: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for line in lines:
+            by_turn[str(line.get("messageId"))].append(line)
+        for turn, turn_lines in sorted(by_turn.items()):
+            ends = [ln for ln in turn_lines if ln["type"] == "turn_end" and not ln.get("repeated")]
+            if not typed:
+                if any("output" in ln for ln in ends):
+                    violations.append(f"typed: turn {turn} of {session_id} (agent not typed) ended with an output")
+                continue
+            where = f"turn {turn} of {session_id}"
+            start = next((ln for ln in turn_lines if ln["type"] == "turn_start"), None)
+            own = _tag_of(texts.get((session_id, turn)) or (start or {}).get("input"))
+            steered = [ln for ln in turn_lines if ln["type"] == "user_message"]
+            tags = {own} | {_tag_of(ln.get("text")) for ln in steered}
+            calls = {ln["id"]: ln for ln in turn_lines if ln["type"] == "tool_start"}
+            finals = [(ln, calls.get(ln["id"])) for ln in turn_lines
+                      if ln["type"] == "tool_end" and ln.get("name") == FINAL_RESULT_TOOL]
+            refused = [end for end, _ in finals if end.get("isError")]
+            taken = [(end, call) for end, call in finals if not end.get("isError")]
+            figures["refused_stored"] += len(refused)
+            most_refused = 1 + sum(invalid_retries[t] for t in tags)
+            if len(refused) > most_refused:
+                violations.append(f"typed: {where} stores {len(refused)} refused final results, at most "
+                                  f"{most_refused} (a retry went without the errors it was given)")
+            for end in refused:
+                if not str(end.get("content", "")).startswith(f"{TYPED_RETRY_PREFIX} as TypedAnswer:"):
+                    violations.append(f"typed: {where}: a refused final result was answered "
+                                      f"{str(end.get('content'))[:120]!r}")
+            for (first, _), (second, _) in zip(taken, taken[1:]):
+                if not any(first["cursor"] < ln["cursor"] < second["cursor"] for ln in steered):
+                    violations.append(f"typed: {where} asked for a valid answer again with no steer placed after the "
+                                      f"stored one (final results at cursors {first['cursor']} and {second['cursor']})")
+            for ln in turn_lines:
+                call = calls.get(ln.get("id")) if ln["type"] == "tool_end" and ln.get("name") == "probe" else None
+                if call is not None and str((call.get("input") or {}).get("name", "")).startswith("t-"):
+                    figures["probes_not_run"] += 1
+                    if not str(ln.get("content", "")).startswith("Not run"):
+                        violations.append(f"typed: {where}: the probe given with a valid final result was answered "
+                                          f"{str(ln.get('content'))[:120]!r}, not 'Not run'")
+            if not ends:
+                continue
+            end = ends[0]
+            stop = str(end.get("stopReason"))
+            code = (end.get("error") or {}).get("code")
+            ended[stop if stop != "error" else f"error {code}"] += 1
+            figures["turns"] += 1
+            figures["steered"] += bool(steered)
+            if stop == "end_turn":
+                if "output" not in end:
+                    violations.append(f"typed: {where} ended end_turn without an output")
+                    continue
+                output = end["output"]
+                try:
+                    answer = TypedAnswer.model_validate(output)
+                except ValueError as exc:
+                    violations.append(f"typed: {where}: its output {output!r} does not validate as TypedAnswer: "
+                                      f"{str(exc)[:200]}")
+                    continue
+                figures["outputs"] += 1
+                if answer.tag not in tags:
+                    violations.append(f"typed: {where}: its output names tag {answer.tag}, not its own "
+                                      f"({sorted(tags)})")
+                elif answer.n not in valid_sent.get(answer.tag, set()):
+                    violations.append(f"typed: {where}: its output {output} is no answer the model gave tag {answer.tag}")
+                resumed = any(ln["type"] == "turn_resume" for ln in turn_lines)
+                if taken and not resumed:
+                    last, call = taken[-1]
+                    if not any(ln["cursor"] > last["cursor"] for ln in steered) and (call or {}).get("input") != output:
+                        violations.append(f"typed: {where}: its output {output} is not its last valid final result "
+                                          f"{(call or {}).get('input')}")
+            elif code == OUTPUT_INVALID:
+                given = sum(invalid_sent[t] for t in tags)
+                if given <= TYPED_RETRIES:
+                    violations.append(f"typed: {where} ended {OUTPUT_INVALID}, but the model gave it {given} invalid "
+                                      f"answer(s), at most {TYPED_RETRIES} refused answers are sent back")
+    if figures["turns"] and not figures["outputs"]:
+        violations.append(f"run: none of the {figures['turns']} typed turns ended end_turn with an output "
+                          f"({dict(ended)})")
+    figures.update(_typed_requests(obs, violations, typed_sessions, TOUCHING, FAULT_SPAN_S, TYPED_EXCUSES))
+    return {
+        "typed_sessions": len(typed_sessions),
+        "typed_turns": figures["turns"],
+        "typed_ended": dict(ended),
+        "typed_outputs": figures["outputs"],
+        "typed_steered_turns": figures["steered"],
+        "typed_answers_valid": sum(1 for a in obs.typed_answers if a.get("valid")),
+        "typed_answers_invalid": sum(1 for a in obs.typed_answers if not a.get("valid")),
+        "typed_retries_asked": sum(1 for a in obs.typed_answers if a.get("retry")),
+        "typed_refused_stored": figures["refused_stored"],
+        "typed_probes_not_run": figures["probes_not_run"],
+        "typed_requests_max": figures["requests_max"],
+        "typed_kills": sum(1 for f in obs.faults if f["fault"] == "kill" and f.get("typed")),
+    }
+
+
+def _typed_requests(obs: Observation, violations: list[str], typed_sessions: set[str], touching: frozenset[str],
+                    span_s: float, excuses: tuple[str, ...]) -> Counter[str]:
+    """The model requests of each `typed:<tag>` turn against their bound (see the module doc)."""
+    figures: Counter[str] = Counter()
+    session_of = {f"s{a['driver']}": a["session"] for a in obs.acks
+                  if a.get("driver") is not None and a["session"] in typed_sessions}
+    turn_of = {_tag_of(a.get("text")): (a["session"], a["messageId"]) for a in obs.acks
+               if a["session"] in typed_sessions and a["input"] == "prompt"}
+    asked: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for answer in obs.typed_answers:
+        if answer.get("input") == "typed":
+            asked[answer["tag"]].append(answer)
+    for tag, answers in sorted(asked.items()):
+        figures["requests_max"] = max(figures["requests_max"], len(answers))
+        if len(answers) <= TYPED_REQUESTS:
+            continue
+        t0, t1 = min(float(a["t"]) for a in answers), max(float(a["t"]) for a in answers)
+        w0, w1 = min(float(a["wall"]) for a in answers), max(float(a["wall"]) for a in answers)
+        faults = sum(1 for f in obs.faults if f["fault"] in touching and t0 - span_s <= float(f.get("t", 0.0)) <= t1)
+        stalled = sum(1 for a in answers if a.get("stalled"))
+        session_id, turn = turn_of.get(tag, (session_of.get(tag.split(".")[0]), None))
+        events = sum(1 for e in obs.events if e.get("type") in excuses and e.get("sessionId") == session_id
+                     and w0 - span_s <= float(e.get("timestamp") or 0.0) <= w1 + 1.0)
+        moved = sum(1 for ln in obs.streams.get(session_id or "", [])
+                    if ln["type"] in ("turn_yield", "turn_resume") and ln.get("messageId") == turn)
+        bound = TYPED_REQUESTS + 2 * (faults + stalled) + events + moved
+        if len(answers) > bound:
+            violations.append(f"typed: turn {turn} of {session_id} ({tag}) made {len(answers)} model requests, at "
+                              f"most {bound} ({faults} faults near, {stalled} stalled, {events} takeovers, fences, "
+                              f"transport errors or cut-offs, {moved} yields and resumes)")
+    return figures
 
 
 # ----------------------------------------------------------------------------- §11.4

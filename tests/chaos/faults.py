@@ -113,17 +113,19 @@ def fault_env(model: Any, **extra: str) -> dict[str, str]:
 class Pool:
     """Fault workers of one test module: keeps `size` alive, finds one by pid."""
 
-    def __init__(self, workers: Workers, env: dict[str, str], *, size: int = 2, concurrency: int = 8) -> None:
+    def __init__(self, workers: Workers, env: dict[str, str], *, size: int = 2, concurrency: int = 8,
+                 queues: tuple[str, ...] = ("default",)) -> None:
         self.workers = workers
         self.env = env
         self.size = size
         self.concurrency = concurrency
+        self.queues = queues  # the agents whose queues (`fx.<agent>`) its workers consume
 
     def live(self) -> list[CeleryWorker]:
         return [w for w in self.workers.started if w.proc is not None and w.proc.poll() is None]
 
     def start(self) -> CeleryWorker:
-        return self.workers.start(env=dict(self.env), concurrency=self.concurrency, queues=("default",))
+        return self.workers.start(env=dict(self.env), concurrency=self.concurrency, queues=self.queues)
 
     def fill(self, *, spare: int = 0) -> list[CeleryWorker]:
         """Starts workers until `size + spare` are alive."""

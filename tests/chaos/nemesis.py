@@ -17,6 +17,12 @@ Every few seconds (a gap drawn from the seed) it does one of:
 - `stall`: the model's next stream goes silent past the workers' idle timeout, before its
   first chunk or after one; before it, sometimes twice in a row (the retry stalls too, and
   the turn ends `error`); the script records each stream it stalled (`stalled`);
+- `typed`: arms a kill of the worker the model next serves an invalid answer to a typed
+  turn (`ModelScript.arm_typed_kill`): kill -9 that worker a drawn offset (`TYPED_KILL_S`)
+  from when the reply has been sent, just before (the refused answer is lost with the
+  stream) or after it (the verdict may be journaled: the resumed turn must carry its
+  errors), recorded as a `kill` (`typed=True`) and replaced; an arm that never fired is
+  dropped when the schedule ends (the history's `typed_disarmed`);
 - `primary` (only on a cluster store, `System(cluster=True)`): kill -9 the cluster primary
   serving a session whose lease is held (else any session's, else the first primary),
   wait until its replica serves its slots (`failover_s`), then start the node again and
@@ -52,16 +58,17 @@ from tests.chaos.system import LEASE_S, MODEL_IDLE_TIMEOUT_S, STORE_ERRORS, Syst
 from tests.chaos.workload import STALL_WHERE, ModelScript, Stall
 from tests.support.workers import CeleryWorker
 
-KINDS = ("kill", "stop", "term", "redis", "clients", "poison", "squeeze", "stall")
+KINDS = ("kill", "stop", "term", "redis", "clients", "poison", "squeeze", "stall", "typed")
 # The kinds of a run on a cluster store: the failover of a primary besides the others.
 CLUSTER_KINDS = (*KINDS, "primary")
 WEIGHTS = {"kill": 3, "stop": 2, "term": 1, "redis": 1, "clients": 2, "poison": 1, "squeeze": 1, "stall": 2,
-           "primary": 2}
+           "typed": 1, "primary": 2}
 STOP_PAST_LEASE_S = LEASE_S + 1.5
 RECOVERY_WATCH_S = 30.0
 SQUEEZE_S = (2.0, 5.0)
 SQUEEZE_HEADROOM_BYTES = (4 * 1024, 48 * 1024)  # maxmemory = used_memory + this: full in about a second
 STALL_TIMES = (2.5, 4.0)  # a stall lasts this many idle timeouts
+TYPED_KILL_S = (-0.05, 0.15)  # a typed kill's offset from when the invalid answer has been sent
 
 
 class Nemesis:
@@ -82,6 +89,7 @@ class Nemesis:
         self.stop_at = stop_at
         self.gap_s = gap_s
         self._done = threading.Event()
+        self._pool_lock = threading.Lock()  # a typed kill replaces its worker from a thread of its own
         self._watchers: list[threading.Thread] = []
         self._terminating: list[threading.Thread] = []
         self.thread = threading.Thread(target=self.run, name="chaos-nemesis", daemon=True)
@@ -94,7 +102,10 @@ class Nemesis:
         """Ends the schedule (the running fault completes, a frozen worker is woken) and waits."""
         self._done.set()
         self.thread.join(timeout_s)
-        for t in self._watchers + self._terminating:
+        dropped = self.script.disarm_typed_kills()
+        if dropped:
+            self.history.record("typed_disarmed", arms=dropped)
+        for t in list(self._watchers) + list(self._terminating):
             t.join(timeout_s)
 
     def schedule(self) -> Iterator[str]:
@@ -122,8 +133,9 @@ class Nemesis:
         """Replaces workers that exited with no fault stopping them (the run fails on each, but
         the schedule goes on against a full pool)."""
         assert self.system.pool is not None
-        while len(self.system.pool.live()) < self.system.size:
-            self._replace("exited unprompted")
+        with self._pool_lock:
+            while len(self.system.pool.live()) < self.system.size:
+                self._replace("exited unprompted")
 
     # ------------------------------------------------------------------ faults
 
@@ -234,6 +246,34 @@ class Nemesis:
         ms = round(self.rng.uniform(*STALL_TIMES) * MODEL_IDLE_TIMEOUT_S * 1000)
         self.script.arm_stall(Stall(where, ms, repeat))
         self.history.record("fault", fault="stall", where=where, ms=ms, repeat=repeat)
+
+    def fault_typed(self) -> None:
+        offset = round(self.rng.uniform(*TYPED_KILL_S), 3)
+        self.script.arm_typed_kill(lambda pid, after_s: self._typed_kill(pid, after_s + offset))
+        self.history.record("fault", fault="typed", offset_s=offset)
+
+    def _typed_kill(self, pid: int, after_s: float) -> None:
+        """Called by the model script as it serves the invalid answer: kills `pid` in a thread."""
+        t = threading.Thread(target=self._kill_after, args=(pid, after_s), name=f"chaos-typed-kill-{pid}", daemon=True)
+        t.start()
+        self._terminating.append(t)
+
+    def _kill_after(self, pid: int, after_s: float) -> None:
+        if self._done.wait(max(0.0, after_s)):
+            self.history.record("typed_disarmed", arms=1, pid=pid)  # the schedule ended meanwhile
+            return
+        assert self.system.pool is not None
+        with self._pool_lock:
+            worker = next((w for w in self.system.pool.live() if w.pid == pid), None)
+            if worker is None:  # gone already (another fault): nothing to kill
+                self.history.record("typed_disarmed", arms=1, pid=pid)
+                return
+            held = self._held()
+            t0 = time.monotonic()
+            worker.kill()
+            self.history.record("fault", fault="kill", pid=worker.pid, typed=True)
+            self._watch("kill", held, t0)
+            self._replace("kill")
 
     def fault_primary(self) -> None:
         active = sorted(self._held()) or sorted(sid for sid in list(self.sessions.values()) if sid)

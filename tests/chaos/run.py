@@ -286,6 +286,7 @@ def observe(system: System, drivers: list[SessionDriver], history: History, seed
         drained_t=next((op["t"] for op in history.of("drained")), None),
         decisions=history.of("decision"),
         children={c: system.lines(c) for c in children(system, sessions)},
+        typed_answers=history.of("typed_answer"),
     )
 
 
@@ -406,6 +407,15 @@ def table(verdict: Verdict, seed: int, elapsed_s: float, *, cluster: bool = Fals
         ("child effect calls / probe calls", f"{f['child_effect_calls']} / {f['child_probe_calls']}"),
         ("delegating turns cancelled (status when sent -> end; children)",
          ", ".join(f"{k} {v}" for k, v in sorted(f["cancels_of_delegating_turns"].items())) or "-"),
+        ("typed sessions: turns ended by stop reason (steered)",
+         f"{f['typed_sessions']}: {', '.join(f'{k} {v}' for k, v in sorted(f['typed_ended'].items())) or '-'} "
+         f"({f['typed_steered_turns']})"),
+        ("typed answers given: valid / invalid (retries asked) / refused stored",
+         f"{f['typed_answers_valid']} / {f['typed_answers_invalid']} ({f['typed_retries_asked']}) / "
+         f"{f['typed_refused_stored']}"),
+        ("typed outputs checked / probes answered not run / most requests of a turn",
+         f"{f['typed_outputs']} / {f['typed_probes_not_run']} / {f['typed_requests_max']}"),
+        ("typed kills armed / fired (after an invalid answer)", f"{faults['typed']} / {f['typed_kills']}"),
         ("inputs ended twice", f["ended_twice"]),
         ("epochs (highest share of a session's bound)", f"{f['epochs']} ({f['epoch_of_bound_max']:.2f})"),
         ("lines / epoch / yield bounds exceeded", f["bounds_exceeded"]),

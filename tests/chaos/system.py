@@ -10,7 +10,8 @@
   to both at once for one call (`web2`);
 - a pool of N Celery worker processes (`tests.chaos.faults.Pool`, agents of
   `tests.chaos.agents`), which the nemesis kills, freezes and stops and refills; they
-  consume `fx.default` only, and run `default` and `late`; the web process also declares
+  consume `fx.default` and `fx.typed`, and run `default`, `typed` (typed answers) and `late`
+  (whose queue none consumes: `tests.chaos.wakes.Valve`); the web process also declares
   `ghost`, which none runs (`WAKE_AGENTS`, `NO_AGENT_GIVE_UP_S`).
 
 With `cluster=True` the store is a Redis Cluster of its own (3 primaries, each with a
@@ -57,9 +58,10 @@ DELIVERY_TIMEOUT_S = 12.0
 # A model stream silent this long fails its step FX_PROVIDER_TIMEOUT: short, so a stalled
 # stream costs seconds; the script's longest ordinary pause stays well below it.
 MODEL_IDLE_TIMEOUT_S = 2.0
-# The agents' queues the workers consume (`Pool.start`), and the broker's dead-letter list
+# The agents' queues the workers consume (`Pool.start`): `default`'s and `typed`'s (whose
+# turns answer with a typed object, `tests.chaos.agents`), and the broker's dead-letter list
 # (an entry the transport cannot decode is moved there).
-QUEUES = ("default",)
+QUEUES = ("default", "typed")
 # Every agent's wake queue: `late` (run by every worker, its queue consumed through the
 # caller's valve, `tests.chaos.wakes.Valve`) and `ghost` (known to the web process alone:
 # no worker runs it) besides the consumed ones (`tests.chaos.agents`).
@@ -113,7 +115,7 @@ class System:
                         FX_MODEL_IDLE_TIMEOUT_S=str(MODEL_IDLE_TIMEOUT_S), FX_LOG_LEVEL="WARNING",
                         FX_NO_AGENT_GIVE_UP_S=str(NO_AGENT_GIVE_UP_S), **store, **self.worker_env)
         self._workers = Workers(redis_url=self.redis.url, prefix=self.prefix)
-        self.pool = Pool(self._workers, env, size=self.size, concurrency=8)
+        self.pool = Pool(self._workers, env, size=self.size, concurrency=8, queues=QUEUES)
         self.pool.fill()
         self.web = WebProcess(env=self._web_env(env))
         self.web2 = WebProcess(env=self._web_env(env))

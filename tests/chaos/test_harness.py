@@ -4,7 +4,7 @@ A short seeded schedule passes with every kind of fault applied at least once (a
 Redis Cluster store, where the nemesis kills primaries), and the same harness fails, naming §11.2 and the seed, when the workers run with the test-only
 switch that starts each non-idempotent call twice (the checker is shown to catch a fault).
 The checker's rules are also run on small hand-made histories (the rules of parked calls
-and their decisions, and of delegated turns, among them), and the nemesis's poison
+and their decisions, of delegated turns and of typed turns among them), and the nemesis's poison
 messages and model stalls are checked to be what they claim.
 """
 
@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from fxengine.testing import Reply, delay, text, tool_call
-from fxengine.testing.script import Delay, Text
+from fxengine.testing.script import Delay, Text, ToolCall
 from tests.chaos import poison, wakes
 from tests.chaos.checker import CLUSTER_FAULT_KINDS, FAULT_KINDS, Observation, check
+from tests.chaos.system import QUEUES
 from tests.chaos.workload import Stall
 from tests.support.workers import ROOT
 
@@ -50,9 +51,11 @@ def test_a_short_seeded_schedule_applies_every_fault_and_passes(tmp_path: Path) 
     assert all(figures["faults"][kind] >= 1 for kind in FAULT_KINDS), figures["faults"]
     assert figures["prompts"] > 0 and figures["turns"] >= figures["prompts"]
     assert figures["effect_calls"] > 0 and figures["reader_lines"] == figures["lines"]
-    assert figures["worker_exits"] == 0 and figures["poison_messages"] == len(poison.KINDS) * figures["faults"]["poison"]
+    assert figures["worker_exits"] == 0
+    assert figures["poison_messages"] == len(poison.KINDS) * len(QUEUES) * figures["faults"]["poison"]
     assert figures["refund_calls_decided"] > 0 and figures["decisions_refused"], figures
     assert figures["delegated_calls"] > 0 and figures["child_sessions"] > 0, figures
+    assert figures["typed_outputs"] > 0 and figures["typed_refused_stored"] > 0, figures
     assert "chaos: passed (seed 11)" in proc.stdout
 
 
@@ -476,3 +479,140 @@ def test_each_broken_delegation_rule_fails() -> None:
     for name, obs in cases.items():
         violations = check(obs).violations
         assert violations and any(v.startswith("delegation:") for v in violations), (name, violations)
+
+
+# ----------------------------------------------------------------------------- typed turns
+
+REFUSAL = 'The arguments did not validate as TypedAnswer: [{"type": "missing", "loc": ["n"]}]\nFix the errors.'
+
+
+def _final(cursor: int, call: str, args: dict, *, ok: bool = True, turn: str = "a") -> list[dict]:
+    return [_line(cursor, "tool_start", id=call, name="final_result", input=args, step=1, messageId=turn),
+            _line(cursor + 1, "tool_end", id=call, name="final_result", isError=not ok, step=1, messageId=turn,
+                  content="Final result taken." if ok else REFUSAL)]
+
+
+def _typed_turn(*, output: object = None, stop: str = "end_turn", refused: int = 1, probe: bool = True,
+                **end: object) -> list[dict]:
+    lines = [_line(1, "turn_start", messageId="a", input="typed:s1g0.0")]
+    for k in range(refused):
+        lines += _final(len(lines) + 1, f"r{k}", {"tag": "s1g0.0"}, ok=False)
+    lines += _final(len(lines) + 1, "v", {"tag": "s1g0.0", "n": 7})
+    if probe:
+        lines += [_line(len(lines) + 1, "tool_start", id="p", name="probe", input={"name": "t-s1g0.0"}, messageId="a"),
+                  _line(len(lines) + 2, "tool_end", id="p", name="probe", isError=False, messageId="a",
+                        content="Not run: the final result was given in the same response.")]
+    if output is not None:
+        end["output"] = output
+    lines.append(_line(len(lines) + 1, "turn_end", messageId="a", stopReason=stop, **end))
+    return lines
+
+
+TYPED_ACK = {"session": "s", "input": "prompt", "messageId": "a", "text": "typed:s1g0.0", "agent": "typed",
+             "driver": "1g0", "t": 1.0}
+
+
+def _answer(n: int | None, *, t: float = 1.0, retry: bool = False, tag: str = "s1g0.0", **more: object) -> dict:
+    return {"kind": "typed_answer", "t": t, "wall": 1000.0 + t, "session": "s1g0", "tag": tag,
+            "input": "typed" if tag.count(".") == 1 else "steer", "valid": n is not None, "n": n, "retry": retry,
+            "probe": False, "pid": "1", "stalled": False, **more}
+
+
+TYPED_ANSWERS = [_answer(None), _answer(7, t=1.5, retry=True)]
+
+
+def _typed(lines: list[dict], **overrides: object) -> Observation:
+    return _observation(lines, **{"acks": [TYPED_ACK], "readers": {"s": list(lines)},
+                                  "typed_answers": TYPED_ANSWERS, **overrides})
+
+
+def test_a_typed_turn_answered_after_one_retry_passes() -> None:
+    verdict = check(_typed(_typed_turn(output={"tag": "s1g0.0", "n": 7})))
+    assert verdict.violations == []
+    f = verdict.figures
+    assert f["typed_turns"] == 1 and f["typed_outputs"] == 1 and f["typed_refused_stored"] == 1
+    assert f["typed_probes_not_run"] == 1 and f["typed_requests_max"] == 2
+    # a steer placed after the valid answer sets it aside: the model answers again, naming the steer
+    steered = _typed_turn(output={"tag": "s1g0.0.0", "n": 8}, refused=0, probe=False)
+    steered[-1:-1] = [_line(4, "user_message", text="steer:s1g0.0.0", id="a-s0", messageId="a"),
+                      *_final(5, "v2", {"tag": "s1g0.0.0", "n": 8})]
+    steered[-1]["cursor"] = 7
+    answers = [_answer(7), _answer(8, tag="s1g0.0.0", t=2.0)]
+    assert check(_typed(steered, typed_answers=answers)).violations == []
+
+
+def test_each_broken_typed_rule_fails() -> None:
+    good = {"tag": "s1g0.0", "n": 7}
+    twice = _typed_turn(output=good, probe=False)
+    twice[-1:-1] = _final(6, "v2", {"tag": "s1g0.0", "n": 7})
+    twice[-1]["cursor"] = 8
+    looped = [_answer(None, t=float(k)) if k % 2 else _answer(7, t=float(k)) for k in range(6)]
+    cases = {
+        "no output": _typed(_typed_turn()),
+        "not the model's type": _typed(_typed_turn(output={"tag": "s1g0.0"})),
+        "another turn's tag": _typed(_typed_turn(output={"tag": "s1g0.1", "n": 7})),
+        "never given": _typed(_typed_turn(output={"tag": "s1g0.0", "n": 99})),
+        "not the last stored answer": _typed(_typed_turn(output={"tag": "s1g0.0", "n": 8}),
+                                             typed_answers=[*TYPED_ANSWERS, _answer(8, t=1.7)]),
+        "two refused stored": _typed(_typed_turn(output=good, refused=2)),
+        "asked again after a stored answer": _typed(twice),
+        "output invalid, one refusal": _typed(_typed_turn(stop="error", error={"code": "FX_OUTPUT_INVALID"})),
+        "probe ran": _typed(_typed_turn(output=good),
+                            runs=[{"tool": "probe", "name": "t-s1g0.0", "x": "s:a:2:p", "token": "1", "intent": True}]),
+        "requests past the bound": _typed(_typed_turn(output=good), typed_answers=looped),
+        "untyped output": _observation([GOOD[0], GOOD[1], {**GOOD[2], "output": good}]),
+    }
+    for name, obs in cases.items():
+        violations = check(obs).violations
+        assert violations and any(v.startswith("typed:") for v in violations), (name, violations)
+    # FX_OUTPUT_INVALID after two invalid answers is the engine doing its job
+    invalid = _typed_turn(stop="error", refused=2, probe=False, error={"code": "FX_OUTPUT_INVALID"})
+    assert [v for v in check(_typed(invalid, typed_answers=[_answer(None), _answer(None, t=2.0, retry=True)])).violations
+            if v.startswith("typed:")] == []
+    # a request asked again after a fault near it is within the bound
+    near = [{"fault": "kill", "t": 3.0, "pid": 1}, {"fault": "stall", "t": 4.0}]
+    assert check(_typed(_typed_turn(output=good), typed_answers=looped, faults=near)).violations == []
+
+
+class _Request:
+    """A model request as the chaos script reads one: the body's messages and tools, the pid."""
+
+    def __init__(self, *messages: dict, typed: bool = True, pid: str = "42") -> None:
+        tools = [{"type": "function", "function": {"name": "final_result", "parameters": {}}}] if typed else []
+        self.body = {"messages": list(messages), "tools": tools}
+        self.headers = {"x-fx-pid": pid}
+
+
+def _calls(reply: Reply) -> list[ToolCall]:
+    return [p for p in reply.parts if isinstance(p, ToolCall)]
+
+
+def test_the_script_answers_typed_turns_and_fires_an_armed_kill_after_an_invalid_answer() -> None:
+    from tests.chaos.history import History
+    from tests.chaos.workload import ModelScript
+
+    history = History()
+    script = ModelScript(3, "key", history)
+    fired: list[tuple[int, float]] = []
+    script.arm_typed_kill(lambda pid, after_s: fired.append((pid, after_s)))
+    first_try = _Request({"role": "user", "content": "typed:s1g0.0"})
+    answers = [json.loads(_calls(script(first_try))[-1].arguments) for _ in range(20)]
+    assert all(a["tag"] == "s1g0.0" for a in answers)
+    invalid = [a for a in answers if "n" not in a]
+    assert invalid and len(invalid) < len(answers)  # some first tries refused, others valid
+    assert len(fired) == 1 and fired[0][0] == 42 and fired[0][1] > 0  # the armed kill, once
+    retry = _Request({"role": "user", "content": "typed:s1g0.1"},
+                     {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "final_result"}}]},
+                     {"role": "tool", "tool_call_id": "c", "content": "The arguments did not validate as TypedAnswer: []"})
+    steered = _Request({"role": "user", "content": "typed:s1g0.2"}, {"role": "user", "content": "steer:s1g0.2.0"})
+    for request, tag in ((retry, "s1g0.1"), (steered, "s1g0.2.0")):
+        for _ in range(10):
+            calls = _calls(script(request))
+            assert calls[-1].name == "final_result" and json.loads(calls[-1].arguments)["tag"] == tag
+            assert isinstance(json.loads(calls[-1].arguments)["n"], int)
+            assert all(c.name == "probe" for c in calls[:-1])
+    numbers = [a["n"] for a in history.of("typed_answer") if a["valid"]]
+    assert len(numbers) == len(set(numbers))  # each valid answer numbered apart
+    assert not any(c.name == "final_result" for c in _calls(script(_Request({"role": "user", "content": "probe:s2g0.0"},
+                                                                             typed=False))))
+    assert script.disarm_typed_kills() == 0

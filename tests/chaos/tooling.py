@@ -20,6 +20,11 @@ so a test knows which process to kill, stop or signal. Its tools record each sta
   final text answers the call. The child's tools record their starts as above (the records
   name the child session in their execution id).
 
+`TypedAnswer` is the answer type of the agent `typed` (`TYPED_AGENT`, `output_type=`, with
+`TYPED_RETRIES` refused answers sent back): every turn of that agent answers with one,
+through the final-result tool (the scripted model's catalog entry does not say it takes a
+response format). Module-level, so the web process and the workers import it by name.
+
 `probe` and `effect` take an optional `ms`: how long they run after their start (the
 window a fault can hit). Each start of either also pushes one JSON object to
 `<FX_PREFIX>:fault:runs` (`runs_key`) for the chaos checker (`tests/chaos/checker.py`):
@@ -44,6 +49,7 @@ from typing import Any
 
 import redis as redis_sync
 import redis.asyncio as aioredis
+from pydantic import BaseModel
 
 from fxengine.tools import Tool
 from fxworker import delegate_tool
@@ -51,6 +57,8 @@ from fxworker.delegation import DelegateTool
 
 DELEGATE_TOOL = "delegate"
 DELEGATE_AGENT = "default"
+TYPED_AGENT = "typed"
+TYPED_RETRIES = 1
 PREFIX = os.environ.get("FX_PREFIX", "fx")
 REDIS_URL = os.environ.get("REDIS_URL", "")
 MODEL_URL = os.environ.get("FX_TEST_MODEL_URL", "http://127.0.0.1:9/v1")
@@ -58,6 +66,14 @@ POLL_S = 0.02
 
 _client: aioredis.Redis | None = None
 _events_client: redis_sync.Redis | None = None
+
+
+class TypedAnswer(BaseModel):
+    """The answer of a turn of the agent `typed`: the tag of the prompt (or steer) it answers,
+    and the number the scripted model gave this answer (each valid answer its own)."""
+
+    tag: str
+    n: int
 
 
 def starts_key(name: str, prefix: str = PREFIX) -> str:

@@ -32,7 +32,22 @@ compare them with the stream the store holds (§11.7).
   `probe:<tag>-c<n>` or `echo:<tag>-c<n>`: the turn parks until each child's turn ends and
   answers its call, then text naming the answers (the child turns are not the drivers':
   the run finds them in the parent's lines, `tests.chaos.run.children`);
-- `steer:<tag>` (a steer's text): text answering the steer.
+- `steer:<tag>` (a steer's text): text answering the steer;
+- `typed:<tag>`, the only prompt of a session of the agent `typed` (`TYPED_SHARE` of the
+  drivers' sessions, and driver 1's first one, are such sessions): a turn that answers with
+  a `tests.chaos.tooling.TypedAnswer` through the final-result tool. The script answers any
+  request that offers that tool (`offers_final_result`) with a call of it: a request of a
+  `typed:<tag>` turn that carries no validation errors gets an invalid one (`{"tag"}`, `n`
+  missing) on `TYPED_INVALID_SHARE` of its draws, else a valid one, `{"tag": <tag>, "n":
+  <a number of its own>}`, sometimes (`TYPED_PROBE_SHARE`) after a `probe` call in the
+  same response (`t-<tag>`: the answer ends the turn, the probe must not run); a request
+  that carries the errors (the final-result call's result, "The arguments did not
+  validate ...") or whose turn's last input is a steer gets a valid one naming that
+  input's tag. Each answer is recorded (`typed_answer`: the tag, valid or not, `n`, whether
+  the request carried the errors, the worker's pid, whether it stalled, the wall time)
+  for the checker's `typed:` rules. The nemesis's `typed` fault arms a kill
+  (`arm_typed_kill`): the next invalid answer the script serves calls it with the pid of
+  the worker that asked, which the nemesis kills about when the reply has been sent.
 `<tag>` is `s<driver>g<session>.<prompt>`; the script keeps, per session, the pid of the worker
 process that made its last model request (from the `x-fx-pid` header), which is how the
 nemesis knows which sessions a worker it kills was running.
@@ -50,17 +65,19 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from fxengine.output import FINAL_RESULT_TOOL
 from fxengine.testing import Reply, delay, text, tool_call
 from fxengine.testing.script import Delay, Text
 from tests.chaos.faults import pid_of, tool_results, turn_prompt
 from tests.chaos.history import History
 from tests.chaos.system import MODEL_IDLE_TIMEOUT_S
-from tests.chaos.tooling import DELEGATE_TOOL
+from tests.chaos.tooling import DELEGATE_TOOL, TYPED_AGENT
 
 ACK_TIMEOUT_S = 45.0
 SLOW_TOOL_S = 60
@@ -71,6 +88,24 @@ LONG_PAUSE_MS = (1000.0, MODEL_IDLE_TIMEOUT_S * 700)
 # effect most often.
 CHILD_KINDS = (("effect", 3), ("probe", 1), ("echo", 2))
 STALL_WHERE = ("before", "after")
+# Sessions of the agent `typed` (every prompt `typed:<tag>`): this share of the drivers'
+# sessions (drawn per session, not from the session's own draws), besides driver 1's first.
+TYPED_SHARE = 0.15
+TYPED_INVALID_SHARE = 0.5  # first tries of a typed turn answered with an invalid final result
+TYPED_PROBE_SHARE = 0.3  # valid answers of a `typed:<tag>` turn given after a probe call
+# How the engine answers an invalid final-result call (`fxengine.output.Output._invalid`).
+TYPED_RETRY_PREFIX = "The arguments did not validate"
+
+
+def prompt_tag(prompt: str) -> str:
+    """The tag of a prompt or steer text (`<kind>:<tag>[:<extra>]`)."""
+    return prompt.partition(":")[2].partition(":")[0]
+
+
+def offers_final_result(request: Any) -> bool:
+    """Whether a model request offers the final-result tool: a turn of a typed agent."""
+    return any(isinstance(t, dict) and (t.get("function") or {}).get("name") == FINAL_RESULT_TOOL
+               for t in request.body.get("tools") or [])
 
 
 @dataclass
@@ -108,12 +143,28 @@ class ModelScript:
         self.last_pid: dict[str, int] = {}
         self.requests = 0
         self.keyed_requests = 0
+        self._answers = 0  # the `n` of the last valid typed answer
+        # What the nemesis armed (`arm_typed_kill`): called with the pid of the worker served
+        # the next invalid typed answer and the seconds until that reply has been sent.
+        self._typed_kills: list[Callable[[int, float], None]] = []
 
     def _ms(self) -> float:
         with self._lock:
             if self._rng.random() < 0.1:
                 return self._rng.uniform(*LONG_PAUSE_MS)
             return self._rng.uniform(20, 400)
+
+    def arm_typed_kill(self, kill: Callable[[int, float], None]) -> None:
+        """The next invalid answer to a typed turn calls `kill(pid, seconds)` (the worker that
+        asked, and how long until the reply is sent)."""
+        with self._lock:
+            self._typed_kills.append(kill)
+
+    def disarm_typed_kills(self) -> int:
+        """Drops the typed kills not yet fired; how many there were."""
+        with self._lock:
+            n, self._typed_kills = len(self._typed_kills), []
+        return n
 
     def arm_stall(self, stall: Stall) -> None:
         """The next model request (of any session) goes silent as `stall` says."""
@@ -150,10 +201,49 @@ class ModelScript:
 
     def __call__(self, request: Any) -> Reply:
         prompt, _ = turn_prompt(request)
-        tag = prompt.partition(":")[2].partition(":")[0]
-        reply = self._reply(request, prompt)
+        tag = prompt_tag(prompt)
+        answer: dict[str, Any] | None = None
+        if offers_final_result(request):
+            reply, answer = self._typed(request, prompt)
+        else:
+            reply = self._reply(request, prompt)
         stall = self._stall_for(tag.split(".")[0], request)
+        if answer is not None and self._history is not None:
+            self._history.record("typed_answer", **answer, stalled=stall is not None, wall=round(time.time(), 4))
+        if answer is not None and not answer["valid"]:
+            self._fire_typed_kill(answer, reply, stall)
         return reply if stall is None else stall.into(reply)
+
+    def _fire_typed_kill(self, answer: dict[str, Any], reply: Reply, stall: Stall | None) -> None:
+        with self._lock:
+            kill = self._typed_kills.pop(0) if self._typed_kills else None
+        if kill is None or not answer.get("pid"):
+            return
+        ms = sum(p.ms for p in reply.parts if isinstance(p, Delay)) + (stall.ms if stall is not None else 0.0)
+        kill(int(answer["pid"]), ms / 1000.0)
+
+    def _typed(self, request: Any, prompt: str) -> tuple[Reply, dict[str, Any]]:
+        """A final-result call answering a request of a typed turn (see the module doc), and
+        the record of it."""
+        kind, _, arg = prompt.partition(":")
+        tag = arg.partition(":")[0]
+        self._note(request, tag)
+        retry = any(r.startswith(TYPED_RETRY_PREFIX) for r in tool_results(request))
+        wait = delay(self._ms())
+        with self._lock:
+            valid = kind != "typed" or retry or self._rng.random() >= TYPED_INVALID_SHARE
+            probe = kind == "typed" and valid and self._rng.random() < TYPED_PROBE_SHARE
+            n = None
+            if valid:
+                self._answers += 1
+                n = self._answers
+        args: dict[str, Any] = {"tag": tag, "n": n} if valid else {"tag": tag}
+        calls = [self._call(FINAL_RESULT_TOOL, args)]
+        if probe:
+            calls.insert(0, self._call("probe", {"name": f"t-{tag}"}))
+        record = {"session": tag.split(".")[0], "tag": tag, "input": kind, "valid": valid, "n": n, "retry": retry,
+                  "probe": probe, "pid": request.headers.get("x-fx-pid")}
+        return Reply(wait, *calls), record
 
     def _reply(self, request: Any, prompt: str) -> Reply:
         results = tool_results(request)
@@ -229,12 +319,20 @@ class Driver:
         self.thread.start()
         return self
 
+    def typed(self, generation: int) -> bool:
+        """Whether the session of this generation is of the agent `typed` (see the module doc;
+        never one that opens with a `first_prompt`)."""
+        if self.first_prompt is not None:
+            return False
+        return (self.index == 1 and generation == 0) or \
+            random.Random(f"typed-{self.seed}-{self.index}-{generation}").random() < TYPED_SHARE
+
     def run(self) -> None:
         generation = 0
         while time.monotonic() < self.stop_at:
             session = SessionDriver(f"{self.index}g{generation}", self.base_url, self.seed, self.history,
                                     self.stop_at, max_prompts=self.prompts, first_prompt=self.first_prompt,
-                                    storms=self.storms)
+                                    storms=self.storms, agent=TYPED_AGENT if self.typed(generation) else None)
             self.sessions.append(session)
             session.run()  # an input never acknowledged ends its session: order holds per session
             generation += 1
@@ -283,6 +381,8 @@ class SessionDriver:
                     return True
                 tag = f"{self.tag}.{n}"
                 text_ = f"{self.first_prompt}:{tag}" if n == 0 and self.first_prompt else prompt_text(self.rng, tag)
+                if self.agent == TYPED_AGENT:
+                    text_ = f"typed:{tag}"  # the draw above still made: the session's other draws stay as seeded
                 if not self.send(http, "prompt", text_, f"m-{self.seed}-{tag}"):
                     return False
                 for k in range(self.rng.choice((0, 0, 1, 1, 2))):
