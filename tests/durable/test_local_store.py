@@ -496,3 +496,13 @@ def test_a_data_directory_whose_path_is_too_long_for_a_socket_keeps_it_in_the_te
     assert first["repeated"] is False and second["repeated"] is True
     assert (deep / "appendonlydir").is_dir() and not (deep / "store.sock").exists()
     assert len(model.requests) == 1
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "ensure_server's directory.mkdir raises the OSError as it is (FileExistsError here, PermissionError for a "
+    "directory it cannot write): not translated to FxConfigError naming FX_DATA_DIR"))
+def test_a_data_directory_that_is_a_file_is_a_config_error(tmp_path: Path, model: ScriptedModel) -> None:
+    (tmp_path / "not-a-dir").write_text("")
+    app = App(tmp_path, model, data_dir=str(tmp_path / "not-a-dir"))
+    failed = app.run("prompt", "user-1", "q1", "hello", timeout_s=20, failing=True)
+    assert failed["error"] == "FxConfigError" and "FX_DATA_DIR" in failed["message"], failed
