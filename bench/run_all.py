@@ -53,6 +53,7 @@ BENCHES: dict[str, tuple[str, list[str], int]] = {
     "parked": ("parked.py", ["--sessions", "1000", "--sample", "100"], 180),
     "delegation": ("delegation.py", ["--sample", "50", "--count", "20"], 180),
     "typed": ("typed.py", ["--rounds", "10", "--turns", "30"], 120),
+    "local_store": ("local_store.py", [], 120),
 }
 
 
