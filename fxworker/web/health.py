@@ -24,7 +24,7 @@ WRITABLE_TTL_S = 1.0  # how long one reading of whether the store takes writes a
 
 
 async def healthz(request: Request) -> Response:
-    """200 `{"ok": true, "store": "redis"|"cluster"|"sentinel"|"embedded", "pingMs"}` when the
+    """200 `{"ok": true, "store": "redis"|"cluster"|"sentinel"|"local"|"embedded", "pingMs"}` when the
     store answers and takes writes; else 503 `FX_STORE_UNAVAILABLE`: no answer, a read-only
     replica, a primary short of its `min-replicas-to-write`, a cluster that is down."""
     client = request.app.state.redis
@@ -37,7 +37,7 @@ async def healthz(request: Request) -> Response:
         request.app.state.store_kind = await asyncio.to_thread(store_kind, url)
         client = request.app.state.redis = store_clients(url, socket_timeout_s=5.0)[0]()
     if client is None:
-        return JSONResponse({"ok": True, "store": "embedded"})
+        return await _local_health(request)
     kind = getattr(request.app.state, "store_kind", "redis")
     started_s = time.perf_counter()
     try:
@@ -55,6 +55,26 @@ async def healthz(request: Request) -> Response:
     if refusal is not None:
         return error_response(Code.STORE_UNAVAILABLE, refusal, 503)
     return JSONResponse({"ok": True, "store": kind, "pingMs": ping_ms})
+
+
+async def _local_health(request: Request) -> Response:
+    """With no store URL: the local store's server answers PING on its socket (`"local"`),
+    or the in-memory store, which always does (`"embedded"`)."""
+    from fxworker.store import _local_server, local
+
+    settings = request.app.state.settings
+    directory = local.data_dir(settings)
+    if directory is None or local.server_binary() is None:
+        return JSONResponse({"ok": True, "store": "embedded"})
+    started_s = time.perf_counter()
+    try:
+        reply = await asyncio.to_thread(_local_server.command, local.socket_path(directory), "PING",
+                                        timeout_s=PING_TIMEOUT_S)
+    except OSError as exc:
+        return error_response(Code.STORE_UNAVAILABLE, f"the local store's server did not answer: {exc}", 503)
+    if not reply.startswith(b"+PONG"):
+        return error_response(Code.STORE_UNAVAILABLE, f"the local store's server answered {reply[:60]!r}", 503)
+    return JSONResponse({"ok": True, "store": "local", "pingMs": round((time.perf_counter() - started_s) * 1000, 2)})
 
 
 async def _cached_refusal(request: Request, client: Any, kind: str) -> str | None:

@@ -388,10 +388,6 @@ def test_an_idle_server_stops_and_its_data_survives(tmp_path: Path, model: Scrip
     assert len(model.requests) == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the server a process started is stopped by the idle check when the process's first store call comes more "
-    "than FX_DATA_IDLE_S later (ensure_server's PING was its only connection), and the process never starts it "
-    "again: every call fails FX_STORE_UNAVAILABLE for the life of the process"))
 def test_a_process_whose_first_call_comes_after_the_idle_time_still_has_its_store(
     tmp_path: Path, model: ScriptedModel
 ) -> None:
@@ -461,10 +457,6 @@ def test_a_server_killed_is_started_again_by_the_next_run_with_the_data(tmp_path
     assert len(model.requests) == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a process whose local server went away (killed, or stopped by stop_server) while it runs does not start "
-    "it again: ensure_server runs once, when the process's default store is built; every later call fails "
-    "FX_STORE_UNAVAILABLE until the process restarts"))
 def test_fx_dev_whose_server_was_killed_starts_it_again(tmp_path: Path, model: ScriptedModel) -> None:
     from tests.web._server import WebProcess
 
@@ -508,9 +500,6 @@ def test_a_data_directory_whose_path_is_too_long_for_a_socket_keeps_it_in_the_te
     assert len(model.requests) == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ensure_server's directory.mkdir raises the OSError as it is (FileExistsError here, PermissionError for a "
-    "directory it cannot write): not translated to FxConfigError naming FX_DATA_DIR"))
 def test_a_data_directory_that_is_a_file_is_a_config_error(tmp_path: Path, model: ScriptedModel) -> None:
     (tmp_path / "not-a-dir").write_text("")
     app = App(tmp_path, model, data_dir=str(tmp_path / "not-a-dir"))
@@ -518,10 +507,6 @@ def test_a_data_directory_that_is_a_file_is_a_config_error(tmp_path: Path, model
     assert failed["error"] == "FxConfigError" and "FX_DATA_DIR" in failed["message"], failed
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the keeper takes every OSError of its idle check for a server still starting (`continue`): once the socket "
-    "file is gone (the data directory deleted, a temp cleaner), it looks again every second for ever, and the "
-    "server it keeps never stops"))
 def test_a_server_whose_data_directory_was_deleted_stops(tmp_path: Path, model: ScriptedModel) -> None:
     import shutil
 

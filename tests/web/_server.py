@@ -27,7 +27,9 @@ class WebProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         base = {k: v for k, v in os.environ.items() if not k.startswith("FX_") and k not in ("REDIS_URL", "AI_GATEWAY_API_KEY")}
-        self.env = {**base, "PYTHONPATH": str(ROOT), "FX_LOG_LEVEL": "WARNING", **env}
+        # With no store URL, the in-memory store unless the test names a data directory (a
+        # local store in the checkout would outlive the test).
+        self.env = {**base, "PYTHONPATH": str(ROOT), "FX_LOG_LEVEL": "WARNING", "FX_DATA_DIR": ":memory:", **env}
         self.log_path = Path(tempfile.mkstemp(prefix=f"fx-{command}-", suffix=".log")[1])
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
