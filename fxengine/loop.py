@@ -406,6 +406,7 @@ class TurnRunner:
             if stop is not None:
                 return stop
             first = False
+            await self._calls.stored()  # the results the model is about to read, where it matters
             if requested is not None:
                 step, requested = requested, None  # its model_request is in the start's append
             else:

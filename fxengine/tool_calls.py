@@ -80,6 +80,9 @@ class ToolCalls:
         self._no_rerun = no_rerun
         self._step: int | None = None  # the step whose calls run, or None
         self._running: dict[str, RunningCall] = {}
+        # The records of results of calls that may not run again (not idempotent), until the
+        # next model request waits for them (`stored`).
+        self._unstored: list[asyncio.Future[str | None]] = []
 
     def __repr__(self) -> str:
         return f"<ToolCalls turn={self._turn_id} step={self._step} running={len(self._running)}>"
@@ -161,8 +164,21 @@ class ToolCalls:
                                    "isError": outcome.is_error}
         if images:
             body["images"] = images
-        self._core.commit("tool_result", body, marks=[DONE, *marks])
+        tool = self._core.tools.get(outcome.name)
+        effect = tool is not None and not tool.idempotent
+        stored = self._core.commit("tool_result", body, marks=[DONE, *marks], want_ack=effect)
+        if stored is not None and effect:
+            self._unstored.append(stored)
         return content
+
+    async def stored(self) -> None:
+        """Waits until the results of calls that may not run again are in the journal: the
+        model must not read a result a crash could lose (a resume would answer that call
+        as possibly partly run, though the model saw it end). An idempotent call's result
+        needs no wait: a resume runs it again."""
+        unstored, self._unstored = self._unstored, []
+        for future in unstored:
+            await self._core.journal.wait(future)
 
     async def resume(self, step: int, unanswered: list[ToolCall]) -> None:
         """Decides each call the crashed turn left running: rerun it or answer it as ambiguous."""
