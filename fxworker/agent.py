@@ -128,7 +128,8 @@ class Agent(Generic[OutputT]):
         name: the agent's name (routing key and Celery queue `fx.<name>`).
         model: a model id or `{"id", "effort"?, "fast"?, "ultrafast"?}`.
         tools: fxengine tools; each must declare `idempotent`.
-        store: a `fxworker.store` store; None = Redis at `REDIS_URL`, else the embedded store.
+        store: a `fxworker.store` store; None = Redis at `REDIS_URL`, else the local store
+            (sessions in `FX_DATA_DIR`, `fxworker.store.local`).
         waker: how wakes reach a worker; None = Celery when `REDIS_URL` is set, else the
             in-process waker of the embedded mode.
         reserve_s / lease_s: deadline reserve and lease length (default `FX_RESERVE_S`,
@@ -151,6 +152,10 @@ class Agent(Generic[OutputT]):
             this agent (default 3), and how many of its delegated calls may wait at once
             (default 8); a call past either is answered with `FX_DELEGATION_DEPTH` /
             `FX_DELEGATION_FANOUT` and runs nothing.
+        output_type / output_mode / output_retries: every turn answers with an object of
+            this type, validated (§6 "Typed answers"; `TurnResult.output`); a prompt may
+            give its own (`Session.prompt(output_type=)`), asked for and retried the same
+            way. `FX_OUTPUT_TYPE_INVALID` for a type pydantic cannot describe.
 
     The model, instructions and provider are checked here by the checks the engine runs
     (`fxengine.providers.check_model`, `fxengine.limits.check_instructions`), so a worker
