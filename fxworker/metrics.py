@@ -11,8 +11,9 @@ process (a test reload) or next to an application's own metrics never collides.
     metrics.observe_store("append", seconds)
 
 Every metric is one process's view: a web process shows what it accepted, a worker process
-what it ran. A worker process can expose its own with `serve(port)`. Only `STORE_LATENCY`
-(by `op`) and `WAKES` (by `outcome`) have labels.
+what it ran. A worker process can expose its own with `serve(port)`. `STORE_LATENCY` (by
+`op`), `WAKES` (by `outcome`), `DECISIONS` (by `type`) and the turns' ends, `TURNS_ENDED`
+and `TURN_SECONDS` (by `agent` and `stop_reason`), have labels.
 """
 
 from __future__ import annotations
@@ -31,10 +32,13 @@ __all__ = [
     "REGISTRY",
     "STORE_LATENCY",
     "TAKEOVERS",
+    "TURNS_ENDED",
     "TURNS_RUNNING",
+    "TURN_SECONDS",
     "WAKES",
     "YIELDS",
     "observe_store",
+    "observe_turn_end",
     "render",
     "serve",
 ]
@@ -47,6 +51,22 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 TURNS_RUNNING = Gauge(
     "fx_turns_running",
     "Turns running in this process now.",
+    registry=REGISTRY,
+)
+# Turns whose end this process wrote, by agent and stop reason (end_turn, error, cancelled, ...).
+TURNS_ENDED = Counter(
+    "fx_turns_ended",
+    "Turns whose end this process wrote, by agent and stop reason.",
+    ["agent", "stop_reason"],
+    registry=REGISTRY,
+)
+# From a turn's prompt being stored to its end being written (waits, yields and takeovers
+# included), by agent and stop reason.
+TURN_SECONDS = Histogram(
+    "fx_turn_duration_seconds",
+    "Time from a turn's prompt being stored to its end, by agent and stop reason.",
+    ["agent", "stop_reason"],
+    buckets=(0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0),
     registry=REGISTRY,
 )
 # Inputs (prompts and steers) stored by this process, repeated message ids included.
@@ -118,6 +138,14 @@ def observe_store(op: str, seconds: float) -> None:
     if child is None:
         child = _latency_of[op] = STORE_LATENCY.labels(op=op)
     child.observe(seconds)
+
+
+def observe_turn_end(agent: str, stop_reason: str, seconds: float | None) -> None:
+    """A turn's end, written by this process: counted, and its time from its prompt's
+    storing when known."""
+    TURNS_ENDED.labels(agent=agent, stop_reason=stop_reason).inc()
+    if seconds is not None and seconds >= 0:
+        TURN_SECONDS.labels(agent=agent, stop_reason=stop_reason).observe(seconds)
 
 
 def render() -> bytes:

@@ -629,6 +629,10 @@ class TurnRun:
         line = protocol.turn_end(self.turn_id, protocol.end_body(stop_reason, usage, error))
         if self.delegated_usage:
             line["delegatedUsage"] = dict(self.delegated_usage)
+        turn_input = self.input
+        accepted_ms = turn_input.accepted_ms if turn_input is not None else 0
+        metrics.observe_turn_end(self.delivery.agent.name, stop_reason,
+                                 (now_ms() - accepted_ms) / 1000 if accepted_ms else None)
         return dict(line)
 
     def _count_delegated(self, line: Mapping[str, Any]) -> None:

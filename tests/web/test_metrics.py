@@ -100,6 +100,16 @@ def test_a_turn_moves_the_web_and_the_worker_metrics(web: WebProcess, metrics_po
     # The worker stored nothing as a sender, and took nothing over.
     assert value(worker_after, "fx_inputs_accepted_total") == value(worker_before, "fx_inputs_accepted_total")
     assert value(worker_after, "fx_session_takeovers_total") == value(worker_before, "fx_session_takeovers_total")
+    # The turn's end, by agent and stop reason, and its time from the prompt's storing.
+    ended = {"agent": "default", "stop_reason": "end_turn"}
+    assert value(worker_after, "fx_turns_ended_total", **ended) == value(worker_before, "fx_turns_ended_total",
+                                                                         **ended) + 1
+    count = "fx_turn_duration_seconds_count"
+    assert value(worker_after, count, **ended) == value(worker_before, count, **ended) + 1
+    spent = value(worker_after, "fx_turn_duration_seconds_sum", **ended) - value(
+        worker_before, "fx_turn_duration_seconds_sum", **ended)
+    assert 0 < spent < 60, spent  # it waited at the held model: more than nothing, bounded
+    assert value(web_after, "fx_turns_ended_total", **ended) == 0  # the web writes no turn's end
 
 
 def test_a_wake_for_an_agent_the_worker_lacks_counts_a_refusal(web: WebProcess, metrics_port: int) -> None:
