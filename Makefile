@@ -25,7 +25,7 @@ build: $(BIN)/python
 	$(BIN)/python setup.py --quiet build_ext --inplace
 
 demo: $(STAMP)
-	$(BIN)/python -m fxworker demo
+	$(BIN)/python -m fxworker demo $(if $(PORT),--port $(PORT))
 
 # The suite starts its own throwaway redis-server on a free port (see DEVELOPERS.md);
 # FX_TEST_REDIS_URL points it at another server instead.

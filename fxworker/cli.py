@@ -448,7 +448,13 @@ def cancel(session_id: str, url: str | None) -> None:
     """Cancel SESSION_ID's running (or waiting) turn; its turn ends `cancelled`."""
     client = _client(url)
     _api_call(lambda: client.cancel(session_id))
-    click.echo(f"cancel of {session_id} asked; fx tail {session_id} shows the turn end")
+    state = _api_call(lambda: client.state(session_id))
+    waiting = state.get("noWorker")
+    if isinstance(waiting, dict):
+        click.echo(f"cancel of {session_id} asked; no live worker runs agent {waiting.get('agent')!r}: the turn ends "
+                   f"`cancelled` once one runs it (fx tail {session_id} shows it then)")
+    else:
+        click.echo(f"cancel of {session_id} asked; fx tail {session_id} shows the turn end")
 
 
 @main.command()

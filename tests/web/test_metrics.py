@@ -20,6 +20,7 @@ from tests.support.redis_server import free_port
 from tests.support.workers import Workers, wait_until
 from tests.web._server import WebProcess
 from tests.web.conftest import _env, read_turn
+from tests.web.test_cli import fx
 
 pytestmark = [pytest.mark.redis, pytest.mark.celery]
 
@@ -123,3 +124,7 @@ def test_a_wake_for_an_agent_the_worker_lacks_counts_a_refusal(web: WebProcess, 
                    what="an FX_NO_AGENT refusal counted on the worker")
         state = api.get(f"/v1/sessions/{session_id}").json()
         assert state["status"] == "waiting" and state["noWorker"]["agent"] == "b", state
+    # `fx cancel` says the cancel waits for a worker of that agent (the turn's end will not show till then).
+    cancelled = fx(web.url, "cancel", session_id)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert "no live worker runs agent 'b'" in cancelled.stdout, cancelled.stdout
