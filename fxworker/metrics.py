@@ -148,9 +148,26 @@ def observe_turn_end(agent: str, stop_reason: str, seconds: float | None) -> Non
         TURN_SECONDS.labels(agent=agent, stop_reason=stop_reason).observe(seconds)
 
 
-def render() -> bytes:
-    """This process's metrics in the Prometheus text format (`CONTENT_TYPE`)."""
-    return generate_latest(REGISTRY)
+# What a web process counts (the rest are counted where turns run: a worker, or `fx dev`).
+WEB_METRICS = frozenset(("fx_inputs_accepted", "fx_decisions_accepted", "fx_wake_send_failures",
+                         "fx_store_latency_seconds"))
+
+
+class _Only:
+    """The families of `REGISTRY` named in `names` (a collector for `generate_latest`)."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+
+    def collect(self) -> Any:
+        return (family for family in REGISTRY.collect() if family.name in self.names)
+
+
+def render(names: frozenset[str] | None = None) -> bytes:
+    """This process's metrics in the Prometheus text format (`CONTENT_TYPE`): all of them,
+    or the families in `names` (a web process: `WEB_METRICS`, so it lists no count it never
+    moves)."""
+    return generate_latest(REGISTRY if names is None else _Only(names))
 
 
 _served: dict[tuple[str, int], Any] = {}

@@ -128,7 +128,12 @@ async def _cluster_refusal(client: Any) -> str | None:
 
 
 async def metrics_text(request: Request) -> Response:
-    """This process's metrics in the Prometheus text format; under an `authorize` hook, only
-    for callers it allows `metrics` (with `FX_API_TOKEN`, the token guards it)."""
+    """This process's metrics in the Prometheus text format (a web process's own, unless it
+    runs turns too); under an `authorize` hook, only for callers it allows `metrics` (with
+    `FX_API_TOKEN`, the token guards it)."""
     await check_access(request, None, "metrics")
-    return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)
+    from fxworker.embedded import embedded_workers
+
+    # A process that also runs turns (`fx dev`, an app with embedded workers) counts them too.
+    names = None if embedded_workers() else metrics.WEB_METRICS
+    return Response(metrics.render(names), media_type=metrics.CONTENT_TYPE)

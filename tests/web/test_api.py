@@ -140,9 +140,13 @@ def test_metrics_counts_accepted_inputs(api: httpx.Client) -> None:
     api.post("/v1/sessions", json={"input": "count me"})
     response = api.get("/metrics")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
-    for name in ("fx_turns_running", "fx_inputs_accepted_total", "fx_turn_yields_total", "fx_session_takeovers_total",
-                 "fx_deadline_cutoffs_total", "fx_no_agent_refusals_total", "fx_store_latency_seconds"):
+    for name in ("fx_inputs_accepted_total", "fx_decisions_accepted", "fx_wake_send_failures_total",
+                 "fx_store_latency_seconds"):
         assert name in response.text
+    # What only a process that runs turns counts is not listed by a web process.
+    for name in ("fx_turns_running", "fx_turn_yields_total", "fx_session_takeovers_total", "fx_deadline_cutoffs_total",
+                 "fx_no_agent_refusals_total", "fx_turns_ended_total"):
+        assert name not in response.text, name
 
 
 def test_the_page_and_its_script_are_served(api: httpx.Client) -> None:

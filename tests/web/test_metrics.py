@@ -110,7 +110,12 @@ def test_a_turn_moves_the_web_and_the_worker_metrics(web: WebProcess, metrics_po
     spent = value(worker_after, "fx_turn_duration_seconds_sum", **ended) - value(
         worker_before, "fx_turn_duration_seconds_sum", **ended)
     assert 0 < spent < 60, spent  # it waited at the held model: more than nothing, bounded
-    assert value(web_after, "fx_turns_ended_total", **ended) == 0  # the web writes no turn's end
+    # The web lists only what it counts: none of the workers' families.
+    web_names = {name for name, _ in web_after}
+    assert "fx_inputs_accepted_total" in web_names and "fx_store_latency_seconds_count" in web_names
+    for worker_only in ("fx_turns_running", "fx_session_takeovers_total", "fx_wakes_total", "fx_turns_ended_total",
+                        "fx_turn_yields_total", "fx_no_agent_refusals_total"):
+        assert worker_only not in web_names, worker_only
 
 
 def test_a_wake_for_an_agent_the_worker_lacks_counts_a_refusal(web: WebProcess, metrics_port: int) -> None:
