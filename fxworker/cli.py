@@ -383,6 +383,8 @@ def tail(session_id: str, cursor: int, follow: bool, url: str | None, as_json: b
     client = _client(url)
 
     def run() -> int:
+        if follow:
+            _say_waiting(client.state(session_id))
         stop = _print_lines(client.tail(session_id, cursor=cursor, follow=follow), as_json=as_json)
         return 0 if not follow or stop in (None, "end_turn") else EXIT_TURN_FAILED
 
@@ -558,6 +560,24 @@ def demo(port: int, text: str, once: bool) -> None:
     except KeyboardInterrupt:
         server.should_exit = True
         thread.join(10)
+
+
+def _say_waiting(state: Mapping[str, object]) -> None:
+    """On stderr, what a session followed from now waits for, when no turn of it runs: a
+    worker of its agent, a decision on a parked turn (so a silent `fx tail` is not a hang)."""
+    waiting = state.get("noWorker")
+    if isinstance(waiting, Mapping):
+        click.echo(f"fx: session {state.get('sessionId')} waits: no live worker runs agent {waiting.get('agent')!r} "
+                   "(start one: fx worker with that agent)", err=True)
+    elif state.get("status") == "waiting":
+        click.echo(f"fx: session {state.get('sessionId')} waits for a worker of agent {state.get('agent')!r} to take "
+                   "its input", err=True)
+    elif state.get("status") == "paused":
+        calls = state.get("pendingCalls")
+        names = ", ".join(f"{c.get('name')} ({c.get('id')})" for c in (calls if isinstance(calls, list) else [])
+                          if isinstance(c, Mapping))
+        click.echo(f"fx: session {state.get('sessionId')} is parked: its calls wait for a decision: {names} "
+                   "(fx approve / fx deny)", err=True)
 
 
 def _where_sessions(settings: Settings) -> str:

@@ -20,7 +20,7 @@ from tests.support.redis_server import free_port
 from tests.support.workers import Workers, wait_until
 from tests.web._server import WebProcess
 from tests.web.conftest import _env, read_turn
-from tests.web.test_cli import fx
+from tests.web.test_cli import Running, fx
 
 pytestmark = [pytest.mark.redis, pytest.mark.celery]
 
@@ -129,6 +129,14 @@ def test_a_wake_for_an_agent_the_worker_lacks_counts_a_refusal(web: WebProcess, 
                    what="an FX_NO_AGENT refusal counted on the worker")
         state = api.get(f"/v1/sessions/{session_id}").json()
         assert state["status"] == "waiting" and state["noWorker"]["agent"] == "b", state
+    # `fx tail` says what the session waits for, not silence.
+    tail = Running(web.url, "tail", session_id)
+    try:
+        wait_until(lambda: "no live worker runs agent 'b'" in tail.stderr, 10, interval_s=0.05,
+                   what="fx tail saying the session waits for a worker of agent b")
+    finally:
+        tail.proc.kill()
+        tail.proc.wait(5)
     # `fx cancel` says the cancel waits for a worker of that agent (the turn's end will not show till then).
     cancelled = fx(web.url, "cancel", session_id)
     assert cancelled.returncode == 0, cancelled.stderr
