@@ -133,17 +133,9 @@ def _start(directory: Path, sock: str, *, idle_s: float, binary: str | None) -> 
             raise FxConfigError(f"the local store's server did not start within {START_TIMEOUT_S:g} s "
                                 f"(its log: {directory / 'server.log'})")
         time.sleep(0.01)
-    _wait_loaded(sock, deadline)
+    # Answered PONG, not -LOADING: its file is loaded.
     log.info("local store: started %s on %s (data in %s)", Path(binary).name, sock, directory)
     return sock
-
-
-def _wait_loaded(sock: str, deadline: float) -> None:
-    """Waits while the server loads its append-only file (it answers LOADING meanwhile)."""
-    while _local_server.command(sock, "PING").startswith(b"-LOADING"):
-        if time.monotonic() > deadline:
-            raise FxConfigError("the local store's server is still loading its file")
-        time.sleep(0.02)
 
 
 class Holder:
